@@ -1,0 +1,11 @@
+"""blocklab: the simplified-block and value-path Transformer variants, side by side."""
+
+from blocklab import ops
+from blocklab.accounting import count_parameters, flops_per_token
+from blocklab.config import ConfigError, ModelConfig
+from blocklab.model import Transformer
+from blocklab.presets import list_presets
+
+__version__ = "0.1.0"
+__all__ = ["ConfigError", "ModelConfig", "Transformer", "count_parameters", "flops_per_token",
+           "list_presets", "ops"]

@@ -1,0 +1,74 @@
+"""Parameter counts and analytic FLOPs per token.
+
+Parameters are split into embedding (token and learned-position tables), value tables (token-
+indexed value banks of the value-path family) and non-embedding (everything else, an untied
+output head included). FLOPs per token follow the nanochat/Kaplan convention for one training
+step (forward + backward):
+
+    6 * N_matmul + sum over layers of 12 * H * d_head * T_eff
+
+with N_matmul the weights used in matrix multiplications (the output head included even when
+tied; embedding and value-table lookups, norms, biases and scalar gains excluded; a
+reparameterised W = a W_init + b dW counts once, as one d x d matmul) and T_eff the keys a query
+sees in that layer: min(window, T) at sequence length T (context_length by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from blocklab.model.linear_maps import ReparamLinear
+
+
+@dataclass
+class ParameterCounts:
+    total: int
+    embedding: int
+    value_tables: int
+
+    @property
+    def non_embedding(self) -> int:
+        return self.total - self.embedding - self.value_tables
+
+
+def _is_value_table(name: str) -> bool:
+    return ".value_table" in name or name.startswith("value_table")
+
+
+def count_parameters(model: nn.Module) -> ParameterCounts:
+    total = embedding = tables = 0
+    for name, p in model.named_parameters():
+        n = p.numel()
+        total += n
+        if name.startswith(("tok_emb.", "pos_emb.")):
+            embedding += n
+        elif _is_value_table(name):
+            tables += n
+    return ParameterCounts(total, embedding, tables)
+
+
+def matmul_weights(model: nn.Module) -> int:
+    """Weights used in matrix multiplications per token (see module docstring)."""
+    n = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            n += module.weight.numel()
+        elif isinstance(module, ReparamLinear):
+            n += module.delta.numel()
+    cfg = model.cfg
+    if cfg.tie_embeddings:
+        n += cfg.vocab_size * cfg.d_model
+    return n
+
+
+def flops_per_token(model: nn.Module, seq_len: int | None = None) -> int:
+    """Analytic training FLOPs per token (forward + backward) at sequence length `seq_len`."""
+    cfg = model.cfg
+    t = seq_len or cfg.context_length
+    attn = 0
+    for layer in range(cfg.n_layers):
+        window = cfg.layer_window(layer)
+        attn += 12 * cfg.n_heads * cfg.head_size * (min(window, t) if window else t)
+    return 6 * matmul_weights(model) + attn

@@ -1,0 +1,183 @@
+"""`ModelConfig`: one flat dataclass that describes every model blocklab builds.
+
+The fields are grouped by the paper concept they control (sizes, components, block layout,
+attention-matrix form, value/projection form, value path). Architecture and size presets in
+`blocklab.presets` are nothing but named sets of field overrides, so every preset is a documented
+combination of orthogonal fields rather than a special-cased class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value that blocklab cannot build; the message says what is allowed."""
+
+
+NORMS = ("layernorm", "rmsnorm", "none")
+NORM_LAYERS = ("all", "first")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+MLP_ACTS = ("relu", "gelu", "relu2", "leaky_relu", "swiglu", "geglu")
+BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
+ATTN_MATRICES = ("softmax", "skipinit", "shaped")
+LINEAR_FORMS = ("linear", "identity", "reparam")
+REPARAM_INITS = ("identity", "orthogonal")
+REPARAM_TIES = ("none", "all-tied", "ll-tied")
+
+
+@dataclass
+class ModelConfig:
+    # -- sizes ---------------------------------------------------------------------------------
+    vocab_size: int = 50257
+    d_model: int = 768
+    n_layers: int = 12
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None: n_heads; fewer gives grouped-query attention
+    head_dim: int | None = None  # None: d_model // n_heads
+    mlp_hidden: int | None = None  # None: 4 * d_model (for GLU MLPs: the gated width)
+    context_length: int = 1024
+    # -- task ----------------------------------------------------------------------------------
+    causal: bool = True  # False: bidirectional encoder (masked LM)
+    # -- components ----------------------------------------------------------------------------
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_layers: str = "all"  # "first": only block 0 keeps its input norm (SAS-P without norms)
+    final_norm: bool = True
+    qk_norm: bool = False  # parameter-free RMSNorm on queries and keys (nanochat)
+    positions: str = "learned"
+    rope_base: float = 10000.0
+    mlp_act: str = "gelu"
+    leaky_relu_slope: float = 0.0  # only for mlp_act="leaky_relu" (the skipless-MLP ablation)
+    tie_embeddings: bool = True
+    bias: bool = False
+    window_size: int | None = None  # keys a sliding-window ("S") layer sees, itself included
+    window_pattern: str = "L"  # tiled over layers, e.g. "SSSL"; the last layer is always "L"
+    logit_softcap: float | None = None  # softcap * tanh(z / softcap) on the logits (nanochat)
+    init_std: float = 0.02
+    dropout: float = 0.0
+    # -- block layout and skip/branch gains (Simplifying Transformer Blocks, Eqs. 1 and 7) -------
+    block_layout: str = "pre-ln"
+    attn_skip_gain: float = 1.0  # alpha_SA; 0 removes the attention skip
+    attn_branch_gain: float = 1.0  # beta_SA
+    mlp_skip_gain: float = 1.0  # alpha_FF (alpha_comb in the parallel layout); 0 removes it
+    mlp_branch_gain: float = 1.0  # beta_FF
+    trainable_block_gains: bool = False
+    # -- attention-matrix form (Eqs. 2, 4, 5) -------------------------------------------------
+    attn_matrix: str = "softmax"  # softmax: A; skipinit: aI + bA; shaped: aI + bA - gC
+    attn_alpha: float = 1.0
+    attn_beta: float = 1.0
+    attn_gamma: float = 1.0
+    trainable_attn_gains: bool = False
+    headwise_gains: bool = True  # one alpha, beta, gamma per head (else one per layer)
+    query_init_std: float | None = None  # None: init_std; 0 zeros W_Q so that A = C at init
+    # -- value and projection form (Eq. 6) ----------------------------------------------------
+    value_form: str = "linear"  # linear | identity | reparam (W = a*W_init + b*dW)
+    first_value_form: str | None = None  # None: value_form (SAS keeps a trainable W_V in layer 0)
+    proj_form: str = "linear"
+    reparam_init: str = "orthogonal"  # W_init: identity or random orthogonal (a frozen buffer)
+    reparam_tie: str = "none"  # none | all-tied (W_P,init = W_V,init^T) | ll-tied (Fig. 14)
+    value_skip_gain: float = 1.0  # alpha_V
+    value_resid_gain: float = 1.0  # beta_V
+    proj_skip_gain: float = 1.0  # alpha_P
+    proj_resid_gain: float = 1.0  # beta_P
+    trainable_reparam_gains: bool = False
+    # -- value path (Value Residual Learning, Bank of Values) ----------------------------------
+    value_path: str = "standard"
+    value_path_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from blocklab.validation import validate
+
+        validate(self)
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_size
+
+    @property
+    def mlp_width(self) -> int:
+        return self.mlp_hidden or 4 * self.d_model
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, or None for full context (the last layer is always full)."""
+        if self.window_size is None or layer == self.n_layers - 1:
+            return None
+        kind = self.window_pattern[layer % len(self.window_pattern)]
+        return self.window_size if kind == "S" else None
+
+    def value_form_of(self, layer: int) -> str:
+        return self.first_value_form if (layer == 0 and self.first_value_form) else self.value_form
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, arch: str = "pre-ln", size: str = "tiny", **overrides: Any) -> ModelConfig:
+        """Defaults, then the size preset, then the architecture preset, then `overrides`.
+
+        `arch` is a block preset, optionally joined with a value path: ``"sas-p"``,
+        ``"pre-ln+resformer"``.
+        """
+        from blocklab.presets import resolve
+
+        fields = resolve(arch, size)
+        _check_keys(overrides)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        _check_keys(data)
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        _check_keys(changes)
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ModelConfig:
+        """Read a config written as JSON or YAML (by extension)."""
+        text = Path(path).read_text()
+        if str(path).endswith((".yaml", ".yml")):
+            import yaml
+
+            return cls.from_dict(yaml.safe_load(text) or {})
+        return cls.from_dict(json.loads(text))
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _check_keys(data: dict[str, Any]) -> None:
+    for key in data:
+        if key not in FIELD_NAMES:
+            close = difflib.get_close_matches(key, FIELD_NAMES, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(
+                f"unknown ModelConfig field {key!r}.{hint} "
+                f"Known fields: {', '.join(FIELD_NAMES)}."
+            )

@@ -1,0 +1,76 @@
+"""The attention sub-block: Q/K projections, a value path, an attention-matrix form, a projection.
+
+Attention-matrix forms (Simplifying Transformer Blocks):
+    softmax:  A                       Eq. (2)
+    skipinit: alpha I + beta A        Eq. (4), Value-SkipInit (He et al., 2023)
+    shaped:   alpha I + beta A - gamma C   Eq. (5), shaped attention (Noci et al., 2023)
+with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab import ops
+from blocklab.model.carry import Carry
+from blocklab.model.gains import Gain
+from blocklab.model.linear_maps import make_proj_map
+from blocklab.model.value_paths import make_value_path
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_size
+        self.causal, self.window = cfg.causal, cfg.layer_window(layer)
+        self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
+        self.qk_norm, self.form = cfg.qk_norm, cfg.attn_matrix
+        self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.bias)
+        self.values = make_value_path(cfg, layer)
+        self.proj = make_proj_map(cfg)
+        if self.form != "softmax":
+            heads = cfg.n_heads if cfg.headwise_gains else 1
+            trainable = cfg.trainable_attn_gains
+            self.alpha = Gain(cfg.attn_alpha, trainable, heads)
+            self.beta = Gain(cfg.attn_beta, trainable, heads)
+            self.gamma = Gain(cfg.attn_gamma, trainable, heads) if self.form == "shaped" else None
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.head_dim).transpose(1, 2)
+
+    def matrix_gains(self) -> tuple:
+        gamma = self.gamma.value if self.gamma is not None else None
+        return self.alpha.value, self.beta.value, gamma
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Apply this layer's attention-matrix form to (B, H, T, D) heads."""
+        if self.explicit:
+            return self.attention_matrix(q, k) @ ops.expand_kv(v, self.n_heads)
+        if self.form == "softmax":
+            return ops.attention(q, k, v, self.causal, self.window)
+        return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window)
+
+    def attention_matrix(self, q: Tensor, k: Tensor) -> Tensor:
+        """The full (B, H, T_q, T_k) matrix this layer applies to its values."""
+        if self.form == "softmax":
+            return ops.attention_probs(q, k, self.causal, self.window)
+        return ops.shaped_attention_matrix(q, k, *self.matrix_gains(), self.causal, self.window)
+
+    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        q, k = self._heads(self.q(x), self.n_heads), self._heads(self.k(x), self.n_kv_heads)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.shape[-1],)), F.rms_norm(k, (k.shape[-1],))
+        if self.rope_base is not None:
+            q, k = ops.rotary(q, positions, self.rope_base), ops.rotary(k, positions, self.rope_base)
+        return q, k
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        b, t, _ = x.shape
+        q, k = self.queries_keys(x, carry.positions)
+        v, carry = self.values(x, carry)
+        y = self.attend(q, k, self._heads(v, self.n_kv_heads))
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1)), carry

@@ -1,0 +1,62 @@
+"""Block layouts with skip and branch gains (Simplifying Transformer Blocks).
+
+    pre-ln:   X' = a_SA X + b_SA MHA(N1(X));   out = a_FF X' + b_FF MLP(N2(X'))     Eq. (1)
+    post-ln:  X' = N1(a_SA X + b_SA MHA(X));   out = N2(a_FF X' + b_FF MLP(X'))     Vaswani et al.
+    parallel: out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))                   Eq. (7)
+
+A skip whose gain is 0 is absent (SAS removes the attention skip, SAS-P both). In the parallel
+layout a_comb is `mlp_skip_gain`.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from blocklab.model.attention import Attention
+from blocklab.model.carry import Carry
+from blocklab.model.gains import Gain
+from blocklab.model.mlp import MLP
+from blocklab.model.norms import make_norm
+
+
+def _skip(init: float, trainable: bool) -> Gain | None:
+    return Gain(init, trainable) if init != 0 else None
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.layout = cfg.block_layout
+        has_norm = cfg.norm_layers == "all" or layer == 0
+        norm = cfg.norm if has_norm else "none"
+        trainable = cfg.trainable_block_gains
+        self.norm1 = make_norm(norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+        self.norm2 = make_norm(norm if cfg.norm_layers == "all" else "none", cfg.d_model,
+                               cfg.norm_eps, cfg.bias) if self.layout != "parallel" else None
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg.d_model, cfg.mlp_width, cfg.mlp_act, cfg.bias, cfg.leaky_relu_slope)
+        self.attn_skip = _skip(cfg.attn_skip_gain, trainable)
+        self.attn_branch = Gain(cfg.attn_branch_gain, trainable)
+        self.mlp_skip = _skip(cfg.mlp_skip_gain, trainable)
+        self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+
+    @staticmethod
+    def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
+        return branch if skip is None else branch + skip(x)
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        if self.layout == "parallel":
+            h = self.norm1(x)
+            a, carry = self.attn(h, carry)
+            out = self.mlp_branch(self.dropout(self.mlp(h))) + self.attn_branch(self.dropout(a))
+            return self._add_skip(out, self.mlp_skip, x), carry
+        if self.layout == "pre-ln":
+            a, carry = self.attn(self.norm1(x), carry)
+            h = self._add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
+            m = self.mlp_branch(self.dropout(self.mlp(self.norm2(h))))
+            return self._add_skip(m, self.mlp_skip, h), carry
+        a, carry = self.attn(x, carry)  # post-ln
+        h = self.norm1(self._add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
+        m = self.mlp_branch(self.dropout(self.mlp(h)))
+        return self.norm2(self._add_skip(m, self.mlp_skip, h)), carry

@@ -1,0 +1,43 @@
+"""Scalar gains: the alpha and beta weights of Simplifying Transformer Blocks (Eqs. 1, 4-7, 13).
+
+A trainable gain is an `nn.Parameter` whose name ends in ``gain``, so that the trainer can find
+every gain (to exempt it from weight decay and to log it) without knowing the architecture.
+A fixed gain is a plain float, so a fixed gain of 1 costs nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class Gain(nn.Module):
+    """Multiplies by a scalar (or per-head vector) that is either fixed or trainable."""
+
+    def __init__(self, init: float, trainable: bool, size: int = 1):
+        super().__init__()
+        self.init = float(init)
+        self.size = size
+        self.gain = nn.Parameter(torch.full((size,), self.init)) if trainable else None
+
+    @property
+    def value(self) -> Tensor | float:
+        return self.gain if self.gain is not None else self.init
+
+    def reset_parameters(self) -> None:
+        if self.gain is not None:
+            with torch.no_grad():
+                self.gain.fill_(self.init)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gain is None:
+            return x if self.init == 1.0 else x * self.init
+        return x * self.gain
+
+    def extra_repr(self) -> str:
+        return f"init={self.init}, trainable={self.gain is not None}, size={self.size}"
+
+
+def is_gain(name: str) -> bool:
+    """True for the parameters that are scalar gains (named ``*gain``)."""
+    return name.rsplit(".", 1)[-1] == "gain"

@@ -1,0 +1,36 @@
+"""The MLP sub-block: d -> hidden -> d with one of the usual activations."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GATED = {"swiglu": F.silu, "geglu": F.gelu}
+
+
+class MLP(nn.Module):
+    """ReLU / GELU / ReLU^2 / leaky-ReLU MLP, or a gated SwiGLU / GEGLU MLP (Shazeer, 2020).
+
+    For gated MLPs `hidden` is the gated width: the input projection is d -> 2 * hidden.
+    """
+
+    def __init__(self, dim: int, hidden: int, act: str, bias: bool = False, slope: float = 0.0):
+        super().__init__()
+        self.act, self.slope = act, slope
+        self.fc = nn.Linear(dim, 2 * hidden if act in GATED else hidden, bias=bias)
+        self.out = nn.Linear(hidden, dim, bias=bias)
+
+    def activation(self, h: Tensor) -> Tensor:
+        if self.act in GATED:
+            h, gate = h.chunk(2, dim=-1)
+            return GATED[self.act](gate) * h
+        if self.act == "relu":
+            return F.relu(h)
+        if self.act == "relu2":
+            return F.relu(h).square()
+        if self.act == "leaky_relu":
+            return F.leaky_relu(h, self.slope)
+        return F.gelu(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.activation(self.fc(x)))

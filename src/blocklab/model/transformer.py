@@ -1,0 +1,84 @@
+"""Embeddings -> blocks -> final norm -> head, with cross-layer state passed explicitly."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from blocklab import ops
+from blocklab.config import ModelConfig
+from blocklab.model.blocks import Block
+from blocklab.model.carry import Carry
+from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
+from blocklab.model.norms import make_norm
+
+
+class Transformer(nn.Module):
+    """A causal decoder (``cfg.causal``) or a bidirectional encoder built from one `ModelConfig`.
+
+    ``model(input_ids)`` maps a LongTensor (B, T) to logits (B, T, vocab). Build it on the meta
+    device with ``with torch.device("meta"): Transformer(cfg)``, then ``to_empty(device=...)`` and
+    ``init_weights()``.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.positions == "learned" else None
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = make_norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.norm_eps, cfg.bias)
+        self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if self.tok_emb.weight.device.type != "meta":
+            self.init_weights()
+
+    # -- initialisation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialise every parameter and buffer (also after building on the meta device)."""
+        cfg = self.cfg
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=cfg.init_std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+        q_std = cfg.init_std if cfg.query_init_std is None else cfg.query_init_std
+        for block in self.blocks:
+            nn.init.normal_(block.attn.q.weight, std=q_std)
+        if cfg.reparam_tie != "none":
+            values = [b.attn.values.w_v for b in self.blocks]
+            projs = [b.attn.proj for b in self.blocks]
+            assert all(isinstance(m, ReparamLinear) for m in values + projs)
+            tie_reparam_inits(values, projs, cfg.reparam_tie)
+
+    # -- forward -------------------------------------------------------------------------------
+    def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
+        x = self.tok_emb(input_ids)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        elif self.cfg.positions == "sinusoidal":
+            x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
+        return x
+
+    def logits(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
+        logits = self.head(x) if self.head is not None else x @ self.tok_emb.weight.T
+        if self.cfg.logit_softcap is not None:
+            cap = self.cfg.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        return logits
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, time); got {tuple(input_ids.shape)}")
+        t = input_ids.shape[1]
+        if t > self.cfg.context_length:
+            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
+        positions = torch.arange(t, device=input_ids.device)
+        x = self.embed(input_ids, positions)
+        carry = Carry(token_ids=input_ids, positions=positions)
+        for block in self.blocks:
+            x, carry = block(x, carry)
+        return self.logits(x)

@@ -1,0 +1,156 @@
+"""Pure functions, one per paper equation. Tensors are (B, H, T, D) unless stated otherwise.
+
+Masks are *bottom-right aligned*: when a query block is shorter than the keys (decoding with a
+cache), query i sits at absolute position ``T_k - T_q + i``. Windows count the keys a query sees,
+itself included: a causal query at position p sees keys ``p - window < j <= p``; a bidirectional
+one sees ``|p - j| < window``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _query_positions(t_q: int, t_k: int, device: torch.device) -> Tensor:
+    return torch.arange(t_k - t_q, t_k, device=device)
+
+
+def key_bounds(t_q: int, t_k: int, causal: bool, window: int | None,
+               device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """First and last key index (inclusive) that each query may attend to, shape (T_q,)."""
+    pos = _query_positions(t_q, t_k, device)
+    lo = torch.zeros_like(pos)
+    hi = pos.clone() if causal else torch.full_like(pos, t_k - 1)
+    if window is not None:
+        lo = (pos - window + 1).clamp(min=0)
+        if not causal:
+            hi = (pos + window - 1).clamp(max=t_k - 1)
+    return lo, hi
+
+
+def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
+                   device: torch.device | None = None) -> Tensor | None:
+    """Boolean (T_q, T_k) mask, True where a query may attend; None when every key is allowed."""
+    if not causal and window is None:
+        return None
+    lo, hi = key_bounds(t_q, t_k, causal, window, device)
+    keys = torch.arange(t_k, device=device)
+    return (keys >= lo[:, None]) & (keys <= hi[:, None])
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, window: int | None = None,
+              scale: float | None = None) -> Tensor:
+    """Softmax attention A V with A = softmax(q k^T / sqrt(d) + M) (Simplifying, Eq. 2).
+
+    Runs on PyTorch's fused SDPA; K and V may have fewer heads than Q (grouped-query attention).
+    """
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    gqa = k.shape[-3] != q.shape[-3]
+    if causal and window is None and t_q == t_k:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    mask = attention_mask(t_q, t_k, causal, window, q.device)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def masked_mean(v: Tensor, t_q: int, causal: bool = True, window: int | None = None) -> Tensor:
+    """C V without forming C: the mean of the values each query may attend to.
+
+    C is the attention matrix of zero query-key logits under the same mask, so C V is a running
+    (prefix) mean for a causal mask, a windowed mean for a sliding window and the global mean for
+    bidirectional attention. Prefix sums run in float32 and the result is cast back.
+    """
+    t_k = v.shape[-2]
+    lo, hi = key_bounds(t_q, t_k, causal, window, v.device)
+    prefix = F.pad(torch.cumsum(v.float(), dim=-2), (0, 0, 1, 0))  # prefix[j] = sum of v[:j]
+    total = prefix.index_select(-2, hi + 1) - prefix.index_select(-2, lo)
+    count = (hi - lo + 1).to(total.dtype)[:, None]
+    return (total / count).to(v.dtype)
+
+
+def _per_head(gain: Tensor | float, like: Tensor) -> Tensor | float:
+    if isinstance(gain, Tensor) and gain.numel() > 1:
+        return gain.reshape(1, -1, 1, 1)
+    return gain
+
+
+def expand_kv(x: Tensor, n_heads: int) -> Tensor:
+    return x if x.shape[-3] == n_heads else x.repeat_interleave(n_heads // x.shape[-3], dim=-3)
+
+
+def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
+                     gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
+                     scale: float | None = None) -> Tensor:
+    """Shaped attention (alpha I + beta A - gamma C) V, Simplifying Transformer Blocks Eq. (5).
+
+    With gamma=None it is the Value-SkipInit matrix alpha I + beta A of Eq. (4). alpha, beta and
+    gamma are scalars or have shape (H,) (head-wise scalars, Eq. 13). This fast path never builds a
+    T x T attention matrix: beta * SDPA(q, k, v) + alpha * v - gamma * mean_mask(v).
+    """
+    n_heads, t_q = q.shape[-3], q.shape[-2]
+    out = _per_head(beta, q) * attention(q, k, v, causal, window, scale)
+    v_full = expand_kv(v, n_heads)
+    out = out + _per_head(alpha, q) * v_full[..., -t_q:, :]
+    if gamma is not None:
+        out = out - _per_head(gamma, q) * masked_mean(v_full, t_q, causal, window)
+    return out
+
+
+def attention_probs(q: Tensor, k: Tensor, causal: bool = True, window: int | None = None,
+                    scale: float | None = None) -> Tensor:
+    """The explicit softmax matrix A of Eq. (2), shape (B, H, T_q, T_k); O(T^2) memory."""
+    k = expand_kv(k, q.shape[-3])
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = (q @ k.transpose(-1, -2)) * scale
+    mask = attention_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    return torch.softmax(logits, dim=-1)
+
+
+def centering_matrix(t_q: int, t_k: int, causal: bool = True, window: int | None = None,
+                     device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
+    """C of Eq. (5): the attention matrix when all query-key logits are zero, under the mask."""
+    mask = attention_mask(t_q, t_k, causal, window, device)
+    if mask is None:
+        return torch.full((t_q, t_k), 1.0 / t_k, device=device, dtype=dtype)
+    mask = mask.to(dtype)
+    return mask / mask.sum(-1, keepdim=True)
+
+
+def shaped_attention_matrix(q: Tensor, k: Tensor, alpha: Tensor | float, beta: Tensor | float,
+                            gamma: Tensor | float | None, causal: bool = True,
+                            window: int | None = None, scale: float | None = None) -> Tensor:
+    """The explicit matrix alpha I + beta A - gamma C (B, H, T_q, T_k), for diagnostics.
+
+    I is offset like the mask: query i is the key at position T_k - T_q + i.
+    """
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    probs = attention_probs(q, k, causal, window, scale)
+    eye = torch.eye(t_k, device=q.device, dtype=probs.dtype)[t_k - t_q:]
+    out = _per_head(beta, q) * probs + _per_head(alpha, q) * eye
+    if gamma is not None:
+        c = centering_matrix(t_q, t_k, causal, window, q.device, probs.dtype)
+        out = out - _per_head(gamma, q) * c
+    return out
+
+
+def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
+    """Rotary position embedding (Su et al., 2021) on the last dim of x (B, H, T, D), half-split."""
+    half = x.shape[-1] // 2
+    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def sinusoidal_positions(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Fixed sine/cosine position encodings (Vaswani et al., 2017), shape (T, dim)."""
+    half = dim // 2
+    inv_freq = 10000.0 ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)

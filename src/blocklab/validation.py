@@ -1,0 +1,116 @@
+"""Checks run on every `ModelConfig`: each failure names the field, the value and what is allowed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from blocklab.config import (
+    ATTN_MATRICES,
+    BLOCK_LAYOUTS,
+    LINEAR_FORMS,
+    MLP_ACTS,
+    NORM_LAYERS,
+    NORMS,
+    POSITIONS,
+    REPARAM_INITS,
+    REPARAM_TIES,
+    ConfigError,
+)
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"ModelConfig.{name} = {value!r} is not allowed: {allowed}")
+
+
+def _choice(cfg: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(cfg, name)
+    if value not in choices:
+        _fail(name, value, f"choose one of {', '.join(map(repr, choices))}.")
+
+
+def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
+    value = getattr(cfg, name)
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        _fail(name, value, "it must be a positive integer" + (" or None." if optional else "."))
+
+
+def validate(cfg: ModelConfig) -> None:
+    for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
+        _positive(cfg, name)
+    for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
+        _positive(cfg, name, optional=True)
+    _choice(cfg, "norm", NORMS)
+    _choice(cfg, "norm_layers", NORM_LAYERS)
+    _choice(cfg, "positions", POSITIONS)
+    _choice(cfg, "mlp_act", MLP_ACTS)
+    _choice(cfg, "block_layout", BLOCK_LAYOUTS)
+    _choice(cfg, "attn_matrix", ATTN_MATRICES)
+    _choice(cfg, "value_form", LINEAR_FORMS)
+    _choice(cfg, "proj_form", LINEAR_FORMS)
+    if cfg.first_value_form is not None:
+        _choice(cfg, "first_value_form", LINEAR_FORMS)
+    _choice(cfg, "reparam_init", REPARAM_INITS)
+    _choice(cfg, "reparam_tie", REPARAM_TIES)
+
+    if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
+        _fail("d_model", cfg.d_model,
+              f"it must be divisible by n_heads={cfg.n_heads} (or set head_dim explicitly).")
+    if cfg.kv_heads > cfg.n_heads or cfg.n_heads % cfg.kv_heads:
+        _fail("n_kv_heads", cfg.n_kv_heads,
+              f"it must divide n_heads={cfg.n_heads} (grouped-query attention).")
+    if cfg.positions == "rope" and cfg.head_size % 2:
+        _fail("head_dim", cfg.head_size, "rotary positions need an even head size.")
+    if cfg.positions == "sinusoidal" and cfg.d_model % 2:
+        _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
+    if cfg.norm_eps <= 0:
+        _fail("norm_eps", cfg.norm_eps, "it must be > 0.")
+    if cfg.init_std < 0 or (cfg.query_init_std is not None and cfg.query_init_std < 0):
+        _fail("init_std", cfg.init_std, "standard deviations must be >= 0.")
+    if not 0.0 <= cfg.dropout < 1.0:
+        _fail("dropout", cfg.dropout, "it must lie in [0, 1).")
+    if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:
+        _fail("logit_softcap", cfg.logit_softcap, "it must be > 0 or None.")
+
+    # sliding windows
+    if not cfg.window_pattern or set(cfg.window_pattern) - {"S", "L"}:
+        _fail("window_pattern", cfg.window_pattern,
+              "use a non-empty string of 'S' (sliding window) and 'L' (full context), e.g. 'SSSL'.")
+    if "S" in cfg.window_pattern and cfg.window_size is None:
+        _fail("window_size", None, f"window_pattern={cfg.window_pattern!r} has 'S' layers; set window_size.")
+    if cfg.window_size is not None and cfg.window_size > cfg.context_length:
+        _fail("window_size", cfg.window_size,
+              f"a window cannot be larger than the context (context_length={cfg.context_length}).")
+
+    # block layouts
+    if cfg.block_layout == "parallel" and cfg.attn_skip_gain != 0:
+        _fail("attn_skip_gain", cfg.attn_skip_gain,
+              "a parallel block has a single skip, alpha_comb = mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
+    if cfg.block_layout == "post-ln" and cfg.norm == "none":
+        _fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
+
+    # value and projection forms
+    square = cfg.head_size * cfg.n_heads == cfg.d_model
+    forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
+             "proj_form": cfg.proj_form}
+    for name, form in forms.items():
+        if form in ("identity", "reparam"):
+            if not square:
+                _fail(name, form, "identity and reparameterised maps need n_heads * head_dim == d_model.")
+            if name != "proj_form" and cfg.kv_heads != cfg.n_heads:
+                _fail(name, form, "identity or reparameterised values need n_kv_heads == n_heads "
+                      "(a grouped-query value is narrower than d_model).")
+    if cfg.reparam_tie != "none":
+        every_value = {cfg.value_form, cfg.first_value_form or cfg.value_form}
+        if every_value != {"reparam"} or cfg.proj_form != "reparam" or cfg.reparam_init != "orthogonal":
+            _fail("reparam_tie", cfg.reparam_tie,
+                  "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
+                  "with reparam_init='orthogonal'.")
+
+    from blocklab.model.value_paths import validate_value_path
+
+    validate_value_path(cfg)
