@@ -24,7 +24,8 @@ def _params_row(arch: str, size: str) -> dict:
 
 
 def _print_table(rows: list[dict]) -> None:
-    head = f"{'arch':<22} {'size':<15} {'total':>9} {'embed':>9} {'v-tables':>9} {'non-emb':>9} {'FLOPs/tok':>10}"
+    head = (f"{'arch':<22} {'size':<15} {'total':>9} {'embed':>9} {'v-tables':>9} {'non-emb':>9} "
+            f"{'FLOPs/tok':>10}")
     print(head)
     print("-" * len(head))
     for r in rows:

@@ -75,11 +75,11 @@ def tie_reparam_inits(values: list[ReparamLinear], projs: list[ReparamLinear], m
     """
     with torch.no_grad():
         if mode == "all-tied":
-            for v, p in zip(values, projs):
+            for v, p in zip(values, projs, strict=True):
                 p.w_init.copy_(v.w_init.T)
         elif mode == "ll-tied":
             # x -> x A_V1^T A_P1^T ...: the running map M = A_P,l A_V,l ... A_P,1 A_V,1
             m = torch.eye(values[0].w_init.shape[0], dtype=values[0].w_init.dtype)
-            for v, p in zip(values[:-1], projs[:-1]):
+            for v, p in zip(values[:-1], projs[:-1], strict=True):
                 m = p.w_init @ v.w_init @ m
             projs[-1].w_init.copy_((values[-1].w_init @ m).T)
