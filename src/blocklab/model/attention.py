@@ -27,9 +27,9 @@ class Attention(nn.Module):
         self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
         self.qk_norm, self.form = cfg.qk_norm, cfg.attn_matrix
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=cfg.bias)
-        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.bias)
         self.values = make_value_path(cfg, layer)
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=cfg.bias)
+        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.bias) if self.values.owns_keys else None
         self.proj = make_proj_map(cfg)
         if self.form != "softmax":
             heads = cfg.n_heads if cfg.headwise_gains else 1
@@ -60,17 +60,24 @@ class Attention(nn.Module):
             return ops.attention_probs(q, k, self.causal, self.window)
         return ops.shaped_attention_matrix(q, k, *self.matrix_gains(), self.causal, self.window)
 
-    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        q, k = self._heads(self.q(x), self.n_heads), self._heads(self.k(x), self.n_kv_heads)
+    def _position(self, x: Tensor, positions: Tensor) -> Tensor:
         if self.qk_norm:
-            q, k = F.rms_norm(q, (q.shape[-1],)), F.rms_norm(k, (k.shape[-1],))
+            x = F.rms_norm(x, (x.shape[-1],))
         if self.rope_base is not None:
-            q, k = ops.rotary(q, positions, self.rope_base), ops.rotary(k, positions, self.rope_base)
-        return q, k
+            x = ops.rotary(x, positions, self.rope_base)
+        return x
+
+    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA)."""
+        q = self._position(self._heads(self.q(x), self.n_heads), positions)
+        if self.k is None:
+            return q, None
+        return q, self._position(self._heads(self.k(x), self.n_kv_heads), positions)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         b, t, _ = x.shape
         q, k = self.queries_keys(x, carry.positions)
-        v, carry = self.values(x, carry)
-        y = self.attend(q, k, self._heads(v, self.n_kv_heads))
+        q, k, v, carry = self.values(x, q, k, carry)
+        y = self.values.attend(self, q, k, self._heads(v, self.n_kv_heads), carry)
+        y = self.values.correct(y, v, carry)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1)), carry

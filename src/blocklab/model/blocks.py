@@ -46,6 +46,10 @@ class Block(nn.Module):
         return branch if skip is None else branch + skip(x)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        x, carry = self.sub_blocks(x, carry)
+        return self.attn.values.after_block(x, carry)
+
+    def sub_blocks(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         if self.layout == "parallel":
             h = self.norm1(x)
             a, carry = self.attn(h, carry)

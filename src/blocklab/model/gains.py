@@ -14,11 +14,17 @@ from torch import Tensor, nn
 class Gain(nn.Module):
     """Multiplies by a scalar (or per-head vector) that is either fixed or trainable."""
 
-    def __init__(self, init: float, trainable: bool, size: int = 1):
+    def __init__(self, init: float | list[float], trainable: bool, size: int = 1):
         super().__init__()
-        self.init = float(init)
-        self.size = size
-        self.gain = nn.Parameter(torch.full((size,), self.init)) if trainable else None
+        if isinstance(init, (list, tuple)):  # one initial value per entry
+            if not trainable:
+                raise ValueError("a fixed Gain takes a single float")
+            init, size = [float(i) for i in init], len(init)
+        else:
+            init = float(init)
+        self.init, self.size = init, size
+        self.gain = nn.Parameter(torch.empty(size)) if trainable else None
+        self.reset_parameters()
 
     @property
     def value(self) -> Tensor | float:
@@ -27,7 +33,10 @@ class Gain(nn.Module):
     def reset_parameters(self) -> None:
         if self.gain is not None:
             with torch.no_grad():
-                self.gain.fill_(self.init)
+                if isinstance(self.init, list):
+                    self.gain.copy_(torch.tensor(self.init))
+                else:
+                    self.gain.fill_(self.init)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gain is None:

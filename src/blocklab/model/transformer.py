@@ -11,6 +11,7 @@ from blocklab.model.blocks import Block
 from blocklab.model.carry import Carry
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import make_norm
+from blocklab.model.value_paths import make_shared_module
 
 
 class Transformer(nn.Module):
@@ -27,6 +28,7 @@ class Transformer(nn.Module):
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.value_shared = make_shared_module(cfg)  # model-level state of a value path, if any
         self.norm = make_norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.norm_eps, cfg.bias)
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if self.tok_emb.weight.device.type != "meta":
@@ -52,10 +54,14 @@ class Transformer(nn.Module):
             projs = [b.attn.proj for b in self.blocks]
             assert all(isinstance(m, ReparamLinear) for m in values + projs)
             tie_reparam_inits(values, projs, cfg.reparam_tie)
+        for module in self.modules():  # inits that need the rest of the model (BoV tables)
+            if module is not self and hasattr(module, "init_from_model"):
+                module.init_from_model(self)
 
     # -- forward -------------------------------------------------------------------------------
-    def embed(self, input_ids: Tensor, positions: Tensor) -> Tensor:
-        x = self.tok_emb(input_ids)
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Add position embeddings to the token embeddings."""
+        x = tokens
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         elif self.cfg.positions == "sinusoidal":
@@ -77,8 +83,11 @@ class Transformer(nn.Module):
         if t > self.cfg.context_length:
             raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
         positions = torch.arange(t, device=input_ids.device)
-        x = self.embed(input_ids, positions)
-        carry = Carry(token_ids=input_ids, positions=positions)
+        tokens = self.tok_emb(input_ids)
+        x = self.embed(tokens, positions)
+        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens)
+        if self.value_shared is not None:
+            carry = self.value_shared(carry)
         for block in self.blocks:
             x, carry = block(x, carry)
         return self.logits(x)

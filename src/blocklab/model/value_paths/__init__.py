@@ -1,0 +1,65 @@
+"""Value paths: how each layer gets its values (see `base.ValuePath` for the interface).
+
+Registry: name -> strategy class. A new variant is one class in a module here, one entry below and
+a test.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from blocklab.config import ConfigError
+from blocklab.model.value_paths.bank import BankOfValues, V1Value, ValueEmbed, X0Value
+from blocklab.model.value_paths.base import StandardValues, ValuePath, resolve_options, target_layers
+from blocklab.model.value_paths.baselines import CrossLayerAttention, CrossLayerKV, DenseFormer, NeuTRENO
+from blocklab.model.value_paths.resformer import (
+    ConstantResFormer,
+    DenseResFormer,
+    LearnableResFormer,
+    LearnableResFormerPlus,
+    SparseResFormer,
+    SVFormer,
+    ValueResidual,
+)
+
+VALUE_PATHS: dict[str, type[ValuePath]] = {
+    "standard": StandardValues,
+    "resformer": ValueResidual,
+    "resformer-constant": ConstantResFormer,
+    "resformer-sparse": SparseResFormer,
+    "resformer-learnable": LearnableResFormer,
+    "resformer-learnable-plus": LearnableResFormerPlus,
+    "resformer-dense": DenseResFormer,
+    "svformer": SVFormer,
+    "neutreno": NeuTRENO,
+    "denseformer": DenseFormer,
+    "cla": CrossLayerKV,
+    "cross-layer-attn": CrossLayerAttention,
+    "bov": BankOfValues,
+    "x0-value": X0Value,
+    "v1-value": V1Value,
+    "value-embed": ValueEmbed,
+}
+
+
+def make_value_path(cfg, layer: int) -> ValuePath:
+    return VALUE_PATHS[cfg.value_path](cfg, layer)
+
+
+def make_shared_module(cfg) -> nn.Module | None:
+    return VALUE_PATHS[cfg.value_path].make_shared(cfg)
+
+
+def validate_value_path(cfg) -> None:
+    if cfg.value_path not in VALUE_PATHS:
+        raise ConfigError(
+            f"ModelConfig.value_path = {cfg.value_path!r} is not allowed: choose one of "
+            f"{', '.join(map(repr, VALUE_PATHS))}."
+        )
+    cls = VALUE_PATHS[cfg.value_path]
+    resolve_options(cls, cfg)
+    cls.validate(cfg)
+
+
+__all__ = ["VALUE_PATHS", "ValuePath", "make_shared_module", "make_value_path", "target_layers",
+           "validate_value_path"]

@@ -1,0 +1,180 @@
+"""Bank of Values (He, Liu et al. 2026) and its substitutive and additive relatives.
+
+    BoV:         v_p = gamma_v * E_v[token id]              in the target layers   (Eq. 5)
+    x0-value:    v_p = c * RMSNorm(x0_p) W^V                 (Table 1)
+    v1-value:    v_p = c * V_1                               (Table 1)
+    value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat / modded-nanogpt)
+
+x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default to the last third
+(layer index >= floor(2L/3)). BoV's target layers have no value projection at all.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from blocklab.config import ConfigError
+from blocklab.model.gains import Gain
+from blocklab.model.linear_maps import ReparamLinear
+from blocklab.model.value_paths.base import ValuePath, target_layers
+
+
+def _rms(x: Tensor) -> Tensor:
+    return F.rms_norm(x, (x.shape[-1],))
+
+
+class _Substitutive(ValuePath):
+    """Shared plumbing: standard values outside the target layers, a coefficient inside them."""
+
+    options = dict(layers="last-third", coef=1.0, learnable=True)
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
+        if self.target:
+            self.coef = Gain(self.opts["coef"], self.opts["learnable"])
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers)
+
+
+class BankOfValues(_Substitutive):
+    """v_p = gamma_v * E_v[token id] in the target layers (gamma_v = `coef`, learnable, init 1).
+
+    E_v is initialised to RMSNorm(embedding) W^V with a freshly initialised W^V of that layer, so
+    the first forward pass equals the x0-value variant. Option ``shared``: one table for every
+    target layer (initialised from the first target layer).
+    """
+
+    description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
+    options = dict(_Substitutive.options, shared=False)
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.cfg = cfg
+        self.caches_values = not self.target
+        self.w_v = None if self.target else self.make_value_map(cfg, layer)
+        if self.target and not self.opts["shared"]:
+            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+
+    def table(self, carry) -> Tensor:
+        return carry.shared["value_table"] if self.opts["shared"] else self.value_table
+
+    def forward(self, x, q, k, carry):
+        if not self.target:
+            return q, k, self.w_v(x), carry
+        return q, k, self.coef(F.embedding(carry.token_ids, self.table(carry))), carry
+
+    def init_from_model(self, model) -> None:
+        if self.target and not self.opts["shared"]:
+            init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer)
+
+    @classmethod
+    def make_shared(cls, cfg) -> nn.Module | None:
+        opts = {**cls.options, **cfg.value_path_options}
+        return SharedValueTable(cfg, min(target_layers(opts["layers"], cfg.n_layers))) if opts["shared"] else None
+
+
+@torch.no_grad()
+def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg, layer: int,
+                              w_v: nn.Module | None = None) -> None:
+    """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
+    if w_v is None:
+        w_v = ValuePath.make_value_map(cfg, layer).to(embedding.device, embedding.dtype)
+        if isinstance(w_v, nn.Linear):
+            nn.init.normal_(w_v.weight, std=cfg.init_std)
+        elif isinstance(w_v, ReparamLinear):
+            w_v.reset_parameters()
+    table.copy_(w_v(_rms(embedding.float()).to(embedding.dtype)))
+
+
+class SharedValueTable(nn.Module):
+    """One BoV table used by every target layer; its lookup happens once per forward pass."""
+
+    def __init__(self, cfg, first_target: int):
+        super().__init__()
+        self.cfg, self.first_target = cfg, first_target
+        self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+
+    def forward(self, carry):
+        return carry.update(shared={**carry.shared, "value_table": self.value_table})
+
+    def init_from_model(self, model) -> None:
+        init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.first_target)
+
+
+class X0Value(_Substitutive):
+    description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer)
+
+    def forward(self, x, q, k, carry):
+        if not self.target:
+            return q, k, self.w_v(x), carry
+        return q, k, self.coef(self.w_v(_rms(carry.token_embeddings))), carry
+
+
+class V1Value(_Substitutive):
+    description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.caches_values = not self.target
+        self.w_v = None if self.target else self.make_value_map(cfg, layer)
+
+    def forward(self, x, q, k, carry):
+        if self.target:
+            return q, k, self.coef(carry.first_values), carry
+        v = self.w_v(x)
+        return q, k, v, (carry.update(first_values=v) if self.layer == 0 else carry)
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        super().validate(cfg)
+        if 0 in target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers):
+            raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
+                              "choose value_path_options['layers'] without 0.")
+
+
+class ValueEmbed(ValuePath):
+    """v = x W^V + g * E_v[token id] with g = 3 sigmoid(W_g x[..., :12]) per KV head, in every
+    second layer ending with the last (nanochat's value embeddings; gate in (0, 3), about 1.5 at
+    initialisation with W_g ~ U(0, 0.02); tables ~ N(0, 1/d)).
+    """
+
+    description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
+    options = dict(layers="every-2", gate_channels=12)
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer)
+        self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
+        self.kv_heads, self.head_dim, self.d_model = cfg.kv_heads, cfg.head_size, cfg.d_model
+        if self.target:
+            self.channels = min(self.opts["gate_channels"], cfg.d_model)
+            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+            self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
+
+    def forward(self, x, q, k, carry):
+        v = self.w_v(x)
+        if self.target:
+            b, t, _ = v.shape
+            g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
+            e = F.embedding(carry.token_ids, self.value_table).view(b, t, self.kv_heads, self.head_dim)
+            v = v + (g[..., None] * e).view(b, t, -1)
+        return q, k, v, carry
+
+    @torch.no_grad()
+    def init_from_model(self, model) -> None:
+        if self.target:
+            nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
+            nn.init.uniform_(self.gate.weight, 0.0, 0.02)
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers)

@@ -1,0 +1,116 @@
+"""The value-path interface and the helpers its strategies share.
+
+A value path answers, for one layer:
+1. which parameters do I own (a value projection, a table, lambdas, nothing)?
+2. given the normed block input, the queries and keys and the `Carry`, what are V (and, for the
+   baselines that change them, Q and K), and what do I put into the carry for later layers?
+3. what must a cache keep (`caches_values`)?
+
+Strategies override only the hooks they need; everything else defaults to the standard
+Transformer. `options` lists a strategy's settings (set through `ModelConfig.value_path_options`)
+with their defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from blocklab.config import ConfigError
+from blocklab.model.carry import Carry
+from blocklab.model.linear_maps import make_value_map
+
+
+def target_layers(spec: Any, n_layers: int, name: str = "layers") -> frozenset[int]:
+    """Layer indices (0-based) named by `spec`.
+
+    ``"all"``; ``"last-third"`` (i >= floor(2L/3), Bank of Values); ``"every-2"`` (every second
+    layer ending with the last, nanochat); ``"last-K"`` (the last K layers); or a list of indices.
+    """
+    if spec == "all":
+        return frozenset(range(n_layers))
+    if spec == "last-third":
+        return frozenset(range(2 * n_layers // 3, n_layers))
+    if spec == "every-2":
+        return frozenset(i for i in range(n_layers) if i % 2 == (n_layers - 1) % 2)
+    if isinstance(spec, str) and spec.startswith("last-") and spec[5:].isdigit():
+        k = int(spec[5:])
+        return frozenset(range(max(0, n_layers - k), n_layers))
+    if isinstance(spec, (list, tuple)) and all(isinstance(i, int) and 0 <= i < n_layers for i in spec):
+        return frozenset(spec)
+    raise ConfigError(
+        f"value_path_options[{name!r}] = {spec!r} is not allowed: use 'all', 'last-third', 'every-2', "
+        f"'last-K' or a list of layer indices in [0, {n_layers})."
+    )
+
+
+class ValuePath(nn.Module):
+    """The standard Transformer value path: V_n = H_{n-1} W^V_n (Simplifying, Eq. 2).
+
+    W^V is linear, the identity or reparameterised (Eq. 6), as `value_form` says.
+    """
+
+    description = "each layer projects its own values, V_n = H_{n-1} W^V_n"
+    options: dict[str, Any] = {}
+    owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
+    caches_values = True  # False: the cache keeps no V for this layer
+
+    def __init__(self, cfg, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.opts = resolve_options(type(self), cfg)
+
+    @staticmethod
+    def make_value_map(cfg, layer: int) -> nn.Module:
+        return make_value_map(cfg.value_form_of(layer), cfg)
+
+    def forward(self, x: Tensor, q: Tensor, k: Tensor, carry: Carry
+                ) -> tuple[Tensor, Tensor, Tensor, Carry]:
+        """Return (q, k, v, carry): q, k as (B, H, T, D) heads, v as (B, T, kv_dim)."""
+        raise NotImplementedError
+
+    def attend(self, attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, carry: Carry) -> Tensor:
+        """Attention over (B, H, T, D) heads; a strategy may change which keys and values it sees."""
+        return attn.attend(q, k, v)
+
+    def correct(self, y: Tensor, v: Tensor, carry: Carry) -> Tensor:
+        """A token-wise correction of the attention output y (B, H, T, D) (NeuTRENO)."""
+        return y
+
+    def after_block(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        """Act on the block output (DenseFormer)."""
+        return x, carry
+
+    def init_from_model(self, model: nn.Module) -> None:
+        """Initialisation that needs other parts of the model (Bank of Values' tables)."""
+
+    @classmethod
+    def make_shared(cls, cfg) -> nn.Module | None:
+        """A model-level module whose forward(carry) -> carry runs before the first block."""
+        return None
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Raise ConfigError for combinations that make no sense."""
+
+
+class StandardValues(ValuePath):
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer)
+
+    def forward(self, x, q, k, carry):
+        return q, k, self.w_v(x), carry
+
+
+def resolve_options(cls: type[ValuePath], cfg) -> dict[str, Any]:
+    given = dict(cfg.value_path_options)
+    unknown = set(given) - set(cls.options)
+    if unknown:
+        allowed = ", ".join(sorted(cls.options)) or "none"
+        raise ConfigError(
+            f"value_path_options has {', '.join(sorted(unknown))!s}, which value_path="
+            f"{cfg.value_path!r} does not take; its options are: {allowed}."
+        )
+    return {**cls.options, **given}

@@ -1,0 +1,194 @@
+"""Value residual learning (Zhou et al., ACL 2025): ResFormer and SVFormer.
+
+    ResFormer:  U_n = A_n (lambda_{n,2} V_n + lambda_{n,1} V_1),  n >= 2      (Eqs. 7, 9-10 of the
+                paper's variants; Identity-ResFormer is lambda_1 = lambda_2 = 1/2)
+    Dense:      V'_n = lambda_{n,n} V_n + sum_{i<n} lambda_{n,i} V_i
+    SVFormer:   U_n = A_n V_1                                                (Eq. 10)
+
+V_i are the raw projected values H_{i-1} W^V_i. Layer indices in code are 0-based: the paper's
+V_1 is layer 0's value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from blocklab.config import ConfigError
+from blocklab.model.gains import Gain
+from blocklab.model.value_paths.base import ValuePath, target_layers
+
+RESIDUAL_TARGETS = ("value", "query", "key")
+
+
+class ValueResidual(ValuePath):
+    """V'_n = lambda_1 V_s + lambda_2 V_n in the target layers after the source layer s.
+
+    Options: ``lambda1`` (weight of the source value), ``lambda2`` (weight of the layer's own
+    value), ``learnable`` (per-layer trainable lambdas), ``layers`` (target layers),
+    ``source`` (0-based index of the source layer: 0 is V_1, 1 is V_2), ``residual_on``
+    (``"value"``; ``"query"`` or ``"key"`` mix Q or K instead, the ablation of Fig. 9).
+    """
+
+    description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
+    options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
+                   residual_on="value")
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        o = self.opts
+        self.w_v = self.make_value_map(cfg, layer)
+        self.is_source = layer == o["source"]
+        self.mixes = layer > o["source"] and layer in target_layers(o["layers"], cfg.n_layers)
+        if self.mixes:
+            self.lambda1 = self.make_lambda1(cfg, layer)
+            self.lambda2 = Gain(o["lambda2"], o["learnable"])
+
+    def make_lambda1(self, cfg, layer: int) -> nn.Module:
+        return Gain(self.opts["lambda1"], self.opts["learnable"])
+
+    def source_weight(self, v1: Tensor, carry) -> Tensor:
+        return self.lambda1(v1)
+
+    def forward(self, x, q, k, carry):
+        v = self.w_v(x)
+        on = self.opts["residual_on"]
+        if self.is_source:
+            first = {"value": ("first_values", v), "query": ("first_queries", q),
+                     "key": ("first_keys", k)}[on]
+            carry = carry.update(**{first[0]: first[1]})
+        elif self.mixes:
+            if on == "value":
+                v = self.source_weight(carry.first_values, carry) + self.lambda2(v)
+            elif on == "query":
+                q = self.source_weight(carry.first_queries, carry) + self.lambda2(q)
+            else:
+                k = self.source_weight(carry.first_keys, carry) + self.lambda2(k)
+        return q, k, v, carry
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        o = {**cls.options, **cfg.value_path_options}
+        if o["residual_on"] not in RESIDUAL_TARGETS:
+            raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
+                              f"choose one of {', '.join(RESIDUAL_TARGETS)}.")
+        if not (isinstance(o["source"], int) and 0 <= o["source"] < cfg.n_layers - 1):
+            raise ConfigError(f"value_path_options['source'] = {o['source']!r} is not allowed: it is the "
+                              f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
+        target_layers(o["layers"], cfg.n_layers)
+
+
+class ConstantResFormer(ValueResidual):
+    description = "Constant-ResFormer: U_n = A_n (V_n + lambda V_1), lambda = 2"
+    options = dict(ValueResidual.options, lambda1=2.0, lambda2=1.0)
+
+
+class SparseResFormer(ValueResidual):
+    description = "Sparse-ResFormer: V_n + lambda V_1 only in chosen layers (last 3, lambda = 5)"
+    options = dict(ValueResidual.options, lambda1=5.0, lambda2=1.0, layers="last-3")
+
+
+class LearnableResFormer(ValueResidual):
+    description = "Learnable-ResFormer: lambda_{n,1} V_1 + lambda_{n,2} V_n, both learned per layer"
+    options = dict(ValueResidual.options, learnable=True)
+
+
+class AdaptiveSourceWeights(nn.Module):
+    """lambda_{n,1} = lambda * softmax(lambda')_n over the mixing layers (ResFormer Plus).
+
+    Our reading of the paper's adaptive initialisation: lambda starts at the layer count N and the
+    logits at lambda'_n = log(n) (n the 1-based layer number), so softmax(lambda')_n is
+    proportional to n and deeper layers start with more V_1; the weights average N / (N - 1).
+    """
+
+    def __init__(self, layers: list[int], n_layers: int):
+        super().__init__()
+        self.index = {layer: i for i, layer in enumerate(layers)}
+        self.scale = Gain(float(n_layers), trainable=True)
+        self.logits = Gain([math.log(layer + 1) for layer in layers], trainable=True)
+
+    def forward(self, carry):
+        weights = self.scale.gain * torch.softmax(self.logits.gain, dim=0)
+        return carry.update(shared={**carry.shared, "source_weights": weights})
+
+
+class LearnableResFormerPlus(LearnableResFormer):
+    description = ("Learnable-ResFormer Plus: lambda_{n,1} = lambda softmax(lambda')_n with an "
+                   "adaptive initialisation that gives deeper layers more V_1")
+
+    def make_lambda1(self, cfg, layer: int) -> nn.Module:
+        return nn.Identity()  # the weight comes from the shared module through the carry
+
+    def source_weight(self, v1, carry):
+        weights = carry.shared["source_weights"]
+        return weights[self._mix_index] * v1
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self._mix_index = _mixing_layers(self.opts, cfg).index(layer) if self.mixes else -1
+
+    @classmethod
+    def make_shared(cls, cfg) -> nn.Module:
+        opts = {**cls.options, **cfg.value_path_options}
+        return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
+
+
+def _mixing_layers(opts, cfg) -> list[int]:
+    return sorted(i for i in target_layers(opts["layers"], cfg.n_layers) if i > opts["source"])
+
+
+class DenseResFormer(ValuePath):
+    """V'_n = lambda_{n,n} V_n + sum_{i<n} lambda_{n,i} V_i, all lambdas learned per layer.
+
+    Initialised as Identity-ResFormer (lambda_{n,n} = lambda_{n,1} = 1/2, the rest 0).
+    """
+
+    description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer)
+        if layer > 0:
+            init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
+            self.lambdas = Gain(init, trainable=True)
+
+    def forward(self, x, q, k, carry):
+        v = self.w_v(x)
+        raw = (*carry.values, v)
+        carry = carry.update(values=raw)
+        if self.layer > 0:
+            w = self.lambdas.gain
+            v = sum(w[i] * vi for i, vi in enumerate(raw))
+        return q, k, v, carry
+
+
+class SVFormer(ValuePath):
+    """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values.
+
+    Option ``anchors``: layers that compute their own V and replace the shared value for the
+    layers after them (Fig. 17).
+    """
+
+    description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
+    options = dict(anchors=[])
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.projects = layer == 0 or layer in self.opts["anchors"]
+        self.caches_values = self.projects
+        self.w_v = self.make_value_map(cfg, layer) if self.projects else None
+
+    def forward(self, x, q, k, carry):
+        if self.projects:
+            v = self.w_v(x)
+            return q, k, v, carry.update(first_values=v)
+        return q, k, carry.first_values, carry
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        anchors = {**cls.options, **cfg.value_path_options}["anchors"]
+        if not all(isinstance(a, int) and 0 < a < cfg.n_layers for a in anchors):
+            raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
+                              f"give layer indices in [1, {cfg.n_layers}).")
