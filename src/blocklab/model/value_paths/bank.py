@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from blocklab.config import ConfigError
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import ReparamLinear
-from blocklab.model.value_paths.base import ValuePath, target_layers
+from blocklab.model.value_paths.base import ValuePath, resolve_options, target_layers
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -38,7 +38,7 @@ class _Substitutive(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers)
+        target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
 
 
 class BankOfValues(_Substitutive):
@@ -74,8 +74,10 @@ class BankOfValues(_Substitutive):
 
     @classmethod
     def make_shared(cls, cfg) -> nn.Module | None:
-        opts = {**cls.options, **cfg.value_path_options}
-        return SharedValueTable(cfg, min(target_layers(opts["layers"], cfg.n_layers))) if opts["shared"] else None
+        opts = resolve_options(cls, cfg)
+        if not opts["shared"]:
+            return None
+        return SharedValueTable(cfg, min(target_layers(opts["layers"], cfg.n_layers)))
 
 
 @torch.no_grad()
@@ -136,7 +138,7 @@ class V1Value(_Substitutive):
     @classmethod
     def validate(cls, cfg) -> None:
         super().validate(cfg)
-        if 0 in target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers):
+        if 0 in target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0.")
 
@@ -177,4 +179,4 @@ class ValueEmbed(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        target_layers({**cls.options, **cfg.value_path_options}["layers"], cfg.n_layers)
+        target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)

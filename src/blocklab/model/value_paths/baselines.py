@@ -9,7 +9,7 @@ from torch import Tensor
 from blocklab import ops
 from blocklab.config import ConfigError
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import ValuePath
+from blocklab.model.value_paths.base import ValuePath, resolve_options
 
 
 def _heads(v: Tensor, head_dim: int) -> Tensor:
@@ -78,7 +78,7 @@ class DenseFormer(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        o = {**cls.options, **cfg.value_path_options}
+        o = resolve_options(cls, cfg)
         for name in ("dilation", "period"):
             if not (isinstance(o[name], int) and o[name] >= 1):
                 raise ConfigError(f"value_path_options[{name!r}] = {o[name]!r} is not allowed: "
@@ -110,7 +110,7 @@ class CrossLayerKV(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        group = {**cls.options, **cfg.value_path_options}["group"]
+        group = resolve_options(cls, cfg)["group"]
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from blocklab.config import ConfigError
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import ValuePath, target_layers
+from blocklab.model.value_paths.base import ValuePath, resolve_options, target_layers
 
 RESIDUAL_TARGETS = ("value", "query", "key")
 
@@ -70,7 +70,7 @@ class ValueResidual(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        o = {**cls.options, **cfg.value_path_options}
+        o = resolve_options(cls, cfg)
         if o["residual_on"] not in RESIDUAL_TARGETS:
             raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
                               f"choose one of {', '.join(RESIDUAL_TARGETS)}.")
@@ -131,7 +131,7 @@ class LearnableResFormerPlus(LearnableResFormer):
 
     @classmethod
     def make_shared(cls, cfg) -> nn.Module:
-        opts = {**cls.options, **cfg.value_path_options}
+        opts = resolve_options(cls, cfg)
         return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
 
 
@@ -188,7 +188,7 @@ class SVFormer(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        anchors = {**cls.options, **cfg.value_path_options}["anchors"]
+        anchors = resolve_options(cls, cfg)["anchors"]
         if not all(isinstance(a, int) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
