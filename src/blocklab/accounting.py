@@ -10,7 +10,8 @@ step (forward + backward):
 with N_matmul the weights used in matrix multiplications (the output head included even when
 tied; embedding and value-table lookups, norms, biases and scalar gains excluded; a
 reparameterised W = a W_init + b dW counts once, as one d x d matmul) and T_eff the keys a query
-sees in that layer: min(window, T) at sequence length T (context_length by default).
+sees in that layer: min(window, T) at sequence length T (context_length by default), times the
+number of key sets it attends over (2 for the exact cross-layer attention of Value Residual Eq. 2).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def flops_per_token(model: nn.Module, seq_len: int | None = None) -> int:
     cfg = model.cfg
     t = seq_len or cfg.context_length
     attn = 0
-    for layer in range(cfg.n_layers):
+    for layer, block in enumerate(model.blocks):
         window = cfg.layer_window(layer)
-        attn += 12 * cfg.n_heads * cfg.head_size * (min(window, t) if window else t)
+        keys = (min(window, t) if window else t) * block.attn.values.key_sets
+        attn += 12 * cfg.n_heads * cfg.head_size * keys
     return 6 * matmul_weights(model) + attn

@@ -55,6 +55,7 @@ class ValuePath(nn.Module):
     options: dict[str, Any] = {}
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
+    key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
 
     def __init__(self, cfg, layer: int):
         super().__init__()

@@ -130,6 +130,7 @@ class CrossLayerAttention(ValuePath):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         self.head_dim = cfg.head_size
+        self.key_sets = 1 if layer == 0 else 2
 
     def forward(self, x, q, k, carry):
         v = self.w_v(x)
