@@ -185,12 +185,12 @@ class Params:
     def get(self, key: str) -> Tensor | None:
         return self[key] if key in self.tensors else None
 
-    def gain(self, key: str, init: float, trainable: bool):
-        """A scalar gain: the trained parameter `key` when trainable, else its fixed init."""
-        if trainable and init != 0.0:
-            return self[key]
-        if key in self.tensors:  # a trainable skip gain initialised at 0 may still exist
-            return self[key]
+    def gain(self, key: str, init: float, trainable: bool, size: int = 1):
+        """A gain: the trained parameter `key` (`size` entries) when trainable, else its fixed init."""
+        if trainable and init != 0.0 or key in self.tensors:  # a trainable gain initialised at 0
+            value = self[key]
+            assert value.numel() == size, f"{key} has {value.numel()} entries, the config says {size}"
+            return value
         return init
 
     def unused(self) -> set[str]:
@@ -267,10 +267,11 @@ def attention_sublayer(cfg, p: Params, layer: int, x: Tensor, positions: Tensor)
     allowed = mask_matrix(t, t, cfg.causal, layer_window(cfg, layer))
     alpha = beta = gamma = None
     if cfg.attn_matrix != "softmax":
-        alpha = p.gain(f"{pre}.alpha.gain", cfg.attn_alpha, cfg.trainable_attn_gains)
-        beta = p.gain(f"{pre}.beta.gain", cfg.attn_beta, cfg.trainable_attn_gains)
+        size = n_heads if cfg.headwise_gains else 1  # Eq. (13): one alpha_h, beta_h, gamma_h per head
+        alpha = p.gain(f"{pre}.alpha.gain", cfg.attn_alpha, cfg.trainable_attn_gains, size)
+        beta = p.gain(f"{pre}.beta.gain", cfg.attn_beta, cfg.trainable_attn_gains, size)
         if cfg.attn_matrix == "shaped":
-            gamma = p.gain(f"{pre}.gamma.gain", cfg.attn_gamma, cfg.trainable_attn_gains)
+            gamma = p.gain(f"{pre}.gamma.gain", cfg.attn_gamma, cfg.trainable_attn_gains, size)
     y = multihead(q, k, v, allowed, cfg.attn_matrix, alpha, beta, gamma)
     y = torch.cat([y[:, h] for h in range(n_heads)], dim=-1)  # Concat over heads
     return value_or_proj(cfg, p, f"{pre}.proj", cfg.proj_form, y, "proj")

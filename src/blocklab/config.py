@@ -144,7 +144,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         _check_keys(data)
-        return cls(**data)
+        return cls(**_floats_from_strings(data))
 
     def replace(self, **changes: Any) -> ModelConfig:
         _check_keys(changes)
@@ -170,6 +170,19 @@ class ModelConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelConfig))
+
+
+def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
+    """PyYAML (YAML 1.1) reads `1e-5` as a string; read such strings in float fields as floats."""
+    out = dict(data)
+    for f in dataclasses.fields(ModelConfig):
+        value = out.get(f.name)
+        if f.type.startswith("float") and isinstance(value, str):
+            try:
+                out[f.name] = float(value)
+            except ValueError:
+                pass  # validation names the field
+    return out
 
 
 def _check_keys(data: dict[str, Any]) -> None:

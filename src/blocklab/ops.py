@@ -61,11 +61,12 @@ def masked_mean(v: Tensor, t_q: int, causal: bool = True, window: int | None = N
 
     C is the attention matrix of zero query-key logits under the same mask, so C V is a running
     (prefix) mean for a causal mask, a windowed mean for a sliding window and the global mean for
-    bidirectional attention. Prefix sums run in float32 and the result is cast back.
+    bidirectional attention. Prefix sums run in at least float32 and the result is cast back.
     """
     t_k = v.shape[-2]
     lo, hi = key_bounds(t_q, t_k, causal, window, v.device)
-    prefix = F.pad(torch.cumsum(v.float(), dim=-2), (0, 0, 1, 0))  # prefix[j] = sum of v[:j]
+    acc = torch.promote_types(v.dtype, torch.float32)
+    prefix = F.pad(torch.cumsum(v.to(acc), dim=-2), (0, 0, 1, 0))  # prefix[j] = sum of v[:j]
     total = prefix.index_select(-2, hi + 1) - prefix.index_select(-2, lo)
     count = (hi - lo + 1).to(total.dtype)[:, None]
     return (total / count).to(v.dtype)
@@ -138,11 +139,16 @@ def shaped_attention_matrix(q: Tensor, k: Tensor, alpha: Tensor | float, beta: T
     return out
 
 
+def _angles(positions: Tensor, half: int, base: float, dtype: torch.dtype) -> Tensor:
+    """position * base^(-i/half) for i < half, in `dtype` (at least float32: positions reach 1e5)."""
+    inv_freq = base ** (-torch.arange(half, device=positions.device, dtype=dtype) / half)
+    return positions.to(dtype)[:, None] * inv_freq[None, :]
+
+
 def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
     """Rotary position embedding (Su et al., 2021) on the last dim of x (B, H, T, D), half-split."""
     half = x.shape[-1] // 2
-    inv_freq = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = _angles(positions, half, base, torch.promote_types(x.dtype, torch.float32))
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -150,7 +156,5 @@ def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
 
 def sinusoidal_positions(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """Fixed sine/cosine position encodings (Vaswani et al., 2017), shape (T, dim)."""
-    half = dim // 2
-    inv_freq = 10000.0 ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = _angles(positions, dim // 2, 10000.0, torch.promote_types(dtype, torch.float32))
     return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)

@@ -39,11 +39,31 @@ def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
         _fail(name, value, "it must be a positive integer" + (" or None." if optional else "."))
 
 
+_TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
+          "bool": ((bool,), "True or False"), "str": ((str,), "a string"),
+          "dict[str, Any]": ((dict,), "a dict")}
+
+
+def _check_types(cfg: ModelConfig) -> None:
+    """Each field holds a value of its annotated type (ints pass for floats, bools never pass for numbers)."""
+    import dataclasses
+
+    for f in dataclasses.fields(cfg):
+        kind, _, optional = f.type.partition(" | ")
+        value = getattr(cfg, f.name)
+        if value is None and optional == "None":
+            continue
+        wanted, words = _TYPES[kind]
+        if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+            _fail(f.name, value, f"it must be {words}" + (" or None." if optional else "."))
+
+
 def validate(cfg: ModelConfig) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
         _positive(cfg, name, optional=True)
+    _check_types(cfg)
     _choice(cfg, "norm", NORMS)
     _choice(cfg, "norm_layers", NORM_LAYERS)
     _choice(cfg, "positions", POSITIONS)
@@ -69,8 +89,11 @@ def validate(cfg: ModelConfig) -> None:
         _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
     if cfg.norm_eps <= 0:
         _fail("norm_eps", cfg.norm_eps, "it must be > 0.")
-    if cfg.init_std < 0 or (cfg.query_init_std is not None and cfg.query_init_std < 0):
-        _fail("init_std", cfg.init_std, "standard deviations must be >= 0.")
+    for name in ("init_std", "query_init_std"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
+            _fail(name, getattr(cfg, name), "a standard deviation must be >= 0.")
+    if cfg.rope_base <= 0:
+        _fail("rope_base", cfg.rope_base, "the rotary base must be > 0 (10000 is usual).")
     if not 0.0 <= cfg.dropout < 1.0:
         _fail("dropout", cfg.dropout, "it must lie in [0, 1).")
     if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:

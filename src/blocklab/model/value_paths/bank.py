@@ -75,9 +75,10 @@ class BankOfValues(_Substitutive):
     @classmethod
     def make_shared(cls, cfg) -> nn.Module | None:
         opts = resolve_options(cls, cfg)
-        if not opts["shared"]:
+        targets = target_layers(opts["layers"], cfg.n_layers)
+        if not opts["shared"] or not targets:
             return None
-        return SharedValueTable(cfg, min(target_layers(opts["layers"], cfg.n_layers)))
+        return SharedValueTable(cfg, min(targets))
 
 
 @torch.no_grad()
@@ -90,7 +91,8 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg, layer: int,
             nn.init.normal_(w_v.weight, std=cfg.init_std)
         elif isinstance(w_v, ReparamLinear):
             w_v.reset_parameters()
-    table.copy_(w_v(_rms(embedding.float()).to(embedding.dtype)))
+    wide = embedding.to(torch.promote_types(embedding.dtype, torch.float32))
+    table.copy_(w_v(_rms(wide).to(embedding.dtype)))
 
 
 class SharedValueTable(nn.Module):
@@ -179,4 +181,8 @@ class ValueEmbed(ValuePath):
 
     @classmethod
     def validate(cls, cfg) -> None:
-        target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
+        opts = resolve_options(cls, cfg)
+        target_layers(opts["layers"], cfg.n_layers)
+        if opts["gate_channels"] < 1:
+            raise ConfigError(f"value_path_options['gate_channels'] = {opts['gate_channels']!r} is not "
+                              "allowed: the gate reads at least one channel (nanochat uses 12).")

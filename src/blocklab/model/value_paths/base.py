@@ -114,4 +114,24 @@ def resolve_options(cls: type[ValuePath], cfg) -> dict[str, Any]:
             f"value_path_options has {', '.join(sorted(unknown))!s}, which value_path="
             f"{cfg.value_path!r} does not take; its options are: {allowed}."
         )
+    for name, value in given.items():
+        _check_option_type(cfg, name, value, cls.options[name])
     return {**cls.options, **given}
+
+
+def _check_option_type(cfg, name: str, value: Any, default: Any) -> None:
+    """An option takes values of its default's type (ints pass for floats; `layers` is checked later)."""
+    if name == "layers" or default is None:
+        return
+    if isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, (int, float)):
+        wanted = int if isinstance(default, int) else (int, float)
+        ok, kind = isinstance(value, wanted) and not isinstance(value, bool), type(default).__name__
+    elif isinstance(default, list):
+        ok, kind = isinstance(value, (list, tuple)), "a list"
+    else:
+        ok, kind = isinstance(value, type(default)), type(default).__name__
+    if not ok:
+        raise ConfigError(f"value_path_options[{name!r}] = {value!r} is not allowed for value_path="
+                          f"{cfg.value_path!r}: it must be {kind}.")

@@ -1,0 +1,45 @@
+"""Small configs and models shared by the model-level tests."""
+
+from __future__ import annotations
+
+import torch
+
+import reference as R
+from blocklab import ModelConfig, Transformer
+from blocklab.presets import BLOCK_PRESETS
+
+PRESETS = list(BLOCK_PRESETS)
+CAUSAL_PRESETS = PRESETS  # every block preset is causal unless causal=False is set
+SMALL = dict(n_layers=3, d_model=32, n_heads=4, vocab_size=50, context_length=16, mlp_hidden=64)
+T = 16
+
+# attention masks: causal, sliding window on some layers (layer 0 "S", then "L"; the last layer is
+# always full context), bidirectional, and bidirectional with windows
+MASKS = {
+    "causal": {},
+    "window": dict(window_size=4, window_pattern="SL"),
+    "bidirectional": dict(causal=False),
+    "bidirectional-window": dict(causal=False, window_size=3, window_pattern="S"),
+}
+
+# Model-level comparisons in float64. The model computes sinusoidal / rotary angles and the
+# masked-mean prefix sums of shaped attention in float32 (test_ops.py::
+# test_float64_inputs_are_computed_in_float64), which leaves ~1e-6 differences on logits of size
+# ~20; a structural error (a wrong mask, gain, norm, head order ...) changes them by >= 1e-2.
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def make_cfg(arch: str = "pre-ln", **overrides) -> ModelConfig:
+    return ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides})
+
+
+def make_model(arch: str = "pre-ln", seed: int = 0, perturbed: bool = True, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(make_cfg(arch, **overrides)).double()
+    if perturbed:
+        R.perturb(model, seed=seed + 100)
+    return model
+
+
+def tokens(batch: int = 2, t: int = T, vocab: int = 50, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, t), generator=torch.Generator().manual_seed(seed))

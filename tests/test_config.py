@@ -1,0 +1,178 @@
+"""ModelConfig: presets, serialisation round trips and validation errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from blocklab import ConfigError, ModelConfig
+from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
+
+NON_DEFAULT = dict(n_kv_heads=2, head_dim=16, window_size=4, window_pattern="SSL", logit_softcap=15.0,
+                   causal=False, rope_base=500.0, positions="rope", qk_norm=True, mlp_act="swiglu",
+                   norm_eps=1e-6, tie_embeddings=False)
+
+
+def configs():
+    yield "sas-tiny", ModelConfig.from_preset("sas", "tiny")
+    yield "sas-p-nonorm-codeparrot", ModelConfig.from_preset("sas-p-nonorm", "codeparrot-18l")
+    yield "nanochat-d12", ModelConfig.from_preset("pre-ln", "nanochat-d12")
+    yield "non-default", ModelConfig.from_preset("pre-ln", "tiny", **NON_DEFAULT)
+    yield "reparam-tied", ModelConfig.from_preset(
+        "v-skipinit", "tiny", value_form="reparam", proj_form="reparam", reparam_init="orthogonal",
+        reparam_tie="ll-tied", value_resid_gain=0.25)
+
+
+CONFIGS = dict(configs())
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_dict_round_trip_through_json(name):
+    cfg = CONFIGS[name]
+    text = json.dumps(cfg.to_dict())
+    back = ModelConfig.from_dict(json.loads(text))
+    assert back == cfg
+    assert ModelConfig.from_dict(json.loads(cfg.to_json())) == cfg
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".yml", ".json"])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_file_round_trip(name, suffix, tmp_path):
+    cfg = CONFIGS[name]
+    path = tmp_path / f"cfg{suffix}"
+    path.write_text(cfg.to_json() if suffix == ".json" else cfg.to_yaml())
+    loaded = ModelConfig.load(path)
+    assert loaded == cfg
+    assert loaded.to_dict() == cfg.to_dict()
+
+
+def test_yaml_is_plain_data():
+    cfg = CONFIGS["non-default"]
+    data = yaml.safe_load(cfg.to_yaml())
+    assert data["window_pattern"] == "SSL" and data["n_kv_heads"] == 2 and data["logit_softcap"] == 15.0
+    assert set(data) == {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+def test_partial_file_uses_defaults(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text("d_model: 64\nn_heads: 2\nn_layers: 3\n")
+    cfg = ModelConfig.load(path)
+    assert (cfg.d_model, cfg.n_heads, cfg.n_layers) == (64, 2, 3)
+    assert cfg.vocab_size == ModelConfig().vocab_size
+
+
+def test_yaml_float_without_a_dot(tmp_path):
+    """PyYAML reads `1e-5` (no dot, YAML 1.1) as the string '1e-5': a hand-written config must
+    load as the float or fail with a ConfigError that names the field, not with a TypeError."""
+    path = tmp_path / "eps.yaml"
+    path.write_text("norm_eps: 1e-5\n")
+    assert yaml.safe_load(path.read_text()) == {"norm_eps": "1e-5"}
+    try:
+        cfg = ModelConfig.load(path)
+    except ConfigError as err:
+        assert "norm_eps" in str(err)
+    else:
+        assert cfg.norm_eps == 1e-5
+
+
+def test_preset_precedence_defaults_then_size_then_arch_then_overrides():
+    cfg = ModelConfig.from_preset("sas-p", "codeparrot-18l", n_layers=5, mlp_branch_gain=0.2)
+    assert cfg.n_layers == 5 and cfg.mlp_branch_gain == 0.2  # overrides win
+    assert cfg.d_model == 768 and cfg.norm == "rmsnorm"  # from the size preset
+    assert cfg.block_layout == "parallel" and cfg.attn_matrix == "shaped"  # from the arch preset
+    assert cfg.mlp_skip_gain == 0.0 and cfg.attn_skip_gain == 0.0  # SAS-P has no skips
+
+
+@pytest.mark.parametrize("size", list(SIZE_PRESETS))
+@pytest.mark.parametrize("arch", list(BLOCK_PRESETS))
+def test_every_preset_combination_is_valid(arch, size):
+    cfg = ModelConfig.from_preset(arch, size)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# -- errors name the field and what is allowed -----------------------------------------------------
+def error_of(fn):
+    with pytest.raises(ConfigError) as info:
+        fn()
+    assert isinstance(info.value, ValueError)
+    return str(info.value)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+BAD_CONFIGS = {
+    "unknown-arch": (lambda: ModelConfig.from_preset("sass"), ["'sass'", "sas", "sas-p", "pre-ln"]),
+    "unknown-size": (lambda: ModelConfig.from_preset("sas", size="huge"),
+                     ["'huge'", "size", "tiny", "codeparrot-18l"]),
+    "d_model-not-divisible": (lambda: ModelConfig(d_model=30, n_heads=4), ["d_model", "30", "n_heads=4"]),
+    "d_model-not-divisible-override": (
+        lambda: ModelConfig.from_preset("pre-ln", "tiny", d_model=100, n_heads=3), ["d_model", "n_heads=3"]),
+    "window-larger-than-context": (
+        lambda: ModelConfig(context_length=16, window_size=32, window_pattern="SL"),
+        ["window_size", "32", "context_length=16"]),
+    "negative-n_layers": (lambda: ModelConfig(n_layers=-1), ["n_layers", "-1", "positive"]),
+    "negative-d_model": (lambda: ModelConfig(d_model=-8), ["d_model", "-8", "positive"]),
+    "zero-vocab": (lambda: ModelConfig(vocab_size=0), ["vocab_size", "positive"]),
+    "zero-heads": (lambda: ModelConfig(n_heads=0), ["n_heads", "positive"]),
+    "negative-context": (lambda: ModelConfig(context_length=-5), ["context_length", "positive"]),
+    "negative-n_kv_heads": (lambda: ModelConfig(n_kv_heads=-2), ["n_kv_heads", "positive"]),
+    "negative-mlp_hidden": (lambda: ModelConfig(mlp_hidden=-3), ["mlp_hidden", "positive"]),
+    "negative-window": (lambda: ModelConfig(window_size=-4), ["window_size", "positive"]),
+    "fractional-n_layers": (lambda: ModelConfig(n_layers=2.5), ["n_layers", "positive integer"]),
+    "string-norm_eps": (lambda: ModelConfig(norm_eps="tiny"), ["norm_eps", "'tiny'", "a number"]),
+    "yaml-word-in-float": (lambda: ModelConfig.from_dict({"dropout": "none"}), ["dropout", "a number"]),
+    "bool-as-gain": (lambda: ModelConfig(attn_alpha=True), ["attn_alpha", "a number"]),
+    "string-as-bool": (lambda: ModelConfig(causal="no"), ["causal", "True or False"]),
+    "int-as-norm": (lambda: ModelConfig(norm=1), ["norm", "1"]),
+    "unknown-override": (lambda: ModelConfig.from_preset("sas", n_layer=3), ["n_layer", "n_layers"]),
+    "unknown-override-window": (lambda: ModelConfig.from_preset("sas", "tiny", window=4),
+                                ["'window'", "window_size"]),
+    "unknown-dict-field": (lambda: ModelConfig.from_dict({"d_modle": 64}), ["d_modle", "d_model"]),
+    "unknown-replace-field": (lambda: ModelConfig().replace(n_head=3), ["n_head", "n_heads"]),
+    "bad-window-pattern": (lambda: ModelConfig(window_size=4, window_pattern="SXL"),
+                           ["window_pattern", "'SXL'", "'S'", "'L'"]),
+    "empty-window-pattern": (lambda: ModelConfig(window_pattern=""), ["window_pattern", "'S'", "'L'"]),
+    "window-pattern-without-size": (
+        lambda: ModelConfig(window_pattern="SSSL"), ["window_size", "window_pattern"]),
+    "parallel-with-attn-skip": (lambda: ModelConfig.from_preset("parallel", attn_skip_gain=1.0),
+                                ["attn_skip_gain", "parallel", "0"]),
+    "parallel-layout-default-skip": (lambda: ModelConfig(block_layout="parallel"), ["attn_skip_gain"]),
+    "bad-norm": (lambda: ModelConfig(norm="batchnorm"), ["norm", "'batchnorm'", "'layernorm'", "'rmsnorm'"]),
+    "bad-mlp_act": (lambda: ModelConfig(mlp_act="tanh"), ["mlp_act", "'tanh'", "'swiglu'"]),
+    "bad-positions": (lambda: ModelConfig(positions="alibi"), ["positions", "'alibi'", "'rope'"]),
+    "bad-attn_matrix": (lambda: ModelConfig(attn_matrix="sigmoid"), ["attn_matrix", "'shaped'"]),
+    "kv-heads-not-dividing": (lambda: ModelConfig(n_heads=4, n_kv_heads=3, d_model=32),
+                              ["n_kv_heads", "n_heads=4"]),
+    "tie-without-reparam": (lambda: ModelConfig(reparam_tie="all-tied"), ["reparam_tie", "reparam"]),
+    "negative-init_std": (lambda: ModelConfig(init_std=-0.5), ["init_std", "-0.5", ">= 0"]),
+    "negative-query_init_std": (lambda: ModelConfig(query_init_std=-0.1), ["query_init_std", "-0.1", ">= 0"]),
+    "zero-norm_eps": (lambda: ModelConfig(norm_eps=0.0), ["norm_eps", "> 0"]),
+    "negative-softcap": (lambda: ModelConfig(logit_softcap=-1.0), ["logit_softcap", "> 0"]),
+    "zero-rope_base": (lambda: ModelConfig(positions="rope", rope_base=0.0), ["rope_base", "0.0"]),
+    "negative-rope_base": (
+        lambda: ModelConfig(positions="rope", rope_base=-10000.0), ["rope_base", "-10000.0"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_configs_raise_config_error_naming_the_field(case):
+    build, expected = BAD_CONFIGS[case]
+    message = error_of(build)
+    for text in expected:
+        assert text in message, f"{text!r} not in {message!r}"
+
+
+def test_unknown_field_lists_the_known_fields():
+    message = error_of(lambda: ModelConfig.from_dict({"d_model": 64, "colour": "red"}))
+    assert "colour" in message and "vocab_size" in message and "window_pattern" in message
+
+
+def test_validation_runs_on_replace():
+    cfg = ModelConfig.from_preset("pre-ln", "tiny")
+    with pytest.raises(ConfigError, match="d_model"):
+        cfg.replace(d_model=130)
