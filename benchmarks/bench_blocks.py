@@ -15,7 +15,8 @@ child process. The explicit path is skipped where its estimated memory exceeds M
 Peak memory. CUDA: torch.cuda.max_memory_allocated() minus the memory allocated before the first
 step. CPU: torch has no allocator peak counter, so the figure is the child's peak RSS
 (resource.getrusage ru_maxrss) after the last step minus its value just before the first step:
-for Part 1 that is gradients, AdamW state and activations on top of the built model and batch.
+for Part 1 that is gradients, AdamW state, activations and allocator slack on top of the built
+model and batch. A tiny throwaway step before that baseline absorbs one-off lazy initialisation.
 
     PYTHONPATH=src python benchmarks/bench_blocks.py [--device cuda] [--quick] [--out FILE]
 """
@@ -30,12 +31,14 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import blocklab
 from blocklab.presets import BLOCK_PRESETS
@@ -44,7 +47,7 @@ BATCH = {"tiny": 8, "small": 4}  # sequences of context_length tokens per step: 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 HEADS, HEAD_DIM = 2, 64
 MAX_EXPLICIT_GIB = 8.0
-EXPLICIT_MATRICES = 7  # the explicit path peaks at ~5-6.5 (B, H, T, T) float32 matrices; with margin
+EXPLICIT_MATRICES = 7  # measured peak on CPU: 5-7 (B, H, T, T) float32 matrices (T = 2048-8192)
 
 
 # -- measuring ---------------------------------------------------------------------------------
@@ -88,10 +91,20 @@ def in_child(fn, *args):
 _worker: dict = {}
 
 
+def prime(dev: torch.device) -> None:
+    """One training step of a toy model, so that one-off lazy initialisation (thread pools, kernels;
+    ~85 MiB of RSS on CPU) is not counted in the memory figures."""
+    toy = nn.Sequential(nn.Embedding(16, 8), nn.LayerNorm(8), nn.Linear(8, 16)).to(dev)
+    ids = torch.randint(0, 16, (2, 8), device=dev)
+    F.cross_entropy(toy(ids).flatten(0, 1), ids.flatten()).backward()
+    torch.optim.AdamW(toy.parameters()).step()
+
+
 def setup_preset(preset: str, size: str, device: str, threads: int) -> None:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dev = torch.device(device)
+    prime(dev)
     cfg = blocklab.ModelConfig.from_preset(preset, size=size)
     model = blocklab.Transformer(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -114,6 +127,11 @@ def train_steps(n: int) -> float:
     return n * _worker["tokens"] / seconds
 
 
+def ready() -> bool:
+    """A no-op: submitting it makes a pool start its child, which runs setup_preset."""
+    return True
+
+
 def preset_summary() -> dict:
     w = _worker
     return dict(params=w["params"], flops_per_token=w["flops"], tokens_per_step=w["tokens"],
@@ -125,8 +143,10 @@ def bench_presets(size: str, device: str, threads: int, warmup: int, repeats: in
     pools = {p: ProcessPoolExecutor(1, mp_context=ctx, initializer=setup_preset,
                                     initargs=(p, size, device, threads)) for p in BLOCK_PRESETS}
     try:
-        for fut in [pool.submit(train_steps, warmup) for pool in pools.values()]:
-            fut.result()  # start-up and warm-up, all children at once
+        for fut in [pool.submit(ready) for pool in pools.values()]:
+            fut.result()  # all children start at once
+        for pool in pools.values():
+            pool.submit(train_steps, warmup).result()  # one at a time, like the timed steps
         rates = {p: [] for p in pools}
         names = list(pools)
         for r in range(repeats):  # round-robin, starting one preset later each repeat
@@ -135,8 +155,9 @@ def bench_presets(size: str, device: str, threads: int, warmup: int, repeats: in
         rows = [dict(size=size, preset=p, tokens_per_s=statistics.median(rates[p]), runs=rates[p],
                      **pools[p].submit(preset_summary).result()) for p in names]
     finally:
-        for pool in pools.values():
-            pool.shutdown()
+        for wait in (False, True):  # let all children exit at once, then wait for them
+            for pool in pools.values():
+                pool.shutdown(wait=wait)
     ref = rows[0]
     assert ref["preset"] == "pre-ln"
     for row in rows:
@@ -150,18 +171,22 @@ def explicit_gib(t: int) -> float:
     return EXPLICIT_MATRICES * HEADS * t * t * 4 / 2**30
 
 
+def attention_call(path: str, t: int, dev: torch.device):
+    """A function computing one path's output for random (1, HEADS, t, HEAD_DIM) inputs."""
+    q, k, v = (torch.randn(1, HEADS, t, HEAD_DIM, device=dev, requires_grad=True) for _ in range(3))
+    alpha, beta, gamma = (torch.rand(HEADS, device=dev, requires_grad=True) for _ in range(3))
+    if path == "fused":
+        return lambda: blocklab.ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True)
+    return lambda: blocklab.ops.shaped_attention_matrix(q, k, alpha, beta, gamma, causal=True) @ v
+
+
 def bench_attention(path: str, t: int, device: str, threads: int, repeats: int, budget_s: float) -> dict:
     """Forward (no_grad) and forward + backward of one path at length t: median ms and peak MiB."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     dev = torch.device(device)
-    q, k, v = (torch.randn(1, HEADS, t, HEAD_DIM, device=dev, requires_grad=True) for _ in range(3))
-    alpha, beta, gamma = (torch.rand(HEADS, device=dev, requires_grad=True) for _ in range(3))
-
-    def forward():
-        if path == "fused":
-            return blocklab.ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True)
-        return blocklab.ops.shaped_attention_matrix(q, k, alpha, beta, gamma, causal=True) @ v
+    attention_call(path, 64, dev)().sum().backward()  # one-off lazy initialisation, not counted
+    forward = attention_call(path, t, dev)
 
     def forward_only():
         with torch.no_grad():
@@ -205,10 +230,24 @@ def machine_info(device: str, threads: int) -> dict:
         cpu = names[0] if names else cpu
     info = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=threads, torch=torch.__version__,
                 python=platform.python_version(), platform=platform.platform(), device=device,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"))
+                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                blocklab_source=source_version(), load_avg_at_start=[round(x, 2) for x in os.getloadavg()])
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def source_version() -> str:
+    """The git commit of the checkout, with "+dirty" when src/ has uncommitted changes."""
+    def git(*args: str) -> str:
+        cmd = ["git", "-C", str(Path(__file__).resolve().parent.parent), *args]
+        return subprocess.run(cmd, capture_output=True, text=True).stdout.strip()
+
+    try:
+        commit, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "src")
+    except OSError:
+        return "unknown"
+    return (commit or "unknown") + ("+dirty" if dirty else "")
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -219,10 +258,12 @@ def table(header: list[str], rows: list[list]) -> str:
 def presets_table(rows: list[dict], device: str) -> str:
     unit = "MiB, peak RSS increase" if device == "cpu" else "MiB, max allocated"
     return table(
-        ["size", "preset", "params", "FLOPs/token", "tokens/s", "x pre-ln", f"memory ({unit})", "x pre-ln"],
+        ["size", "preset", "params", "FLOPs/token", "tokens/s", "(min-max)", "x pre-ln", f"memory ({unit})",
+         "x pre-ln"],
         [[r["size"], r["preset"], f"{r['params'] / 1e6:.3f}M", f"{r['flops_per_token'] / 1e6:.1f}M",
-          f"{r['tokens_per_s']:,.0f}", f"{r['speed_vs_pre_ln']:.2f}", f"{r['peak_mib']:.0f}",
-          f"{r['memory_vs_pre_ln']:.2f}"] for r in rows])
+          f"{r['tokens_per_s']:,.0f}", f"({min(r['runs']):,.0f}-{max(r['runs']):,.0f})",
+          f"{r['speed_vs_pre_ln']:.2f}", f"{r['peak_mib']:.0f}", f"{r['memory_vs_pre_ln']:.2f}"]
+         for r in rows])
 
 
 def attention_table(rows: list[dict]) -> str:
@@ -245,7 +286,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/blocks-<device>.json)")
     args = ap.parse_args()
     out = args.out or Path(__file__).parent / "results" / f"blocks-{args.device}.json"
-    warmup, repeats, steps = (1, 1, 1) if args.quick else (2, 5, 3)
+    warmup, repeats, steps = (1, 1, 1) if args.quick else (2, 9, 2)
     seq_lens = SEQ_LENS[:2] if args.quick else SEQ_LENS
 
     info = machine_info(args.device, args.threads)
@@ -254,7 +295,8 @@ def main() -> None:
     presets = []
     for size in ("tiny", "small"):
         presets += bench_presets(size, args.device, args.threads, warmup, repeats, steps)
-    print(f"## Block presets: training step, batch {BATCH} x context_length, median of {repeats} "
+    batches = ", ".join(f"{size} {b} x context" for size, b in BATCH.items())
+    print(f"## Block presets: training step, batch {batches}, median of {repeats} "
           f"round-robin repeats of {steps} steps ({time.perf_counter() - start:.0f} s)\n")
     print(presets_table(presets, args.device) + "\n")
 
@@ -265,6 +307,8 @@ def main() -> None:
           f"median ms ({time.perf_counter() - start:.0f} s)\n")
     print(attention_table(attention) + "\n")
 
+    info["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"load average (1/5/15 min): start {info['load_avg_at_start']}, end {info['load_avg_at_end']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(machine=info, args=dict(quick=args.quick, batch=BATCH, warmup=warmup,
                                                            repeats=repeats, steps=steps),
