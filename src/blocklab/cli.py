@@ -52,6 +52,59 @@ def cmd_presets(args: argparse.Namespace) -> None:
             print(f"  {name:<18} {text}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from blocklab.training import TrainConfig, TrainingError, train
+
+    config, overrides = None, list(args.overrides)
+    if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
+        config = overrides.pop(0)
+    if args.out:
+        overrides.append(f"out_dir={args.out}")
+    cfg = TrainConfig.load(config, overrides)
+    try:
+        result = train(cfg, resume=args.resume)
+    except TrainingError as err:
+        print(f"blocklab: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    s = result.summary
+    bpb = f", val bits/byte {s['val_bpb']:.3f}" if s["val_bpb"] is not None else ""
+    print(f"{result.run_dir}: {s['step']} steps, {s['tokens']:,} tokens in {s['train_time']:.0f} s "
+          f"({s['tokens_per_s']:,.0f} tokens/s); val loss {s['val_loss']:.4f}{bpb}")
+
+
+DEFAULT_ARCHS = "pre-ln,sas,sas-p,resformer,svformer,bov"
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from blocklab.compare import BUDGETS, GRIDS, Entry, compare
+    from blocklab.training.config import _set_dotted, _split_override
+
+    if args.list_grids:
+        for name, grid in GRIDS.items():
+            print(f"{name:<20} {grid.description}: {', '.join(e.label for e in grid.entries)}")
+        return
+    base: dict = {"size": args.size, "batch_size": args.batch_size, "seq_len": args.seq_len,
+                  "eval_every": args.eval_every, "progress": not args.quiet}
+    if args.grid:
+        if args.grid not in GRIDS:
+            raise ConfigError(f"--grid {args.grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
+        grid = GRIDS[args.grid]
+        entries, base = list(grid.entries), {**base, **grid.train}
+    else:
+        entries = [Entry.parse(a.strip()) for a in args.archs.split(",") if a.strip()]
+    chosen = [(name, getattr(args, name)) for name in BUDGETS if getattr(args, name) is not None]
+    if len(chosen) > 1:
+        raise ConfigError(f"give one budget, got {', '.join('--' + n for n, _ in chosen)}: the runs are "
+                          "equal in exactly one of steps, tokens, FLOPs or wall-clock time.")
+    name, value = chosen[0] if chosen else ("steps", 300)
+    base[BUDGETS[name]] = value
+    for key, value in map(_split_override, args.overrides):
+        _set_dotted(base, key, value)
+    report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh)
+    print(f"report: {report} (and {report.with_suffix('.html')})")
+    print(report.read_text().split("\n\n")[2])  # the table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="blocklab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,12 +115,47 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_params)
     p = sub.add_parser("presets", help="list every architecture, value-path and size preset")
     p.set_defaults(func=cmd_presets)
+    p = sub.add_parser("train", help="train one model: [CONFIG.yaml] [key=value ...]",
+                       description="Train any preset. Overrides use TrainConfig fields, dotted for "
+                       "sections: arch=sas-p size=tiny max_steps=200 optim.lr=3e-3 data.tokenizer=byte "
+                       "model.n_layers=4.")
+    p.add_argument("overrides", nargs="*", help="an optional YAML config, then key=value overrides")
+    p.add_argument("--out", help="run directory (same as out_dir=...)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in out_dir from its last checkpoint")
+    p.set_defaults(func=cmd_train)
+    p = sub.add_parser("compare", help="train architectures side by side on one budget and write a report",
+                       description="Train each architecture on the same data, tokenizer, batch order and "
+                       "budget, then write OUT/report.md and OUT/report.html. Finished runs are reused; an "
+                       "interrupted one resumes. Extra key=value overrides apply to every run.")
+    p.add_argument("overrides", nargs="*", help="TrainConfig overrides for every run, e.g. optim.lr=2e-3")
+    p.add_argument("--archs", default=DEFAULT_ARCHS,
+                   help=f"comma-separated presets (default {DEFAULT_ARCHS})")
+    p.add_argument("--grid", help="a named grid of a paper experiment instead of --archs (see --list-grids)")
+    p.add_argument("--list-grids", action="store_true", help="list the named grids")
+    p.add_argument("--size", default="tiny")
+    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; the default, 300 steps")
+    p.add_argument("--tokens", type=int, help="equal tokens per run")
+    p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
+    p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_compare)
     args = parser.parse_args(argv)
     try:
         args.func(args)
     except ConfigError as err:
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("blocklab: interrupted; rerun with --resume to continue from the last checkpoint",
+              file=sys.stderr)
+        return 130
     return 0
 
 

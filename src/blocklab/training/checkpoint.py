@@ -1,0 +1,132 @@
+"""Checkpoints: safetensors weights plus optimizer, RNG and progress state, written atomically.
+
+A checkpoint is a directory ``checkpoints/step_000123/`` holding ``model.safetensors``,
+``optimizer.pt`` (tensors and plain containers only: it loads with ``weights_only=True``, so
+loading never unpickles arbitrary objects) and ``state.json``. It is written into a temporary
+sibling directory and renamed into place, so a crash mid-write never leaves a half checkpoint
+where a resume would look, and older checkpoints are pruned only after the new one exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+PREFIX = "step_"
+
+
+@dataclass
+class TrainState:
+    """Where training stands; batches are a pure function of the step, so this is the data position."""
+
+    step: int = 0
+    tokens: int = 0
+    flops: float = 0.0
+    train_time: float = 0.0  # seconds of training so far, over every resume
+
+
+def checkpoint_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"{PREFIX}{step:06d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_weights(weights: dict[str, Tensor], path: str | Path) -> None:
+    """safetensors file of a state dict; a tensor shared under several names is stored once."""
+    seen: dict[tuple, str] = {}
+    unique, aliases = {}, {}
+    for name, tensor in weights.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+               tensor.dtype)
+        if tensor.device.type != "meta" and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        unique[name] = tensor.detach().to("cpu").contiguous()
+    save_file(unique, str(path), metadata={"aliases": json.dumps(aliases)})
+
+
+def load_weights_file(path: str | Path) -> dict[str, Tensor]:
+    from safetensors import safe_open
+
+    weights = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    for name, target in aliases.items():
+        weights[name] = weights[target]
+    return weights
+
+
+def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_states: list[dict],
+                    state: TrainState, meta: dict[str, Any], keep: int) -> Path:
+    """Write a checkpoint atomically, then keep only the newest `keep` checkpoints."""
+    final = checkpoint_dir(Path(run_dir), state.step)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_weights(weights, tmp / "model.safetensors")
+    torch.save({"optimizers": optim_states, "rng": rng_state()}, tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta}, indent=2))
+    if final.exists():  # the same step saved again (e.g. a resumed run that ends where it began)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def read_state(path: str | Path) -> tuple[TrainState, dict[str, Any]]:
+    meta = json.loads((Path(path) / "state.json").read_text())
+    return TrainState(**meta.pop("state")), meta
+
+
+def load_weights(path: str | Path, model: nn.Module) -> None:
+    """Load a checkpoint's `model.safetensors` into `model`; every tensor must match by name and shape."""
+    weights = load_weights_file(Path(path) / "model.safetensors")
+    expected = model.state_dict()
+    missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
+    wrong = [n for n in set(expected) & set(weights) if expected[n].shape != weights[n].shape]
+    if missing or unexpected or wrong:
+        raise ValueError(f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)}, "
+                         f"unexpected {sorted(unexpected)}, other shapes {sorted(wrong)}. Was it written "
+                         "by a different architecture or model config?")
+    model.load_state_dict(weights)
+
+
+def load_optimizer_state(path: str | Path) -> dict[str, Any]:
+    """The optimizer states and RNG state of a checkpoint (tensors and containers only)."""
+    return torch.load(Path(path) / "optimizer.pt", weights_only=True, map_location="cpu")

@@ -1,0 +1,183 @@
+"""`TrainConfig`: everything a training run needs, read from YAML plus ``key=value`` overrides.
+
+The model is named by an architecture and a size preset plus `model` field overrides, so a run's
+config stays short and the resolved `ModelConfig` is written beside it in the run directory.
+Nested sections (`data`, `optim`, `model`) take dotted overrides: ``optim.lr=3e-4``,
+``model.n_layers=4``, ``data.tokenizer=byte``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from blocklab.config import ConfigError, ModelConfig
+from blocklab.data import DataConfig
+from blocklab.training.optim import OptimConfig
+
+BUDGET_FIELDS = ("max_steps", "max_tokens", "max_flops", "max_time")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "float32", "bfloat16")
+PARALLELISMS = ("auto", "ddp", "fsdp")
+
+
+@dataclass
+class TrainConfig:
+    # -- model -----------------------------------------------------------------------------------
+    arch: str = "pre-ln"  # block preset, optionally "+value-path" (see `blocklab presets`)
+    size: str = "tiny"
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig field overrides
+    # -- data and optimisation ---------------------------------------------------------------------
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    batch_size: int = 16  # global batch in sequences, split over processes and accumulation steps
+    seq_len: int = 128
+    grad_accum: int = 1
+    # -- budget: training stops at whichever limit comes first; the lr schedule follows it -------
+    max_steps: int | None = None
+    max_tokens: int | None = None
+    max_flops: float | None = None  # analytic training FLOPs (FLOPs per token x tokens)
+    max_time: float | None = None  # wall-clock seconds of training (evaluation excluded)
+    # -- evaluation, logging, checkpoints ----------------------------------------------------------
+    eval_every: int = 100  # steps; 0 turns periodic validation off (the final one still runs)
+    eval_batches: int | None = 16  # None: the whole validation split
+    log_every: int = 10
+    ckpt_every: int = 200  # steps; 0 keeps only the final checkpoint
+    keep_checkpoints: int = 2
+    tensorboard: bool = False
+    progress: bool = True
+    # -- execution -------------------------------------------------------------------------------
+    seed: int = 0
+    device: str = "auto"
+    precision: str = "auto"  # auto: bf16 autocast on CUDA with bf16, float32 elsewhere (CPU bf16 is slow)
+    compile: bool = False  # torch.compile each block separately
+    parallel: str = "auto"  # under torchrun: ddp, or fsdp (FSDP2 fully_shard per block)
+    out_dir: str = "runs/run"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, dict):
+            self.data = DataConfig.from_dict(self.data)
+        if isinstance(self.optim, dict):
+            self.optim = OptimConfig.from_dict(self.optim)
+        _validate(self)
+
+    # -- derived -----------------------------------------------------------------------------------
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        """The resolved ModelConfig: presets, then the vocabulary and context, then `model` overrides."""
+        fields = dict(vocab_size=vocab_size, context_length=self.seq_len,
+                      causal=self.data.objective == "clm")
+        fields.update(self.model)
+        return ModelConfig.from_preset(self.arch, self.size, **fields)
+
+    # -- serialisation -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["data"], out["optim"] = self.data.to_dict(), self.optim.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        _check_keys(data, FIELD_NAMES, "TrainConfig")
+        return cls(**data)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
+        """Read a YAML file (or start from defaults), then apply ``key=value`` overrides."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"training config {str(path)!r} does not exist (give a YAML file).")
+            data = yaml.safe_load(path.read_text()) or {}
+            if not isinstance(data, dict):
+                raise ConfigError(f"training config {str(path)!r} must hold a YAML mapping of fields.")
+        pairs = overrides.items() if isinstance(overrides, dict) else map(_split_override, overrides or [])
+        for key, value in pairs:
+            _set_dotted(data, key, value)
+        return cls.from_dict(data)
+
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists, so that YAML stays plain."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _split_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not allowed: write key=value, e.g. optim.lr=3e-4.")
+    value = yaml.safe_load(raw) if raw.strip() else None
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def _set_dotted(data: dict, key: str, value: Any) -> None:
+    head, _, rest = key.partition(".")
+    if not rest:
+        data[head] = value
+        return
+    if head not in ("data", "optim", "model"):
+        raise ConfigError(f"override {key!r} is not allowed: only data.*, optim.* and model.* are nested.")
+    section = data.setdefault(head, {})
+    if not isinstance(section, dict):  # a DataConfig/OptimConfig object given in Python
+        section = data[head] = section.to_dict()
+    section[rest] = value
+
+
+def _check_keys(data: dict, names: tuple[str, ...], what: str) -> None:
+    for key in data:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown {what} field {key!r}.{hint} Known fields: {', '.join(names)}.")
+
+
+def _fail(name: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"TrainConfig.{name} = {value!r} is not allowed: {allowed}")
+
+
+def _validate(cfg: TrainConfig) -> None:
+    for name in ("batch_size", "seq_len", "grad_accum", "keep_checkpoints", "log_every"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            _fail(name, value, "it must be a positive integer.")
+    for name in ("eval_every", "ckpt_every"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            _fail(name, value, "it must be an integer >= 0 (0 turns it off).")
+    if cfg.eval_batches is not None and (not isinstance(cfg.eval_batches, int) or cfg.eval_batches < 1):
+        _fail("eval_batches", cfg.eval_batches, "it must be a positive integer or None (the whole split).")
+    if cfg.batch_size % cfg.grad_accum:
+        _fail("batch_size", cfg.batch_size, f"it must be divisible by grad_accum={cfg.grad_accum}.")
+    budgets = {name: getattr(cfg, name) for name in BUDGET_FIELDS if getattr(cfg, name) is not None}
+    if not budgets:
+        raise ConfigError("TrainConfig has no budget: set at least one of "
+                          f"{', '.join(BUDGET_FIELDS)} (e.g. max_steps=200 or max_time=300).")
+    for name, value in budgets.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            _fail(name, value, "a budget must be a positive number or None.")
+    for name, choices in (("device", DEVICES), ("precision", PRECISIONS), ("parallel", PARALLELISMS)):
+        if getattr(cfg, name) not in choices:
+            _fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
+    if not isinstance(cfg.model, dict):
+        _fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
+    cfg.model_config(vocab_size=256)  # names a bad arch, size or model field now, not after data prep
