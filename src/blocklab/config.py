@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 NORMS = ("layernorm", "rmsnorm", "none")
 NORM_LAYERS = ("all", "first")
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLP_ACTS = ("relu", "gelu", "relu2", "leaky_relu", "swiglu", "geglu")
+MLP_ACTS = ("relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu")  # gelu_tanh: GPT-2
 BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
 ATTN_MATRICES = ("softmax", "skipinit", "shaped")
 LINEAR_FORMS = ("linear", "identity", "reparam")

@@ -11,6 +11,9 @@ GATED = {"swiglu": F.silu, "geglu": F.gelu}
 class MLP(nn.Module):
     """ReLU / GELU / ReLU^2 / leaky-ReLU MLP, or a gated SwiGLU / GEGLU MLP (Shazeer, 2020).
 
+    ``gelu_tanh`` is GPT-2's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    (HF "gelu_new"), kept so that imported GPT-2 checkpoints give the same logits.
+
     For gated MLPs `hidden` is the gated width: the input projection is d -> 2 * hidden.
     """
 
@@ -30,6 +33,8 @@ class MLP(nn.Module):
             return F.relu(h).square()
         if self.act == "leaky_relu":
             return F.leaky_relu(h, self.slope)
+        if self.act == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
         return F.gelu(h)
 
     def forward(self, x: Tensor) -> Tensor:

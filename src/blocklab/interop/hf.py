@@ -1,0 +1,211 @@
+"""Import Hugging Face GPT-2 and Llama causal LMs as blocklab baselines with the same logits.
+
+Both are Pre-LN blocks, Eq. (1) of Simplifying Transformer Blocks with alpha = beta = 1:
+
+    X' = X + MHA(N1(X)),   out = X' + MLP(N2(X')),   logits = N(X_L) W_head^T
+
+    GPT-2: learned positions, LayerNorm (with bias), MLP W_2 GELU_tanh(W_1 x), biases everywhere,
+           tied head. HF's Conv1D computes y = x W + b, so its weight is (in, out): the transpose
+           of torch's nn.Linear layout; c_attn packs [W_Q | W_K | W_V] along the output axis.
+    Llama: RoPE (half-split, HF's rotate_half, frequencies theta^(-2i/D) = `ops.rotary`), RMSNorm
+           w * x / sqrt(mean(x^2) + eps), SwiGLU MLP W_down (silu(W_gate x) * W_up x), grouped-query
+           attention, optional biases, untied head by default.
+
+Attention uses the scale 1/sqrt(d_head) in both (blocklab's default). Anything blocklab cannot
+reproduce exactly (rope scaling, another activation, per-layer attention scaling ...) raises a
+`ConfigError` naming the HF config field. Dropout is not carried over (pass ``dropout=...``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from blocklab.config import ConfigError, ModelConfig
+from blocklab.model import Transformer
+
+# HF activation name -> blocklab mlp_act, for GPT-2's plain MLP
+_GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+
+
+def _unsupported(model_type: str, field: str, value: Any, allowed: str) -> ConfigError:
+    return ConfigError(f"cannot import a {model_type} checkpoint with {field} = {value!r}: blocklab "
+                       f"supports {allowed}.")
+
+
+# -- configs ------------------------------------------------------------------------------------
+def _gpt2_fields(c) -> dict[str, Any]:
+    act = c.activation_function
+    if act not in _GPT2_ACTS:
+        raise _unsupported("gpt2", "activation_function", act, f"one of {', '.join(map(repr, _GPT2_ACTS))}")
+    if not getattr(c, "scale_attn_weights", True):
+        raise _unsupported("gpt2", "scale_attn_weights", False, "True (scores divided by sqrt(d_head))")
+    if getattr(c, "scale_attn_by_inverse_layer_idx", False):
+        raise _unsupported("gpt2", "scale_attn_by_inverse_layer_idx", True, "False")
+    if getattr(c, "add_cross_attention", False):
+        raise _unsupported("gpt2", "add_cross_attention", True, "False (decoder-only models)")
+    # reorder_and_upcast_attn only changes the precision of the scores, not what they are
+    return dict(vocab_size=c.vocab_size, d_model=c.n_embd, n_layers=c.n_layer, n_heads=c.n_head,
+                mlp_hidden=c.n_inner or 4 * c.n_embd, context_length=c.n_positions, norm="layernorm",
+                norm_eps=float(c.layer_norm_epsilon), positions="learned", mlp_act=_GPT2_ACTS[act],
+                bias=True, tie_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+                init_std=float(c.initializer_range))
+
+
+def _rope_theta(c) -> float:
+    """theta of plain RoPE; transformers 5 keeps it in `rope_parameters`, 4.x in `rope_theta`."""
+    params = getattr(c, "rope_parameters", None)
+    if params is None:
+        scaling = getattr(c, "rope_scaling", None)
+        if scaling:
+            raise _unsupported("llama", "rope_scaling", scaling, "None (plain RoPE)")
+        return float(c.rope_theta)
+    if "rope_theta" not in params:  # one dict per attention type (not a Llama layout)
+        raise _unsupported("llama", "rope_parameters", params, "one set of plain RoPE parameters")
+    kind = params.get("rope_type", "default")
+    if kind != "default":
+        raise _unsupported("llama", "rope_parameters['rope_type'] (rope scaling)", kind,
+                           "'default' (plain RoPE)")
+    return float(params["rope_theta"])
+
+
+def _llama_fields(c) -> dict[str, Any]:
+    if c.hidden_act != "silu":
+        raise _unsupported("llama", "hidden_act", c.hidden_act, "'silu' (a SwiGLU MLP)")
+    attn_bias, mlp_bias = bool(c.attention_bias), bool(getattr(c, "mlp_bias", False))
+    if attn_bias != mlp_bias:
+        raise _unsupported("llama", "attention_bias / mlp_bias", (attn_bias, mlp_bias),
+                           "equal values (one `bias` switch for every linear map)")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = c.num_key_value_heads or c.num_attention_heads
+    return dict(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layers=c.num_hidden_layers,
+                n_heads=c.num_attention_heads,
+                n_kv_heads=None if kv_heads == c.num_attention_heads else kv_heads,
+                head_dim=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
+                mlp_hidden=c.intermediate_size, context_length=c.max_position_embeddings,
+                norm="rmsnorm", norm_eps=float(c.rms_norm_eps), positions="rope",
+                rope_base=_rope_theta(c), mlp_act="swiglu", bias=attn_bias,
+                tie_embeddings=bool(c.tie_word_embeddings), init_std=float(c.initializer_range))
+
+
+_CONFIGS: dict[str, Callable[[Any], dict[str, Any]]] = {"gpt2": _gpt2_fields, "llama": _llama_fields}
+
+
+def config_from_hf(hf_config, **overrides: Any) -> ModelConfig:
+    """The blocklab Pre-LN `ModelConfig` of an HF `GPT2Config` or `LlamaConfig` (plus `overrides`)."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in _CONFIGS:
+        raise ConfigError(f"cannot import an HF config with model_type = {model_type!r}: blocklab "
+                          f"imports {', '.join(map(repr, _CONFIGS))}.")
+    return ModelConfig(**{**_CONFIGS[model_type](hf_config), **overrides})
+
+
+# -- weights ------------------------------------------------------------------------------------
+class _Weights:
+    """Takes HF tensors by name, so that an HF weight that nothing reads is an error, not a silent loss."""
+
+    def __init__(self, state: dict[str, Tensor]):
+        self.state, self.used = state, set()
+
+    def __call__(self, name: str) -> Tensor:
+        self.used.add(name)
+        return self.state[name]
+
+    def check_all_used(self, model_type: str) -> None:
+        left = sorted(set(self.state) - self.used)
+        if left:
+            raise ConfigError(f"the {model_type} checkpoint has weights blocklab would drop: "
+                              f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
+
+
+# blocklab name -> GPT-2 name within a block, and whether the weight is a Conv1D (stored transposed)
+_GPT2_BLOCK = {"norm1": ("ln_1", False), "attn.proj": ("attn.c_proj", True), "norm2": ("ln_2", False),
+               "mlp.fc": ("mlp.c_fc", True), "mlp.out": ("mlp.c_proj", True)}
+
+
+def _gpt2_weights(w: _Weights, cfg: ModelConfig) -> dict[str, Tensor]:
+    out = {"tok_emb.weight": w("transformer.wte.weight"), "pos_emb.weight": w("transformer.wpe.weight"),
+           "norm.weight": w("transformer.ln_f.weight"), "norm.bias": w("transformer.ln_f.bias")}
+    head = w("lm_head.weight")  # read either way: when tied it is wte itself
+    if not cfg.tie_embeddings:
+        out["head.weight"] = head
+    for i in range(cfg.n_layers):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        # Conv1D: y = x W + b with W (in, out), so nn.Linear's (out, in) weight is W^T
+        for ours, (theirs, conv) in _GPT2_BLOCK.items():
+            weight = w(h + theirs + ".weight")
+            out[b + ours + ".weight"] = weight.t() if conv else weight
+            out[b + ours + ".bias"] = w(h + theirs + ".bias")
+        # c_attn packs [W_Q | W_K | W_V] along its output axis
+        qkv, qkv_bias = w(h + "attn.c_attn.weight").t().chunk(3), w(h + "attn.c_attn.bias").chunk(3)
+        for ours, weight, bias in zip(("attn.q", "attn.k", "attn.values.w_v"), qkv, qkv_bias, strict=True):
+            out[b + ours + ".weight"], out[b + ours + ".bias"] = weight, bias
+    return out
+
+
+def _llama_weights(w: _Weights, cfg: ModelConfig) -> dict[str, Tensor]:
+    out = {"tok_emb.weight": w("model.embed_tokens.weight"), "norm.weight": w("model.norm.weight")}
+    head = w("lm_head.weight") if "lm_head.weight" in w.state else None  # may be left out when tied
+    if not cfg.tie_embeddings:
+        out["head.weight"] = head
+    suffixes = ("weight", "bias") if cfg.bias else ("weight",)
+    for i in range(cfg.n_layers):
+        h, b = f"model.layers.{i}.", f"blocks.{i}."
+        out[b + "norm1.weight"] = w(h + "input_layernorm.weight")
+        out[b + "norm2.weight"] = w(h + "post_attention_layernorm.weight")
+        for s in suffixes:
+            out[b + "attn.q." + s] = w(h + "self_attn.q_proj." + s)
+            out[b + "attn.k." + s] = w(h + "self_attn.k_proj." + s)
+            out[b + "attn.values.w_v." + s] = w(h + "self_attn.v_proj." + s)
+            out[b + "attn.proj." + s] = w(h + "self_attn.o_proj." + s)
+            # blocklab's gated MLP holds [linear half; gate half]: act(x W_gate) * (x W_up)
+            out[b + "mlp.fc." + s] = torch.cat((w(h + "mlp.up_proj." + s), w(h + "mlp.gate_proj." + s)))
+            out[b + "mlp.out." + s] = w(h + "mlp.down_proj." + s)
+    return out
+
+
+_WEIGHTS = {"gpt2": _gpt2_weights, "llama": _llama_weights}
+_CLASSES = "GPT2LMHeadModel or LlamaForCausalLM"
+
+
+def _load_hf(model_or_path) -> nn.Module:
+    if isinstance(model_or_path, (str, os.PathLike)):
+        path = Path(model_or_path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is not a folder: from_hf reads a local folder written by "
+                                    "save_pretrained (download hub checkpoints first).")
+        try:
+            from transformers import AutoModelForCausalLM
+        except ImportError as e:  # an optional dependency
+            raise ImportError("from_hf needs transformers: pip install 'blocklab[hf]'") from e
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
+        raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
+                        f"got {type(model_or_path).__name__}")
+    return model_or_path
+
+
+def from_hf(model_or_path, **overrides: Any) -> Transformer:
+    """A blocklab `Transformer` with the weights of an HF GPT-2 or Llama causal LM.
+
+    `model_or_path` is an in-memory `GPT2LMHeadModel` / `LlamaForCausalLM` or a local folder
+    written by its ``save_pretrained``. The result has the HF weights' dtype and device and gives
+    the same logits; `overrides` set other `ModelConfig` fields (e.g. ``dropout``).
+    """
+    hf = _load_hf(model_or_path)
+    if hf.get_output_embeddings() is None:
+        raise TypeError(f"{type(hf).__name__} has no LM head: pass the causal-LM class ({_CLASSES}).")
+    cfg = config_from_hf(hf.config, **overrides)
+    weights = _Weights(hf.state_dict())
+    state = _WEIGHTS[hf.config.model_type](weights, cfg)
+    weights.check_all_used(hf.config.model_type)
+    ref = next(hf.parameters())
+    with torch.device(ref.device):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True)  # copies, so the two models never share storage
+    return model.to(ref.dtype)

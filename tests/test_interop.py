@@ -1,0 +1,453 @@
+"""blocklab.interop: HF GPT-2 / Llama import, export and load, retrofitting value paths.
+
+References: the HF `transformers` models themselves (a peer implementation, eager attention) for
+the imports; hand computations for the config mapping and Bank of Values' table initialisation;
+the baseline's own loss for retrofits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()  # tiny vocabularies make HF warn about bos/eos ids
+
+from safetensors import safe_open  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from blocklab import ConfigError, ModelConfig, Transformer  # noqa: E402
+from blocklab.interop import (  # noqa: E402
+    config_from_hf,
+    from_hf,
+    load_pretrained,
+    load_tokenizer,
+    retrofit,
+    save_pretrained,
+)
+
+VOCAB, CONTEXT = 97, 32
+LENGTHS = (1, 7, CONTEXT)  # several sequence lengths, each with a batch of 3
+TOL = 1e-4  # float32, max abs difference of logits
+
+
+def perturb(model: torch.nn.Module, seed: int, scale: float = 0.2) -> torch.nn.Module:
+    """Move every weight away from its initialisation (HF zeros biases, sets norm weights to 1) and
+    make attention far from uniform, so that a wrong transpose, split or rotation shows."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def gpt2(seed=0, **overrides) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=CONTEXT,
+                     layer_norm_epsilon=1e-5, attn_implementation="eager", **overrides)
+    return perturb(GPT2LMHeadModel(cfg), seed)
+
+
+def llama(seed=0, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    fields = dict(num_hidden_layers=2, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=12, vocab_size=VOCAB, max_position_embeddings=CONTEXT,
+                  rope_theta=500.0, rms_norm_eps=1e-6, attn_implementation="eager")
+    return perturb(LlamaForCausalLM(LlamaConfig(**{**fields, **overrides})), seed)
+
+
+def ids(batch: int, t: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (batch, t), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def max_diff(ours: Transformer, hf, lengths=LENGTHS) -> float:
+    worst = 0.0
+    for t in lengths:
+        x = ids(3, t, seed=t)
+        worst = max(worst, (ours.eval()(x) - hf(x).logits).abs().max().item())
+    return worst
+
+
+# -- import: the same logits as HF --------------------------------------------------------------
+HF_MODELS = {
+    "gpt2-tied-gelu_new": lambda: gpt2(),
+    "gpt2-untied-gelu-inner": lambda: gpt2(seed=1, activation_function="gelu", n_inner=40,
+                                           tie_word_embeddings=False),
+    "llama-gqa-headdim-untied": lambda: llama(),
+    "llama-mha-tied-bias": lambda: llama(seed=2, num_key_value_heads=4, head_dim=8, attention_bias=True,
+                                         mlp_bias=True, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                                         rope_theta=10000.0),
+}
+
+
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_import_matches_hf_logits(name):
+    hf = HF_MODELS[name]()
+    ours = from_hf(hf)
+    assert hf(ids(1, 4)).logits.abs().max() > 1.0  # logits far from zero: the comparison has teeth
+    assert max_diff(ours, hf) <= TOL
+    # copies, not views: training the import leaves the HF model alone
+    assert all(p.data_ptr() not in {q.data_ptr() for q in hf.parameters()} for p in ours.parameters())
+
+
+@pytest.mark.parametrize("name", ["gpt2-untied-gelu-inner", "llama-gqa-headdim-untied"])
+def test_import_from_folder(name, tmp_path):
+    hf = HF_MODELS[name]()
+    hf.save_pretrained(tmp_path / "hf")
+    assert max_diff(from_hf(tmp_path / "hf"), hf) <= TOL
+    assert max_diff(from_hf(str(tmp_path / "hf")), hf, lengths=(5,)) <= TOL
+
+
+def _wrong(model: Transformer, edit) -> Transformer:
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    edit(state)
+    bad = Transformer(model.cfg)
+    bad.load_state_dict(state)
+    return bad
+
+
+def _interleave_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Reorder each head's rows (x_0, x_{D/2}, x_1, ...): the interleaved RoPE pairing."""
+    half = head_dim // 2
+    order = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()
+    return w.view(-1, head_dim, w.shape[-1])[:, order].reshape(w.shape)
+
+
+def test_import_comparison_catches_convention_errors():
+    """Each convention the import gets right changes the logits by far more than TOL when wrong."""
+    hf = gpt2()
+    ours = from_hf(hf)
+    w = "blocks.0.attn.proj.weight"  # square: a missing Conv1D transpose still loads
+    assert max_diff(_wrong(ours, lambda s: s.__setitem__(w, s[w].t().contiguous())), hf) > 100 * TOL
+    q, k = "blocks.1.attn.q.weight", "blocks.1.attn.k.weight"  # c_attn split in the wrong order
+    assert max_diff(_wrong(ours, lambda s: s.update({q: s[k], k: s[q]})), hf) > 100 * TOL
+    gelu = Transformer(ours.cfg.replace(mlp_act="gelu"))  # exact GELU instead of the tanh form
+    gelu.load_state_dict(ours.state_dict())
+    assert max_diff(gelu, hf) > TOL
+
+    hf = llama()
+    ours = from_hf(hf)
+    fc = "blocks.0.mlp.fc.weight"  # SwiGLU halves swapped: silu on the up projection
+    swapped = _wrong(ours, lambda s: s.__setitem__(fc, torch.cat(s[fc].chunk(2)[::-1])))
+    assert max_diff(swapped, hf) > 100 * TOL
+    q, k = "blocks.0.attn.q.weight", "blocks.0.attn.k.weight"  # interleaved instead of half-split RoPE
+    inter = _wrong(ours, lambda s: s.update({q: _interleave_rows(s[q], 12), k: _interleave_rows(s[k], 12)}))
+    assert max_diff(inter, hf) > 100 * TOL
+    theta = Transformer(ours.cfg.replace(rope_base=10000.0))  # rope_theta ignored
+    theta.load_state_dict(ours.state_dict())
+    assert max_diff(theta, hf) > 100 * TOL
+
+
+def test_import_keeps_dtype():
+    hf = llama().to(torch.bfloat16)
+    ours = from_hf(hf)
+    assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+
+
+def test_config_from_hf_fields():
+    """The field mapping, checked against the HF configs by hand."""
+    gpt = config_from_hf(GPT2Config(n_layer=3, n_embd=48, n_head=6, vocab_size=300, n_positions=64,
+                                    layer_norm_epsilon=1e-6, initializer_range=0.03))
+    expect = dict(vocab_size=300, d_model=48, n_layers=3, n_heads=6, n_kv_heads=None, head_dim=None,
+                  mlp_hidden=192, context_length=64, norm="layernorm", norm_eps=1e-6, positions="learned",
+                  mlp_act="gelu_tanh", bias=True, tie_embeddings=True, block_layout="pre-ln",
+                  init_std=0.03, value_path="standard")
+    assert {k: getattr(gpt, k) for k in expect} == expect
+    lla = config_from_hf(LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+                                     num_attention_heads=8, num_key_value_heads=2, vocab_size=300,
+                                     max_position_embeddings=128, rope_theta=5e5, rms_norm_eps=1e-5))
+    expect = dict(vocab_size=300, d_model=64, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=None,
+                  mlp_hidden=96, context_length=128, norm="rmsnorm", norm_eps=1e-5, positions="rope",
+                  rope_base=5e5, mlp_act="swiglu", bias=False, tie_embeddings=False, block_layout="pre-ln")
+    assert {k: getattr(lla, k) for k in expect} == expect
+    assert config_from_hf(GPT2Config(n_layer=1, n_embd=16, n_head=2), dropout=0.1).dropout == 0.1
+
+
+UNSUPPORTED = {
+    "rope-scaling": (lambda: LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 2.0}), "rope_type"),
+    "llama-act": (lambda: LlamaConfig(hidden_act="gelu"), "hidden_act"),
+    "llama-bias": (lambda: LlamaConfig(attention_bias=True, mlp_bias=False), "mlp_bias"),
+    "gpt2-act": (lambda: GPT2Config(activation_function="silu"), "activation_function"),
+    "gpt2-layer-scale": (lambda: GPT2Config(scale_attn_by_inverse_layer_idx=True),
+                         "scale_attn_by_inverse_layer_idx"),
+    "gpt2-cross": (lambda: GPT2Config(add_cross_attention=True), "add_cross_attention"),
+    "model-type": (lambda: transformers.BertConfig(), "model_type"),
+}
+
+
+@pytest.mark.parametrize("name", UNSUPPORTED)
+def test_unsupported_hf_config_names_the_field(name):
+    make, field = UNSUPPORTED[name]
+    with pytest.raises(ConfigError, match=field):
+        config_from_hf(make())
+
+
+def test_from_hf_rejects_bad_inputs(tmp_path):
+    with pytest.raises(TypeError, match="LM head"):
+        from_hf(GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB)))
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        from_hf(tmp_path / "missing")
+    with pytest.raises(TypeError, match="GPT2LMHeadModel"):
+        from_hf(42)
+    hf = llama()
+    hf.model.layers[1].self_attn.extra_gate = torch.nn.Parameter(torch.ones(3))  # a weight we cannot place
+    with pytest.raises(ConfigError, match="model.layers.1.self_attn.extra_gate"):
+        from_hf(hf)
+
+
+# -- export and load ----------------------------------------------------------------------------
+SMALL = dict(n_layers=3, d_model=32, n_heads=4, vocab_size=VOCAB, context_length=CONTEXT, mlp_hidden=64)
+
+
+def blocklab_model(arch: str, seed: int = 0, **overrides) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
+    return perturb(model, seed + 1, scale=0.05)  # gains and lambdas away from their init too
+
+
+EXPORTS = {
+    "pre-ln-tied": ("pre-ln", {}),
+    "sas-p+bov-shared": ("sas-p+bov", dict(value_path_options={"shared": True})),  # reparam buffers
+    "llama-like+resformer-plus": ("pre-ln+resformer-learnable-plus",
+                                  dict(positions="rope", mlp_act="swiglu", tie_embeddings=False,
+                                       n_kv_heads=2, norm="rmsnorm")),
+    "svformer-anchors": ("pre-ln+svformer", dict(value_path_options={"anchors": [2]})),
+}
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_export_round_trip(name, tmp_path):
+    arch, overrides = EXPORTS[name]
+    model = blocklab_model(arch, **overrides)
+    folder = save_pretrained(model, tmp_path / "run" / "export")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config.pop("blocklab_format_version") == 1 and config.pop("dtype") == "float32"
+    assert config == json.loads(json.dumps(model.cfg.to_dict()))
+    loaded = load_pretrained(folder)
+    assert loaded.cfg == model.cfg
+    x = ids(2, 9)
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(x), model.eval()(x))
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+    assert not list((tmp_path / "run").glob(".*"))  # no temporary folders left behind
+
+
+def test_export_saves_tied_weights_once_and_keeps_dtype(tmp_path):
+    model = blocklab_model("pre-ln").to(torch.bfloat16)
+    save_pretrained(model, tmp_path)  # an empty existing folder is fine
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+    assert "tok_emb.weight" in keys and not any(k.startswith("head") for k in keys)
+    assert keys == set(model.state_dict())
+    loaded = load_pretrained(tmp_path)
+    assert loaded.tok_emb.weight.dtype == torch.bfloat16
+    assert torch.equal(loaded.tok_emb.weight, model.tok_emb.weight)
+
+
+def test_export_of_hf_import_keeps_hf_logits(tmp_path):
+    hf = HF_MODELS["llama-mha-tied-bias"]()
+    save_pretrained(from_hf(hf), tmp_path / "export")
+    assert max_diff(load_pretrained(tmp_path / "export"), hf) <= TOL
+
+
+def test_export_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the value residual", "a bank of values", "shaped attention"] * 5,
+                            trainers.BpeTrainer(vocab_size=60, special_tokens=["[UNK]"]))
+    model = blocklab_model("pre-ln")
+    save_pretrained(model, tmp_path / "a", tokenizer=tok)
+    text = "values of the bank"
+    assert load_tokenizer(tmp_path / "a").encode(text).ids == tok.encode(text).ids
+    save_pretrained(model, tmp_path / "b", tokenizer=tmp_path / "a" / "tokenizer.json")  # a file path
+    assert load_tokenizer(tmp_path / "b").encode(text).ids == tok.encode(text).ids
+    assert load_tokenizer(tmp_path / "run-without") is None
+
+
+def test_export_replaces_only_an_earlier_export(tmp_path):
+    first, second = blocklab_model("pre-ln", seed=0), blocklab_model("pre-ln", seed=5)
+    save_pretrained(first, tmp_path / "export")
+    save_pretrained(second, tmp_path / "export")  # an earlier export is replaced
+    assert torch.equal(load_pretrained(tmp_path / "export").tok_emb.weight, second.tok_emb.weight)
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.log").write_text("step 1")
+    with pytest.raises(FileExistsError, match="train.log"):
+        save_pretrained(first, run)
+    assert (run / "train.log").read_text() == "step 1"
+    with pytest.raises(TypeError, match="tokenizer"):  # a failure mid-write leaves nothing behind
+        save_pretrained(first, tmp_path / "new", tokenizer=object())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "run"]
+
+
+def test_load_rejects_other_folders(tmp_path):
+    gpt2().save_pretrained(tmp_path / "hf")
+    with pytest.raises(ConfigError, match="from_hf"):
+        load_pretrained(tmp_path / "hf")
+    folder = save_pretrained(blocklab_model("pre-ln"), tmp_path / "future")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "blocklab_format_version": 99}))
+    with pytest.raises(ConfigError, match="upgrade"):
+        load_pretrained(folder)
+
+
+# -- retrofit -----------------------------------------------------------------------------------
+# Two interleaved Markov chains: x_{t+1} is one of 2 successors of x_{t-1}, independent of x_t. A model
+# must attend to the token two back: without attention the best loss is about log 16, with it log 2.
+SEQ, BATCH, RETRO_VOCAB = 32, 16, 16
+RETRO = dict(n_layers=3, d_model=48, n_heads=4, n_kv_heads=2, vocab_size=RETRO_VOCAB, context_length=SEQ,
+             mlp_hidden=96, norm="rmsnorm", positions="rope", mlp_act="swiglu", tie_embeddings=False)
+
+
+def skip_bigram_batches(n: int, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1234)  # the same chain for training and held-out data
+    successors = torch.stack([torch.randperm(RETRO_VOCAB, generator=g)[:2] for _ in range(RETRO_VOCAB)])
+    g.manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.empty(BATCH, SEQ + 1, dtype=torch.long)
+        x[:, :2] = torch.randint(0, RETRO_VOCAB, (BATCH, 2), generator=g)
+        for t in range(1, SEQ):
+            x[:, t + 1] = successors[x[:, t - 1], torch.randint(0, 2, (BATCH,), generator=g)]
+        out.append(x)
+    return out
+
+
+def loss(model: Transformer, batch: torch.Tensor) -> torch.Tensor:
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def held_out_loss(model: Transformer, data) -> float:
+    model.eval()
+    return sum(loss(model, b).item() for b in data) / len(data)
+
+
+def train(model: Transformer, data, steps: int, lr: float) -> Transformer:
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for step in range(steps):
+        opt.zero_grad()
+        loss(model, data[step % len(data)]).backward()
+        opt.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def pretrained():
+    torch.manual_seed(0)
+    baseline = Transformer(ModelConfig(**RETRO))
+    train(baseline, skip_bigram_batches(40, seed=1), steps=40, lr=1e-2)
+    held_out = skip_bigram_batches(2, seed=2)
+    fresh = held_out_loss(Transformer(ModelConfig(**RETRO)), held_out)
+    return baseline, held_out, held_out_loss(baseline, held_out), fresh
+
+
+IDENTICAL = {  # variants whose formula has the baseline as a starting point: (value path, options)
+    "resformer-learnable": ("resformer-learnable", {}),
+    "resformer-learnable-plus": ("resformer-learnable-plus", {}),
+    "resformer-dense": ("resformer-dense", {}),
+    "denseformer": ("denseformer", {}),
+    "value-embed": ("value-embed", {}),
+    "resformer-sparse-learnable": ("resformer-sparse", dict(learnable=True)),
+    "resformer-query-learnable": ("resformer", dict(learnable=True, residual_on="query")),
+}
+DIFFERENT = {  # variants whose formula replaces or fixes something the baseline has
+    name: (name, {}) for name in ("resformer", "resformer-constant", "resformer-sparse", "neutreno",
+                                  "svformer", "cla", "cross-layer-attn", "bov", "x0-value", "v1-value")
+}
+DIFFERENT["bov-shared"] = ("bov", dict(shared=True))
+
+
+def test_retrofit_pretrained_baseline_learned(pretrained):
+    _, _, base, fresh = pretrained
+    assert abs(fresh - math.log(RETRO_VOCAB)) < 0.3
+    assert base < math.log(RETRO_VOCAB) - 1.0  # it uses attention: x_t alone says nothing about x_{t+1}
+
+
+@pytest.mark.parametrize("name", IDENTICAL)
+def test_retrofit_starts_at_the_baseline_and_trains(name, pretrained):
+    baseline, held_out, base, _ = pretrained
+    before = {k: v.clone() for k, v in baseline.state_dict().items()}
+    value_path, options = IDENTICAL[name]
+    model = retrofit(baseline, value_path, **options)
+    assert model.cfg.value_path == value_path
+    start = held_out_loss(model, held_out)
+    assert abs(start - base) < 1e-6
+    train(model, skip_bigram_batches(10, seed=3), steps=10, lr=1e-3)
+    assert held_out_loss(model, held_out) < start - 1e-3
+    assert all(torch.equal(before[k], v) for k, v in baseline.state_dict().items())  # baseline untouched
+
+
+@pytest.mark.parametrize("name", DIFFERENT)
+def test_retrofit_starts_near_the_baseline_and_trains(name, pretrained):
+    baseline, held_out, base, fresh = pretrained
+    value_path, options = DIFFERENT[name]
+    model = retrofit(baseline, value_path, **options)
+    state = model.state_dict()
+    shared = [k for k in baseline.state_dict() if k in state]
+    assert all(torch.equal(state[k], baseline.state_dict()[k]) for k in shared)
+    start = held_out_loss(model, held_out)
+    assert start < base + 0.5 * (fresh - base)  # keeps most of what pretraining learned
+    train(model, skip_bigram_batches(10, seed=3), steps=10, lr=1e-3)
+    assert held_out_loss(model, held_out) < start - 1e-3
+
+
+def test_retrofit_bov_tables_come_from_the_pretrained_values(pretrained):
+    """E_v[i] = RMSNorm(E[i]) W_V^T of each target layer's pretrained W_V (Bank of Values, Eq. 5)."""
+    baseline, *_ = pretrained
+    emb = baseline.tok_emb.weight.double()
+    rms = emb / emb.pow(2).mean(-1, keepdim=True).add(torch.finfo(torch.float32).eps).sqrt()
+    model = retrofit(baseline, "bov")
+    targets = [i for i, b in enumerate(model.blocks) if b.attn.values.target]
+    assert targets == [2]  # the last third of 3 layers
+    for i in targets:
+        expect = rms @ baseline.blocks[i].attn.values.w_v.weight.double().T
+        torch.testing.assert_close(model.blocks[i].attn.values.value_table.double(), expect,
+                                   rtol=1e-5, atol=1e-6)
+        assert model.blocks[i].attn.values.w_v is None
+    shared = retrofit(baseline, "bov", layers=[1, 2], shared=True)
+    expect = rms @ baseline.blocks[1].attn.values.w_v.weight.double().T
+    torch.testing.assert_close(shared.value_shared.value_table.double(), expect, rtol=1e-5, atol=1e-6)
+
+
+def test_retrofit_paper_start_differs(pretrained):
+    baseline, held_out, base, _ = pretrained
+    paper = retrofit(baseline, "resformer-learnable", start="paper")  # lambdas 1/2, 1/2
+    assert paper.blocks[1].attn.values.lambda1.gain.item() == 0.5
+    assert abs(held_out_loss(paper, held_out) - base) > 1e-3
+    given = retrofit(baseline, "resformer-learnable", lambda1=0.25)  # the caller's option wins
+    assert given.blocks[1].attn.values.lambda1.gain.item() == 0.25
+    assert given.blocks[1].attn.values.lambda2.gain.item() == 1.0
+
+
+def test_retrofit_of_an_hf_import_keeps_hf_logits():
+    hf = gpt2()
+    model = retrofit(from_hf(hf), "pre-ln+resformer-learnable")
+    assert max_diff(model, hf, lengths=(CONTEXT,)) <= TOL
+
+
+def test_retrofit_errors(pretrained):
+    baseline, *_ = pretrained
+    with pytest.raises(ConfigError, match="value path"):
+        retrofit(baseline, "sas")
+    with pytest.raises(ConfigError, match="attn_skip_gain"):
+        retrofit(baseline, "sas+resformer")
+    with pytest.raises(ConfigError, match="start"):
+        retrofit(baseline, "resformer", start="scratch")
+    with pytest.raises(ConfigError, match="lamda1"):
+        retrofit(baseline, "resformer", lamda1=0.3)
+    with pytest.raises(ConfigError, match="baseline"):
+        retrofit(retrofit(baseline, "resformer"), "svformer")
