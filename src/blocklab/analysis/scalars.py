@@ -1,0 +1,102 @@
+"""The learned scalars of a run over training, read from its `metrics.jsonl`.
+
+The trainer logs every trainable gain under its parameter name without ``.gain`` (train records,
+``"scalars": {name: [floats]}``). Here they are grouped into panels, one line per layer, as the
+papers plot them:
+
+- shaped attention alpha, beta, gamma per head (Simplifying Figs. 16-18: mean over heads with a
+  band of one standard deviation);
+- beta_FF and the other block gains (Fig. 19);
+- the "residual-skip" ratios beta_V / alpha_V and beta_P / alpha_P of the Eq. (6)
+  reparameterisation (Simplifying Fig. 4, which shows they go to 0 except in the first layer);
+- ResFormer lambda_1, lambda_2 per layer, Bank of Values gamma_v, DenseFormer weights and any
+  other scalar, one line per entry.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+HEADWISE = {"attn.alpha", "attn.beta", "attn.gamma"}
+RATIOS = {"attn.values.w_v": "beta_V / alpha_V (value reparam, Simplifying Fig. 4)",
+          "attn.proj": "beta_P / alpha_P (projection reparam, Simplifying Fig. 4)"}
+TITLES = {"attn.alpha": "shaped attention alpha (on I)", "attn.beta": "shaped attention beta (on A)",
+          "attn.gamma": "shaped attention gamma (on C)", "mlp_branch": "beta_FF (MLP branch)",
+          "mlp_skip": "alpha_FF (MLP skip)", "attn_branch": "beta_SA (attention branch)",
+          "attn_skip": "alpha_SA (attention skip)",
+          "attn.values.lambda1": "ResFormer lambda_1 (weight on V_1)",
+          "attn.values.lambda2": "ResFormer lambda_2 (weight on V_n)",
+          "attn.values.coef": "Bank of Values gamma_v", "attn.values.dwa": "DenseFormer weights",
+          "attn.values.lambdas": "Dense-ResFormer lambdas"}
+_BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n} is not a JSON object: {e}") from e
+    return records
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Group the scalars of the train records into panels.
+
+    Returns {"steps": [...], "panels": {title: {"lines": {label: [...]}, "bands": {label: [...]}}}}
+    with one value per step (NaN where a record lacks the scalar); "bands" holds the standard
+    deviation over heads of the head-wise gains.
+    """
+    rows = [r for r in records if r.get("kind", "train") == "train" and r.get("scalars")]
+    steps = [r["step"] for r in rows]
+    names = sorted({name for r in rows for name in r["scalars"]})
+    nan = float("nan")
+
+    def values(name: str) -> list[list[float]]:
+        return [[float(x) for x in r["scalars"][name]] if name in r["scalars"] else [] for r in rows]
+
+    panels: dict[str, dict[str, dict[str, list[float]]]] = {}
+
+    def add(title: str, label: str, line: list[float], band: list[float] | None = None) -> None:
+        panel = panels.setdefault(title, {"lines": {}, "bands": {}})
+        panel["lines"][label] = line
+        if band is not None:
+            panel["bands"][label] = band
+
+    for name in names:
+        match = _BLOCK.fullmatch(name)
+        layer, suffix = (f"L{match[1]}", match[2]) if match else ("", name)
+        owner = suffix.rsplit(".", 1)[0]
+        if owner in RATIOS and suffix.endswith((".skip", ".resid")):
+            if suffix.endswith(".skip"):  # one ratio line from the (skip, resid) pair
+                resid = values(name[: -len("skip")] + "resid")
+                ratio = [r[0] / s[0] if r and s and s[0] != 0 else nan for r, s in zip(resid, values(name),
+                                                                                       strict=True)]
+                add(RATIOS[owner], layer, ratio)
+            continue
+        title = TITLES.get(suffix, suffix)
+        series = values(name)
+        if suffix in HEADWISE:
+            stats = [_mean_std(v) if v else (nan, nan) for v in series]
+            add(title, layer, [m for m, _ in stats], [s for _, s in stats])
+            continue
+        width = max((len(v) for v in series), default=0)
+        for j in range(width):  # vectors that are not per head: one line per entry
+            entry = f"[{j}]" if width > 1 else ""
+            add(title, (layer + entry) or name, [v[j] if j < len(v) else nan for v in series])
+    return {"steps": steps, "panels": panels}
