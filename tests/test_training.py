@@ -276,3 +276,15 @@ def test_two_processes_match_one(corpus, tmp_path, parallel):
     # the 2-process checkpoint holds the full (unsharded) model
     cfg = blocklab.ModelConfig(**json.loads((tmp_path / "two" / "model_config.json").read_text()))
     ckpt.load_weights(ckpt.latest_checkpoint(tmp_path / "two"), blocklab.Transformer(cfg))
+
+
+def test_load_run_gives_the_trained_model_and_tokenizer(corpus, tmp_path):
+    from blocklab.training import load_run
+
+    result = train(config(corpus, tmp_path, max_steps=2))
+    run = load_run(result.run_dir)
+    ids = torch.tensor([run.tokenizer.encode("def value")])
+    torch.testing.assert_close(run.model(ids), result.model.eval()(ids))
+    assert run.tokenizer.decode(ids[0].tolist()) == "def value" and run.config.max_steps == 2
+    with pytest.raises(FileNotFoundError, match="not a blocklab run"):
+        load_run(tmp_path)

@@ -2,5 +2,6 @@
 
 from blocklab.training.config import TrainConfig
 from blocklab.training.loop import RunResult, Trainer, TrainingError, train
+from blocklab.training.runs import LoadedRun, load_run
 
-__all__ = ["RunResult", "TrainConfig", "Trainer", "TrainingError", "train"]
+__all__ = ["LoadedRun", "RunResult", "TrainConfig", "Trainer", "TrainingError", "load_run", "train"]

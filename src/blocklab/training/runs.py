@@ -1,0 +1,38 @@
+"""Open a finished (or interrupted) run directory: its model, tokenizer and config."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from blocklab.config import ModelConfig
+from blocklab.data import Tokenizer, load_tokenizer
+from blocklab.model import Transformer
+from blocklab.training import checkpoint as ckpt
+from blocklab.training.config import TrainConfig
+
+
+@dataclass
+class LoadedRun:
+    model: Transformer
+    tokenizer: Tokenizer
+    config: TrainConfig
+    checkpoint: Path
+
+
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> LoadedRun:
+    """The model of a run's latest (or the given) checkpoint in eval mode, with the run's tokenizer."""
+    run = Path(run_dir)
+    if not (run / "model_config.json").is_file():
+        raise FileNotFoundError(f"{str(run)!r} is not a blocklab run directory (no model_config.json); "
+                                "give the out_dir of `blocklab train` or a run under a compare's runs/.")
+    path = Path(checkpoint) if checkpoint is not None else ckpt.latest_checkpoint(run)
+    if path is None:
+        raise FileNotFoundError(f"run {str(run)!r} has no checkpoint yet.")
+    model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
+    ckpt.load_weights(path, model)
+    config = TrainConfig.load(run / "config.yaml") if (run / "config.yaml").is_file() else None
+    return LoadedRun(model.to(torch.device(device)).eval(), load_tokenizer(run), config, path)
