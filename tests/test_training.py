@@ -288,3 +288,14 @@ def test_load_run_gives_the_trained_model_and_tokenizer(corpus, tmp_path):
     assert run.tokenizer.decode(ids[0].tolist()) == "def value" and run.config.max_steps == 2
     with pytest.raises(FileNotFoundError, match="not a blocklab run"):
         load_run(tmp_path)
+
+
+def test_crammed_bert_recipe(corpus, tmp_path):
+    cfg = TrainConfig.load("crammed-bert", ["arch=sas-p"])
+    assert (cfg.data.objective, cfg.data.mask_prob, cfg.seq_len) == ("mlm", 0.25, 128)
+    assert (tuple(cfg.optim.betas), cfg.optim.eps, cfg.optim.grad_clip) == ((0.9, 0.98), 1e-12, 0.5)
+    assert (cfg.optim.schedule, cfg.optim.peak_at, cfg.max_time) == ("one-cycle", 0.75, 86400)
+    model_cfg = cfg.model_config(32768)
+    assert not model_cfg.causal and model_cfg.norm_eps == 1e-12 and model_cfg.n_layers == 16
+    with pytest.raises(ConfigError, match="crammed-bert"):
+        TrainConfig.load("no-such-recipe")

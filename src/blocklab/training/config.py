@@ -20,6 +20,7 @@ from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import DataConfig
 from blocklab.training.optim import OptimConfig
 
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 BUDGET_FIELDS = ("max_steps", "max_tokens", "max_flops", "max_time")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "float32", "bfloat16")
@@ -94,8 +95,11 @@ class TrainConfig:
         data: dict[str, Any] = {}
         if path is not None:
             path = Path(path)
+            if not path.is_file() and (RECIPES / f"{path}.yaml").is_file():
+                path = RECIPES / f"{path}.yaml"  # a shipped recipe, e.g. "crammed-bert"
             if not path.is_file():
-                raise ConfigError(f"training config {str(path)!r} does not exist (give a YAML file).")
+                raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
+                                  f"recipe ({', '.join(list_recipes())}).")
             data = yaml.safe_load(path.read_text()) or {}
             if not isinstance(data, dict):
                 raise ConfigError(f"training config {str(path)!r} must hold a YAML mapping of fields.")
@@ -106,6 +110,11 @@ class TrainConfig:
 
 
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def list_recipes() -> list[str]:
+    """Names of the shipped training recipes (YAML files in blocklab/recipes)."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml"))
 
 
 def _plain(value: Any) -> Any:
