@@ -299,3 +299,25 @@ def test_crammed_bert_recipe(corpus, tmp_path):
     assert not model_cfg.causal and model_cfg.norm_eps == 1e-12 and model_cfg.n_layers == 16
     with pytest.raises(ConfigError, match="crammed-bert"):
         TrainConfig.load("no-such-recipe")
+
+
+def test_cli_export_and_diagnose_a_run(corpus, tmp_path):
+    from blocklab.cli import main
+    from blocklab.interop import load_pretrained
+
+    a = train(config(corpus, tmp_path / "a", arch="sas", max_steps=3)).run_dir
+    b = train(config(corpus, tmp_path / "b", arch="pre-ln+resformer", max_steps=3)).run_dir
+    assert main(["export", "--run", str(a), "--out", str(tmp_path / "export")]) == 0
+    ids = torch.randint(0, 256, (1, 12))
+    model = load_pretrained(tmp_path / "export")
+    torch.testing.assert_close(model(ids), blocklab.training.load_run(a).model(ids))
+    assert (tmp_path / "export" / "tokenizer.json").read_text() == (a / "tokenizer.json").read_text()
+
+    assert main(["diagnose", "--run", str(a), "--batches", "1"]) == 0
+    results = json.loads((a / "diagnostics" / "diagnostics.json").read_text())
+    assert {"entropy", "value_norm", "hidden_norm", "similarity", "spectrum"} <= set(results)
+    assert (a / "diagnostics" / "entropy.png").read_bytes()[:4] == b"\x89PNG"
+    assert (a / "diagnostics" / "scalars.png").is_file()  # SAS has learned scalars in metrics.jsonl
+    out = tmp_path / "overlay"
+    assert main(["diagnose", "--compare", str(a), str(b), "--out", str(out), "--batches", "1"]) == 0
+    assert any(p.suffix == ".png" for p in out.iterdir())

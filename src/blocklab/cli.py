@@ -105,6 +105,57 @@ def cmd_compare(args: argparse.Namespace) -> None:
     print(report.read_text().split("\n\n")[2])  # the table
 
 
+def _diagnose_run(run_dir: str, batches: int, layers, heads, device: str):
+    from blocklab.analysis import diagnose
+    from blocklab.data import Batches, prepare_data
+    from blocklab.training import load_run
+
+    run = load_run(run_dir, device=device)
+    data = prepare_data(run.config.data)  # cached: the run's own tokenised held-out split
+    val = Batches(data, "val", batch_size=8, seq_len=run.config.seq_len, seed=run.config.seed)
+    ids = (b["input_ids"] for b in val.validation(8, max_batches=batches))
+    return run, diagnose(run.model, ids, layers=layers, heads=heads, max_batches=batches)
+
+
+def cmd_diagnose(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from blocklab.analysis import compare_reports, write_report
+
+    def ints(text):
+        return [int(i) for i in text.split(",")] if text else None
+
+    layers, heads = ints(args.layers), ints(args.heads)
+    if args.compare:
+        a, b = args.compare
+        run_a, res_a = _diagnose_run(a, args.batches, layers, heads, args.device)
+        run_b, res_b = _diagnose_run(b, args.batches, layers, heads, args.device)
+        if run_a.tokenizer.hash != run_b.tokenizer.hash:
+            raise ConfigError(f"--compare needs two runs with the same tokenizer: {a} and {b} differ.")
+        out = Path(args.out or "diagnostics-compare")
+        labels = (run_a.config.arch, run_b.config.arch) if run_a.config.arch != run_b.config.arch else (a, b)
+        compare_reports(res_a, res_b, out, labels=labels)
+    else:
+        if not args.run:
+            raise ConfigError("blocklab diagnose needs --run DIR, or --compare RUN_A RUN_B.")
+        _, results = _diagnose_run(args.run, args.batches, layers, heads, args.device)
+        out = Path(args.out or Path(args.run) / "diagnostics")
+        metrics = Path(args.run) / "metrics.jsonl"
+        write_report(results, out, metrics_path=metrics if metrics.is_file() else None)
+    print(f"diagnostics written to {out}")
+
+
+def cmd_export(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from blocklab.interop import save_pretrained
+    from blocklab.training import load_run
+
+    run = load_run(args.run)
+    folder = save_pretrained(run.model, args.out, tokenizer=Path(args.run) / "tokenizer.json")
+    print(f"exported {run.checkpoint} to {folder} (load with blocklab.interop.load_pretrained)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="blocklab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("diagnose", help="the papers' diagnostics of a trained run (entropy, norms, spectra)",
+                       description="Attention-concentration entropy, value and hidden-state norms, token "
+                       "similarity, value spectra, attention maps and learned scalars of a run, on its "
+                       "held-out split; or two runs overlaid with --compare.")
+    p.add_argument("--run", help="a run directory (out_dir of blocklab train, or a compare run)")
+    p.add_argument("--compare", nargs=2, metavar=("RUN_A", "RUN_B"), help="overlay two runs")
+    p.add_argument("--out", help="output directory (default RUN/diagnostics)")
+    p.add_argument("--batches", type=int, default=4, help="held-out batches of 8 sequences")
+    p.add_argument("--layers", help="layers whose attention maps are drawn, e.g. 0,3 (default all)")
+    p.add_argument("--heads", help="heads to draw, e.g. 0,1 (default the mean over heads)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_diagnose)
+    p = sub.add_parser("export", help="export a run: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--run", required=True, help="a run directory")
+    p.add_argument("--out", required=True, help="the folder to write")
+    p.set_defaults(func=cmd_export)
     args = parser.parse_args(argv)
     try:
         args.func(args)
