@@ -134,7 +134,7 @@ class ModelConfig:
         from blocklab.presets import resolve
 
         fields = resolve(arch, size)
-        _check_keys(overrides)
+        check_fields(ModelConfig, overrides)
         fields.update(overrides)
         return cls(**fields)
 
@@ -143,11 +143,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        _check_keys(data)
-        return cls(**_floats_from_strings(data))
+        check_fields(cls, data)
+        return cls(**floats_from_strings(cls, data))
 
     def replace(self, **changes: Any) -> ModelConfig:
-        _check_keys(changes)
+        check_fields(ModelConfig, changes)
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
@@ -172,12 +172,12 @@ class ModelConfig:
 FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelConfig))
 
 
-def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
-    """PyYAML (YAML 1.1) reads `1e-5` as a string; read such strings in float fields as floats."""
+def floats_from_strings(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+    """PyYAML (YAML 1.1) reads `1e-5` as a string; read such strings in `cls`'s float fields as floats."""
     out = dict(data)
-    for f in dataclasses.fields(ModelConfig):
+    for f in dataclasses.fields(cls):
         value = out.get(f.name)
-        if f.type.startswith("float") and isinstance(value, str):
+        if str(f.type).startswith("float") and isinstance(value, str):
             try:
                 out[f.name] = float(value)
             except ValueError:
@@ -185,12 +185,12 @@ def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_keys(data: dict[str, Any]) -> None:
+def check_fields(cls: type, data: dict[str, Any]) -> None:
+    """Raise ConfigError for a key that is not a field of the dataclass `cls`, suggesting close names."""
+    names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
-        if key not in FIELD_NAMES:
-            close = difflib.get_close_matches(key, FIELD_NAMES, n=3)
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(
-                f"unknown ModelConfig field {key!r}.{hint} "
-                f"Known fields: {', '.join(FIELD_NAMES)}."
-            )
+            raise ConfigError(f"unknown {cls.__name__} field {key!r}.{hint} "
+                              f"Known fields: {', '.join(names)}.")

@@ -100,6 +100,47 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
     return out
 
 
+def masked_mean_of_last(v: Tensor, t_q: int, causal: bool = True, window: int | None = None) -> Tensor:
+    """`masked_mean` (C V) for a block of t_q queries at the end of T_k keys, as in cached decoding.
+
+    Query i averages the keys lo_i .. hi_i, i.e. (S[hi_i + 1] - S[lo_i]) / count with the prefix
+    sums S[j] = sum(v[:j]). For the last t_q queries the lo_i and the hi_i + 1 each span at most t_q
+    consecutive indices a .. b, where S[j] = sum(v[:a]) + cumsum(v[a:j]): one float32 reduction and
+    a cumulative sum over fewer than t_q keys, instead of a prefix sum over all T_k keys. Equal to
+    `masked_mean` up to float rounding.
+    """
+    t_k = v.shape[-2]
+    lo, hi = key_bounds(t_q, t_k, causal, window)  # on the CPU: reading their range needs no sync
+    acc = torch.promote_types(v.dtype, torch.float32)
+
+    def prefix(at: Tensor) -> Tensor:  # S[at] for indices `at` (T_q,) that lie in a .. b
+        a, b = int(at.min()), int(at.max())
+        base = v[..., :a, :].sum(dim=-2, keepdim=True, dtype=acc)
+        sums = torch.cat((base, base + torch.cumsum(v[..., a:b, :].to(acc), dim=-2)), dim=-2)
+        return sums.index_select(-2, (at - a).to(v.device))
+
+    total = prefix(hi + 1) - prefix(lo)
+    count = (hi - lo + 1).to(device=v.device, dtype=total.dtype)[:, None]
+    return (total / count).to(v.dtype)
+
+
+def shaped_attention_decode(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
+                            gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
+                            scale: float | None = None) -> Tensor:
+    """`shaped_attention`, (alpha I + beta A - gamma C) V of Eq. (5), for T_q < T_k (a KV cache).
+
+    The same equation with C V from `masked_mean_of_last`, taken over the key/value heads before
+    they are repeated for grouped-query attention, so that a decoding step costs O(T) once (inside
+    SDPA) rather than also a prefix sum and a copy of every cached value.
+    """
+    n_heads, t_q = q.shape[-3], q.shape[-2]
+    out = _per_head(beta, q) * attention(q, k, v, causal, window, scale)
+    out = out + _per_head(alpha, q) * expand_kv(v[..., -t_q:, :], n_heads)
+    if gamma is not None:
+        out = out - _per_head(gamma, q) * expand_kv(masked_mean_of_last(v, t_q, causal, window), n_heads)
+    return out
+
+
 def attention_probs(q: Tensor, k: Tensor, causal: bool = True, window: int | None = None,
                     scale: float | None = None) -> Tensor:
     """The explicit softmax matrix A of Eq. (2), shape (B, H, T_q, T_k); O(T^2) memory."""

@@ -9,12 +9,11 @@ with a run can still be read on a machine without its data.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from blocklab.config import ConfigError
+from blocklab.config import ConfigError, check_fields, floats_from_strings
 
 EMBEDDED = "python-stdlib"
 TOKENIZER_KINDS = ("bpe", "byte")
@@ -62,19 +61,13 @@ class DataConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DataConfig:
-        for key in data:
-            if key not in FIELD_NAMES:
-                close = difflib.get_close_matches(key, FIELD_NAMES, n=3)
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"unknown DataConfig field {key!r}.{hint} "
-                                  f"Known fields: {', '.join(FIELD_NAMES)}.")
-        return cls(**data)
+        check_fields(cls, data)
+        return cls(**floats_from_strings(cls, data))
 
     def replace(self, **changes: Any) -> DataConfig:
         return DataConfig.from_dict({**self.to_dict(), **changes})
 
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(DataConfig))
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:

@@ -22,6 +22,7 @@ from blocklab.model.value_paths import make_value_path
 class Attention(nn.Module):
     def __init__(self, cfg, layer: int):
         super().__init__()
+        self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_size
         self.causal, self.window = cfg.causal, cfg.layer_window(layer)
         self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
@@ -52,6 +53,8 @@ class Attention(nn.Module):
             return self.attention_matrix(q, k) @ ops.expand_kv(v, self.n_heads)
         if self.form == "softmax":
             return ops.attention(q, k, v, self.causal, self.window)
+        if q.shape[-2] < k.shape[-2]:  # decoding with a KV cache: C V without a prefix sum over all keys
+            return ops.shaped_attention_decode(q, k, v, *self.matrix_gains(), self.causal, self.window)
         return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window)
 
     def attention_matrix(self, q: Tensor, k: Tensor) -> Tensor:
@@ -77,7 +80,11 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         b, t, _ = x.shape
         q, k = self.queries_keys(x, carry.positions)
-        q, k, v, carry = self.values(x, q, k, carry)
-        y = self.values.attend(self, q, k, self._heads(v, self.n_kv_heads), carry)
+        q, k, v, carry = self.values(x, q, k, carry)  # for the current tokens only
+        if carry.cache is None:
+            keys, values = k, self._heads(v, self.n_kv_heads)
+        else:  # the cached past and the current tokens: every key and value these queries may see
+            keys, values = carry.cache.update(self.layer, self.values, k, v, carry)
+        y = self.values.attend(self, q, keys, values, carry)
         y = self.values.correct(y, v, carry)
         return self.proj(y.transpose(1, 2).reshape(b, t, -1)), carry

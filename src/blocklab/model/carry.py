@@ -8,8 +8,12 @@ data flow. Value paths fill in only the fields they use.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from blocklab.model.cache import KVCache
 
 
 @dataclass
@@ -25,6 +29,7 @@ class Carry:
     shared_kv: tuple[Tensor, Tensor] | None = None  # K, V of the group leader (CLA)
     history: tuple[Tensor, ...] = ()  # block outputs X_0 .. X_n (DenseFormer)
     shared: dict[str, Tensor] = field(default_factory=dict)  # tensors from a model-level module
+    cache: KVCache | None = None  # set while decoding with a KV cache (model/cache.py)
 
     def update(self, **changes) -> Carry:
         return replace(self, **changes)

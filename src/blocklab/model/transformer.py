@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
 from blocklab import ops
 from blocklab.config import ModelConfig
 from blocklab.model.blocks import Block
+from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import make_norm
@@ -19,7 +22,8 @@ class Transformer(nn.Module):
 
     ``model(input_ids)`` maps a LongTensor (B, T) to logits (B, T, vocab). Build it on the meta
     device with ``with torch.device("meta"): Transformer(cfg)``, then ``to_empty(device=...)`` and
-    ``init_weights()``.
+    ``init_weights()``. Decoding: ``cache = model.new_cache(B, max_len)``, then
+    ``model(ids, cache=cache)`` for the prompt and for each new token, or ``model.generate(...)``.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -76,18 +80,57 @@ class Transformer(nn.Module):
             logits = cap * torch.tanh(logits / cap)
         return logits
 
-    def forward(self, input_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions."""
+        return self.logits(self.hidden_states(input_ids, cache))
+
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """The last block's output (B, T, d), before the final norm and the head."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, time); got {tuple(input_ids.shape)}")
         t = input_ids.shape[1]
-        if t > self.cfg.context_length:
-            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
-        positions = torch.arange(t, device=input_ids.device)
+        if cache is None:
+            if t > self.cfg.context_length:
+                raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
+            positions = torch.arange(t, device=input_ids.device)
+        else:
+            if cache.cfg != self.cfg:
+                raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
+                                 "one with model.new_cache(...).")
+            positions = cache.begin(input_ids)  # continues after the cached positions
         tokens = self.tok_emb(input_ids)
         x = self.embed(tokens, positions)
-        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens)
+        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens, cache=cache)
+        if cache is not None:  # value paths that recompute values from cached token ids (x0-value)
+            carry = carry.update(shared={"token_embedding": self.tok_emb.weight})
         if self.value_shared is not None:
             carry = self.value_shared(carry)
-        for block in self.blocks:
-            x, carry = block(x, carry)
-        return self.logits(x)
+        try:
+            for block in self.blocks:
+                x, carry = block(x, carry)
+        except BaseException:
+            if cache is not None:
+                cache.abort()
+            raise
+        if cache is not None:
+            cache.end()
+        return x
+
+    # -- decoding ------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
+                  device: torch.device | str | None = None) -> KVCache:
+        """An empty KV cache for `batch_size` sequences of up to `max_len` positions, laid out from
+        the value paths (model/cache.py); dtype and device default to the model's."""
+        weight = self.tok_emb.weight
+        paths = [block.attn.values for block in self.blocks]
+        return KVCache(self.cfg, paths, batch_size, max_len, dtype or weight.dtype, device or weight.device)
+
+    def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None,
+                 stop_tokens: Sequence[int] | None = None, seed: int | None = None,
+                 pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
+        """Prompt + generated ids (B, T + n), decoding with a KV cache; see `blocklab.model.generate`."""
+        from blocklab.model.generate import generate
+
+        return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache)

@@ -9,14 +9,13 @@ Nested sections (`data`, `optim`, `model`) take dotted overrides: ``optim.lr=3e-
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.config import ConfigError, ModelConfig, check_fields
 from blocklab.data import DataConfig
 from blocklab.training.optim import OptimConfig
 
@@ -83,7 +82,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        _check_keys(data, FIELD_NAMES, "TrainConfig")
+        check_fields(cls, data)
         return cls(**data)
 
     def to_yaml(self) -> str:
@@ -109,7 +108,6 @@ class TrainConfig:
         return cls.from_dict(data)
 
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 
 def list_recipes() -> list[str]:
@@ -150,14 +148,6 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     if not isinstance(section, dict):  # a DataConfig/OptimConfig object given in Python
         section = data[head] = section.to_dict()
     section[rest] = value
-
-
-def _check_keys(data: dict, names: tuple[str, ...], what: str) -> None:
-    for key in data:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown {what} field {key!r}.{hint} Known fields: {', '.join(names)}.")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:

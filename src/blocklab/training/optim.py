@@ -39,7 +39,6 @@ and cautious weight decay, which torch's does not.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError
+from blocklab.config import ConfigError, check_fields, floats_from_strings
 from blocklab.model.gains import is_gain
 
 # relative: the two modules move together (the trainer package may be renamed)
@@ -96,32 +95,13 @@ class OptimConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> OptimConfig:
-        for key in data:
-            if key not in FIELD_NAMES:
-                close = difflib.get_close_matches(key, FIELD_NAMES, n=3)
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"unknown OptimConfig field {key!r}.{hint} Known fields: "
-                                  f"{', '.join(FIELD_NAMES)}.")
-        return cls(**_floats_from_strings(data))
+        check_fields(cls, data)
+        return cls(**floats_from_strings(cls, data))
 
     def replace(self, **changes: Any) -> OptimConfig:
         return OptimConfig.from_dict({**self.to_dict(), **changes})
 
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OptimConfig))
-_FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(OptimConfig) if f.type.startswith("float"))
-
-
-def _floats_from_strings(data: dict[str, Any]) -> dict[str, Any]:
-    """PyYAML (YAML 1.1) reads ``1e-3`` as a string; read such strings in float fields as floats."""
-    out = dict(data)
-    for name in _FLOAT_FIELDS:
-        if isinstance(out.get(name), str):
-            try:
-                out[name] = float(out[name])
-            except ValueError:
-                pass  # validation names the field
-    return out
 
 
 # -- validation ----------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class BankOfValues(_Substitutive):
         super().__init__(cfg, layer)
         self.cfg = cfg
         self.caches_values = not self.target
+        if self.target:  # the cache keeps the token ids, not V (Bank of Values Sec. 4, "Inference")
+            self.value_layer = None
         self.w_v = None if self.target else self.make_value_map(cfg, layer)
         if self.target and not self.opts["shared"]:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
@@ -67,6 +69,11 @@ class BankOfValues(_Substitutive):
         if not self.target:
             return q, k, self.w_v(x), carry
         return q, k, self.coef(F.embedding(carry.token_ids, self.table(carry))), carry
+
+    def values_from_cache(self, source, carry):
+        if not self.target:
+            return source
+        return self.coef(F.embedding(source, self.table(carry)))
 
     def init_from_model(self, model) -> None:
         if self.target and not self.opts["shared"]:
@@ -116,11 +123,22 @@ class X0Value(_Substitutive):
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
+        if self.target:  # v is a function of the token id: the cache keeps ids and recomputes v
+            self.caches_values, self.value_layer = False, None
 
     def forward(self, x, q, k, carry):
         if not self.target:
             return q, k, self.w_v(x), carry
-        return q, k, self.coef(self.w_v(_rms(carry.token_embeddings))), carry
+        return q, k, self.x0_values(carry.token_embeddings), carry
+
+    def x0_values(self, token_embeddings: Tensor) -> Tensor:
+        return self.coef(self.w_v(_rms(token_embeddings)))
+
+    def values_from_cache(self, source, carry):
+        if not self.target:
+            return source
+        # one value map per cached token and step: the memory of BoV at the compute of a projection
+        return self.x0_values(F.embedding(source, carry.shared["token_embedding"]))
 
 
 class V1Value(_Substitutive):
@@ -130,12 +148,17 @@ class V1Value(_Substitutive):
         super().__init__(cfg, layer)
         self.caches_values = not self.target
         self.w_v = None if self.target else self.make_value_map(cfg, layer)
+        if self.target:  # the cache keeps V_1 once (layer 0's values)
+            self.value_layer = 0
 
     def forward(self, x, q, k, carry):
         if self.target:
             return q, k, self.coef(carry.first_values), carry
         v = self.w_v(x)
         return q, k, v, (carry.update(first_values=v) if self.layer == 0 else carry)
+
+    def values_from_cache(self, source, carry):
+        return self.coef(source) if self.target else source
 
     @classmethod
     def validate(cls, cfg) -> None:

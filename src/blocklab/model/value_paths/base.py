@@ -4,7 +4,7 @@ A value path answers, for one layer:
 1. which parameters do I own (a value projection, a table, lambdas, nothing)?
 2. given the normed block input, the queries and keys and the `Carry`, what are V (and, for the
    baselines that change them, Q and K), and what do I put into the carry for later layers?
-3. what must a cache keep (`caches_values`)?
+3. what must a KV cache keep (`key_layer`, `value_layer`, `reads_layers`, `values_from_cache`)?
 
 Strategies override only the hooks they need; everything else defaults to the standard
 Transformer. `options` lists a strategy's settings (set through `ModelConfig.value_path_options`)
@@ -61,6 +61,14 @@ class ValuePath(nn.Module):
         super().__init__()
         self.layer = layer
         self.opts = resolve_options(type(self), cfg)
+        # What the KV cache (model/cache.py) keeps, stated as data flow so that it needs no names:
+        # key_layer: the layer whose cached keys this layer attends over (itself unless it owns none);
+        # value_layer: the layer whose cached values `values_from_cache` maps to this layer's values
+        #   (itself when it caches values; None: the values are a function of the token ids);
+        # reads_layers: further layers whose cached keys and values `attend` reads.
+        self.key_layer: int = layer
+        self.value_layer: int | None = layer
+        self.reads_layers: tuple[int, ...] = ()
 
     @staticmethod
     def make_value_map(cfg, layer: int) -> nn.Module:
@@ -74,6 +82,15 @@ class ValuePath(nn.Module):
     def attend(self, attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, carry: Carry) -> Tensor:
         """Attention over (B, H, T, D) heads; a strategy may change which keys and values it sees."""
         return attn.attend(q, k, v)
+
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
+        """This layer's values (B, T, kv_dim) at the cached positions, from what the cache holds.
+
+        `source` is the cached values of `value_layer` (B, T, kv_dim), or the token ids (B, T) when
+        `value_layer` is None. It must agree with `forward` on the current tokens. The default is
+        the identity: the layer attends over the values it (or `value_layer`) cached.
+        """
+        return source
 
     def correct(self, y: Tensor, v: Tensor, carry: Carry) -> Tensor:
         """A token-wise correction of the attention output y (B, H, T, D) (NeuTRENO)."""

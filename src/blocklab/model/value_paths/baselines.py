@@ -99,6 +99,7 @@ class CrossLayerKV(ValuePath):
         super().__init__(cfg, layer)
         self.leader = layer % self.opts["group"] == 0
         self.owns_keys = self.caches_values = self.leader
+        self.key_layer = self.value_layer = layer - layer % self.opts["group"]  # one cache entry per group
         self.w_v = self.make_value_map(cfg, layer) if self.leader else None
 
     def forward(self, x, q, k, carry):
@@ -131,6 +132,7 @@ class CrossLayerAttention(ValuePath):
         self.w_v = self.make_value_map(cfg, layer)
         self.head_dim = cfg.head_size
         self.key_sets = 1 if layer == 0 else 2
+        self.reads_layers = () if layer == 0 else (0,)
 
     def forward(self, x, q, k, carry):
         v = self.w_v(x)
@@ -141,8 +143,12 @@ class CrossLayerAttention(ValuePath):
     def attend(self, attn, q, k, v, carry):
         if self.layer == 0:
             return attn.attend(q, k, v)
-        keys = torch.cat((k, carry.first_keys), dim=-2)
-        values = torch.cat((v, _heads(carry.first_values, self.head_dim)), dim=-2)
+        if carry.cache is None:
+            first_k, first_v = carry.first_keys, _heads(carry.first_values, self.head_dim)
+        else:  # layer 0's cached keys and values at the positions this layer sees
+            first_k, first_v = carry.cache.read_layer(0, k.shape[-2])
+        keys = torch.cat((k, first_k), dim=-2)
+        values = torch.cat((v, first_v), dim=-2)
         t_q, t_k = q.shape[-2], k.shape[-2]
         mask = ops.attention_mask(t_q, t_k, attn.causal, attn.window, q.device)
         if mask is not None:

@@ -178,6 +178,8 @@ class SVFormer(ValuePath):
         super().__init__(cfg, layer)
         self.projects = layer == 0 or layer in self.opts["anchors"]
         self.caches_values = self.projects
+        # the cache keeps V once per projecting layer; the others read the latest one's
+        self.value_layer = max(a for a in (0, *self.opts["anchors"]) if a <= layer)
         self.w_v = self.make_value_map(cfg, layer) if self.projects else None
 
     def forward(self, x, q, k, carry):
