@@ -1,0 +1,315 @@
+"""A KV cache that keeps, for each layer, only what that layer's attention will read again.
+
+The layout follows from each value path's `key_layer`, `value_layer` and `reads_layers`
+(model/value_paths/base.py), never from its name:
+
+    standard, ResFormer family, NeuTRENO, DenseFormer,   K and V per layer (the V attention uses:
+    value-embed, cross-layer attention                     ResFormer's mixed V, value-embed's V + g E)
+    grouped-query attention                               K and V with n_kv_heads heads
+    CLA (Brandon et al. 2024)                             K and V of each group's first layer only
+    SVFormer (Value Residual Eq. 10, Sec. 3.5)            K per layer, V once (V_1, and once per anchor)
+    v1-value (Bank of Values Table 1)                     K per layer, V of the non-target layers
+    Bank of Values (Eq. 5), x0-value                      K per layer, V of the non-target layers and
+                                                          one buffer of token ids shared by all layers
+
+So SVFormer holds (L + 1) / (2L) of the standard K + V bytes, and Bank of Values saves
+Delta_KV = (L/3) d (T - |V|) values per sequence once its tables are counted (Bank of Values Eq. 6).
+
+Value paths whose mixing is token-local need nothing beyond their own V: ResFormer's
+V'_n = lambda_1 V_1 + lambda_2 V_n and Dense-ResFormer's V'_n = sum_i lambda_{n,i} V_i mix the values
+of one position, so V'_n of a past position is computed once, when that token is processed, and
+cached like any V; V_1 (and every earlier V_i) is needed only for the current tokens, which the
+`Carry` holds. NeuTRENO's correction lambda (V_1 - V_n) and DenseFormer's average over block
+outputs are token-local too.
+
+Sliding-window layers keep a ring of their last `window` positions (the window of the newest query,
+itself included; the queries of a new chunk also see the chunk). A tensor read by several layers
+(CLA's shared K and V, SVFormer's V_1, the first layer's K and V under cross-layer attention, the
+token ids) keeps the widest span among its readers, so a windowed layer whose V_1 a full-context
+layer reads keeps every position.
+
+Shaped attention needs no extra state: alpha v is per token and the centering term C V (the masked
+mean of the values a query sees) is computed by `ops.masked_mean` over the values the layer reads
+for A V anyway, with float32 prefix sums, exactly as in training. Running sums would save that
+O(T) pass only where attention itself is O(T), and would make the cached result depend on the
+order of summation.
+
+The cache is for inference: it stores detached tensors. Under autograd the current chunk's keys
+and values keep their gradients (the cached past is a constant).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from blocklab.config import ConfigError
+
+TOKEN_ID_DTYPE = torch.int32  # 4 bytes per cached token id (F.embedding takes int32 indices)
+
+
+def _first_position(past: int, span: int | None) -> int:
+    """The oldest position a query at `past` (or later) can see through a window of `span` keys."""
+    return 0 if span is None else max(0, past - span + 1)
+
+
+def _widest(windows: list[int | None]) -> int | None:
+    """The span a store needs to serve readers with these windows (None: every position)."""
+    return None if any(w is None for w in windows) else max(windows)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """Which tensors the cache stores and how many recent positions each keeps (None: all).
+
+    `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
+    stored when some layer computes its values from them (`has_ids`).
+    """
+
+    windows: tuple[int | None, ...]
+    key_spans: dict[int, int | None]
+    value_spans: dict[int, int | None]
+    has_ids: bool
+    id_span: int | None
+
+    @classmethod
+    def from_paths(cls, cfg, paths) -> CacheLayout:
+        windows = tuple(cfg.layer_window(i) for i in range(cfg.n_layers))
+        key_readers: dict[int, list] = {}
+        value_readers: dict[int, list] = {}
+        id_readers = []
+        for layer, path in enumerate(paths):
+            w = windows[layer]
+            key_readers.setdefault(path.key_layer, []).append(w)
+            if path.value_layer is None:
+                id_readers.append(w)
+            else:
+                value_readers.setdefault(path.value_layer, []).append(w)
+            for other in path.reads_layers:
+                key_readers.setdefault(other, []).append(w)
+                value_readers.setdefault(other, []).append(w)
+        for layer, path in enumerate(paths):
+            own_keys, own_values = path.key_layer == layer, path.value_layer == layer
+            if own_keys != path.owns_keys or own_values != path.caches_values:
+                raise AssertionError(f"layer {layer}: {type(path).__name__}'s key_layer / value_layer "
+                                     "disagree with owns_keys / caches_values")
+        return cls(windows=windows,
+                   key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
+                   value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
+                   has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None)
+
+
+def _check_causal(cfg) -> None:
+    if not cfg.causal:
+        raise ConfigError("ModelConfig.causal = False: a bidirectional encoder attends to later tokens, "
+                          "so it cannot decode with a KV cache; use a causal model.")
+
+
+def _value_paths(cfg):
+    """The value paths of `cfg`, built on the meta device (no memory): they describe the layout."""
+    from blocklab.model.value_paths import make_shared_module, make_value_path
+
+    with torch.device("meta"):
+        return [make_value_path(cfg, i) for i in range(cfg.n_layers)], make_shared_module(cfg)
+
+
+def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None) -> dict:
+    """The analytic cache layout of `cfg` for one sequence of `context` positions.
+
+    Keys and values take kv_dim * dtype_bytes per position; a store keeps `context` positions, or
+    min(span, context) for a sliding-window span; token ids take 4 bytes (int32) per position.
+    Returns a dict with, for one sequence of `context` positions (default: cfg.context_length):
+
+    - ``layers``: per layer ``kind`` ("K+V", "K", "V" or "-": what it stores itself), the
+      positions its keys and values keep (``key_entries``, ``value_entries``: a sliding-window
+      layer keeps its window unless a full-context layer reads them) and ``key_bytes``, ``value_bytes``;
+    - ``kinds``: how many layers of each kind;
+    - ``key_bytes``, ``value_bytes``, ``token_id_bytes`` and ``total_bytes`` (their sum, which
+      equals ``KVCache.nbytes`` for batch 1 and max_len = context);
+    - ``per_token``: total_bytes / context;
+    - ``value_table_bytes``: the token-indexed value tables (Bank of Values' E_v, value embeddings)
+      at dtype_bytes, parameters rather than cache, which decide Bank of Values' breakeven
+      (Eq. 6: it saves memory once context > vocab_size).
+    """
+    _check_causal(cfg)
+    context = cfg.context_length if context is None else context
+    if not isinstance(context, int) or context < 1:
+        raise ValueError(f"context = {context!r} is not allowed: give a positive number of positions.")
+    paths, shared = _value_paths(cfg)
+    layout = CacheLayout.from_paths(cfg, paths)
+    width = cfg.kv_dim * dtype_bytes
+
+    def entries(span):
+        return context if span is None else min(span, context)
+
+    layers = []
+    for i in range(cfg.n_layers):
+        k = entries(layout.key_spans[i]) if i in layout.key_spans else 0
+        v = entries(layout.value_spans[i]) if i in layout.value_spans else 0
+        kind = "K+V" if k and v else "K" if k else "V" if v else "-"
+        layers.append(dict(layer=i, kind=kind, key_entries=k, value_entries=v, key_bytes=k * width,
+                           value_bytes=v * width))
+    ids = entries(layout.id_span) * TOKEN_ID_DTYPE.itemsize if layout.has_ids else 0
+    keys, values = sum(x["key_bytes"] for x in layers), sum(x["value_bytes"] for x in layers)
+    modules = [*paths, shared] if shared is not None else paths
+    tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if n.endswith("value_table"))
+    total = keys + values + ids
+    return dict(context=context, dtype_bytes=dtype_bytes, layers=layers,
+                kinds=dict(Counter(x["kind"] for x in layers)), key_bytes=keys, value_bytes=values,
+                token_id_bytes=ids, total_bytes=total, per_token=total / context,
+                value_table_bytes=tables * dtype_bytes)
+
+
+class _Store:
+    """The cached past of one tensor (B, time, ...): every position, or a ring of the last `span`."""
+
+    def __init__(self, batch: int, max_len: int, span: int | None, features: tuple[int, ...],
+                 dtype: torch.dtype, device):
+        self.span = span  # the most recent positions its readers need (None: all)
+        self.capacity = max_len if span is None else min(span, max_len)
+        self.ring = self.capacity < max_len
+        self.data = torch.zeros(batch, self.capacity, *features, dtype=dtype, device=device)
+
+    def update(self, new: Tensor, past: int, start: int) -> Tensor:
+        """Store `new` (positions past .. past+T-1); return positions start .. past+T-1."""
+        t = new.shape[1]
+        stored = new.detach().to(self.data.dtype)
+        present = new if new.requires_grad else stored.to(new.dtype)
+        if not self.ring:
+            self.data[:, past:past + t] = stored
+            if new.requires_grad:  # keep the current tokens' graph; the past is a constant
+                return torch.cat((self.data[:, start:past].to(new.dtype), new), dim=1)
+            return self.data[:, start:past + t].to(new.dtype)  # a view when the dtypes agree
+        device = self.data.device
+        # read the past before writing: a long chunk overwrites slots its own first queries still see
+        older = self.data.index_select(1, torch.arange(start, past, device=device) % self.capacity)
+        keep = min(t, self.capacity)
+        slots = torch.arange(past + t - keep, past + t, device=device) % self.capacity
+        self.data.index_copy_(1, slots, stored[:, t - keep:])
+        return torch.cat((older.to(new.dtype), present), dim=1)
+
+
+class KVCache:
+    """Keys, values and token ids of past positions for a batch of sequences, laid out by `CacheLayout`.
+
+    Make one with ``model.new_cache(batch_size, max_len)``; each ``model(ids, cache=cache)`` runs
+    the new tokens at the positions after the cached ones and appends them. ``nbytes`` is the
+    memory the cache holds (every tensor's storage, allocated for max_len positions: the figure
+    `cache_bytes_per_token` predicts); ``bytes_used`` counts only the filled positions.
+    """
+
+    def __init__(self, cfg, paths, batch_size: int, max_len: int, dtype: torch.dtype, device=None):
+        _check_causal(cfg)
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} = {value!r} is not allowed: it must be a positive integer.")
+        if max_len > cfg.context_length:
+            raise ValueError(f"max_len = {max_len} exceeds the model's context_length = "
+                             f"{cfg.context_length}: the model has no positions beyond it.")
+        self.cfg, self.batch_size, self.max_len, self.dtype = cfg, batch_size, max_len, dtype
+        self.layout = CacheLayout.from_paths(cfg, paths)
+        self.length = 0  # positions cached so far
+        heads = (cfg.kv_heads, cfg.head_size)
+        self.keys = {j: _Store(batch_size, max_len, s, heads, dtype, device)
+                     for j, s in self.layout.key_spans.items()}
+        self.values = {j: _Store(batch_size, max_len, s, (cfg.kv_dim,), dtype, device)
+                       for j, s in self.layout.value_spans.items()}
+        self.token_ids = (_Store(batch_size, max_len, self.layout.id_span, (), TOKEN_ID_DTYPE, device)
+                          if self.layout.has_ids else None)
+        self._chunk: int | None = None  # tokens of the forward pass in progress
+        self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
+        self._broken = False
+
+    # -- memory --------------------------------------------------------------------------------
+    def tensors(self) -> dict[str, Tensor]:
+        """Every tensor the cache holds, by name (``keys.3``, ``values.0``, ``token_ids``)."""
+        out = {f"keys.{j}": s.data for j, s in self.keys.items()}
+        out.update({f"values.{j}": s.data for j, s in self.values.items()})
+        if self.token_ids is not None:
+            out["token_ids"] = self.token_ids.data
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of storage the cache holds (allocated for max_len positions)."""
+        return sum(t.untyped_storage().nbytes() for t in self.tensors().values())
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the positions filled so far (a ring counts at most its capacity)."""
+        stores = [*self.keys.values(), *self.values.values()]
+        stores += [self.token_ids] if self.token_ids is not None else []
+        return sum(min(self.length, s.capacity) * s.data[:, :1].numel() * s.data.element_size()
+                   for s in stores)
+
+    # -- one forward pass ----------------------------------------------------------------------
+    def begin(self, token_ids: Tensor) -> Tensor:
+        """Start a forward pass over `token_ids` (B, T); returns their absolute positions (T,)."""
+        if self._broken:
+            raise RuntimeError("this KV cache was left incomplete by a failed forward pass; make a new one "
+                               "with model.new_cache(...).")
+        b, t = token_ids.shape
+        if b != self.batch_size:
+            raise ValueError(f"input_ids has batch size {b}, but the cache was made for batch_size = "
+                             f"{self.batch_size}.")
+        if t < 1:
+            raise ValueError("input_ids has no tokens: a cached forward pass needs at least one.")
+        if self.length + t > self.max_len:
+            raise ValueError(f"{self.length} cached + {t} new positions exceed the cache's max_len = "
+                             f"{self.max_len}; make the cache with a larger max_len (at most context_length "
+                             f"= {self.cfg.context_length}).")
+        self._chunk, self._present = t, {}
+        if self.token_ids is not None:
+            self._write("token_ids", None, self.token_ids, token_ids)
+        return torch.arange(self.length, self.length + t, device=token_ids.device)
+
+    def end(self) -> None:
+        """Finish the forward pass: the new positions count as cached."""
+        self.length += self._chunk
+        self._chunk, self._present = None, {}
+
+    def abort(self) -> None:
+        """A forward pass failed part-way: some layers hold the new positions, others do not."""
+        self._broken = True
+        self._chunk, self._present = None, {}
+
+    def update(self, layer: int, path, k: Tensor | None, v: Tensor, carry) -> tuple[Tensor, Tensor]:
+        """Store layer `layer`'s new keys (B, H_kv, T, D) and values (B, T, kv_dim) as its value path
+        says, and return the keys and values (B, H_kv, T', D) of every position it may attend to."""
+        start = _first_position(self.length, self.layout.windows[layer])
+        if path.key_layer == layer:
+            self._write("keys", layer, self.keys[layer], k.transpose(1, 2))
+        keys = self._read("keys", path.key_layer, start).transpose(1, 2)
+        if path.value_layer == layer:
+            self._write("values", layer, self.values[layer], v)
+            values = self._read("values", layer, start)
+        elif path.value_layer is None:
+            values = path.values_from_cache(self._read("token_ids", None, start), carry)
+        else:
+            values = path.values_from_cache(self._read("values", path.value_layer, start), carry)
+        return keys, self._heads(values)
+
+    def read_layer(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
+        """Keys and values (B, H_kv, length, D) of `layer` at the last `length` positions, as heads."""
+        keys = self._read("keys", layer, self.length + self._chunk - length)
+        values = self._read("values", layer, self.length + self._chunk - length)
+        return keys.transpose(1, 2), self._heads(values)
+
+    def _heads(self, v: Tensor) -> Tensor:
+        b, t, _ = v.shape
+        return v.view(b, t, self.cfg.kv_heads, self.cfg.head_size).transpose(1, 2)
+
+    def _write(self, kind: str, layer: int | None, store: _Store, new: Tensor) -> None:
+        start = _first_position(self.length, store.span)  # what its widest reader sees
+        self._present[kind, layer] = (start, store.update(new, self.length, start))
+
+    def _read(self, kind: str, layer: int | None, start: int) -> Tensor:
+        if (kind, layer) not in self._present:
+            raise AssertionError(f"the {kind} of layer {layer} are read before that layer wrote them")
+        first, tensor = self._present[kind, layer]
+        if start < first:
+            raise AssertionError(f"the cached {kind} of layer {layer} start at {first}, not {start}")
+        return tensor[:, start - first:]

@@ -1,0 +1,110 @@
+"""Autoregressive generation with the KV cache: greedy, temperature, top-k and top-p (nucleus) sampling.
+
+Every row of a batch shares the prompt length (no padding masks). A row stops at its first stop
+token, which is kept; later positions of that row hold `pad_token`. Generation ends when every row
+has stopped or after `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """One token id per row of `logits` (B, vocab).
+
+    temperature 0: argmax (greedy; top_k and top_p do not matter). Otherwise sample from
+    softmax(logits / temperature) restricted to the top_k largest logits and then to the smallest
+    set of most likely tokens whose probability reaches top_p (Holtzman et al., 2020).
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the more likely ones already reach top_p (the most likely always stays)
+        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _check(model, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k, top_p,
+           stop_tokens, pad_token, cache) -> None:
+    vocab = model.cfg.vocab_size
+    if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.long, torch.int):
+        raise ValueError(f"input_ids must be an integer tensor (batch, time) with at least one token; got "
+                         f"{input_ids.dtype} of shape {tuple(input_ids.shape)}.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens = {max_new_tokens!r} is not allowed: a positive integer.")
+    if not temperature >= 0:
+        raise ValueError(f"temperature = {temperature!r} is not allowed: 0 (greedy) or a positive number.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k = {top_k!r} is not allowed: a positive integer or None.")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p = {top_p!r} is not allowed: a probability in (0, 1] or None.")
+    bad = [s for s in [*(stop_tokens or ()), *([] if pad_token is None else [pad_token])]
+           if isinstance(s, bool) or not (isinstance(s, int) and 0 <= s < vocab)]
+    if bad:
+        raise ValueError(f"stop_tokens / pad_token {bad} are not token ids in [0, vocab_size={vocab}).")
+    past = 0 if cache is None else cache.length
+    limit = model.cfg.context_length if cache is None else cache.max_len
+    needed = past + input_ids.shape[1] + max_new_tokens - 1  # the last token is never fed back
+    if needed > limit:
+        where = "context_length" if cache is None else "the cache's max_len"
+        raise ValueError(f"{past} cached + {input_ids.shape[1]} prompt + {max_new_tokens} new tokens need "
+                         f"{needed} positions, more than {where} = {limit}; shorten the prompt or "
+                         "generate fewer tokens.")
+
+
+def _last_logits(model, ids: Tensor, cache) -> Tensor:
+    """Next-token logits (B, vocab): the head runs on the last position only."""
+    return model.logits(model.hidden_states(ids, cache)[:, -1])
+
+
+@torch.no_grad()
+def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None,
+             stop_tokens: Sequence[int] | None = None, seed: int | None = None,
+             pad_token: int | None = None, cache=None) -> Tensor:
+    """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; returns (B, T + n) ids.
+
+    Runs the prompt once through a fresh KV cache (or after what `cache` already holds, which it
+    extends), then one token per step. `seed` makes sampling reproducible (a private generator);
+    a row stops after its first token in `stop_tokens`, and is filled with `pad_token` (default: the
+    first stop token) until every row has stopped. The model runs in eval mode (no dropout).
+    """
+    _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
+    b, t = input_ids.shape
+    device = input_ids.device
+    if cache is None:
+        cache = model.new_cache(b, t + max_new_tokens - 1)
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    stops = torch.tensor(list(stop_tokens or ()), dtype=input_ids.dtype, device=device)
+    pad = stops[0] if pad_token is None and len(stops) else pad_token
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    out = [input_ids]
+    was_training = model.training
+    model.eval()
+    try:
+        logits = _last_logits(model, input_ids, cache)
+        for step in range(max_new_tokens):
+            ids = sample_next(logits, temperature, top_k, top_p, generator).to(input_ids.dtype)
+            if len(stops):
+                ids = torch.where(done, pad, ids)
+                done = done | torch.isin(ids, stops)
+            out.append(ids[:, None])
+            if step + 1 == max_new_tokens or bool(done.all()):
+                break
+            logits = _last_logits(model, ids[:, None], cache)
+    finally:
+        model.train(was_training)
+    return torch.cat(out, dim=1)
