@@ -1,0 +1,243 @@
+"""Fine-tune a pretrained masked-LM run on a sentence (pair) classification or regression task.
+
+The protocol of Simplifying Transformer Blocks (Sec. 5 and App. D.2), which follows Crammed BERT
+(Geiping & Goldstein, 2023): 5 epochs with the same hyperparameters for every task, dropout 0.1
+(pretraining uses none), batch 32, AdamW (betas 0.9 / 0.98, eps 1e-6, no weight decay) with a
+peak learning rate of 1.5e-4, a linear warmup over the first 10% of the steps and cosine decay to 0:
+
+    lr(p) = 1.5e-4 min(p / 0.1, (1 + cos(pi (p - 0.1) / 0.9)) / 2),   p = step / total steps.
+
+The metrics are measured on the evaluation file after every epoch; the reported ones are those
+after the last epoch (no selection on the evaluation set).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from blocklab.config import ConfigError
+from blocklab.finetune.model import POOLINGS, SequenceClassifier, encode_example
+from blocklab.finetune.tasks import (
+    Example,
+    TaskSpec,
+    compute_metrics,
+    load_task_file,
+    make_task,
+    read_examples,
+    resolve_labels,
+)
+from blocklab.model import Transformer
+from blocklab.training.optim import OptimConfig, build_optimizers, clip_grad_norm
+from blocklab.training.schedules import lr_factor
+
+
+@dataclass
+class FinetuneConfig:
+    epochs: int = 5
+    batch_size: int = 32
+    lr: float = 1.5e-4
+    warmup_fraction: float = 0.1
+    final_lr_fraction: float = 0.0  # cosine decay to 0
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    dropout: float = 0.1  # the model's blocks and the head, while fine-tuning
+    pooling: str | None = None  # first | mean | last; None: first (encoder) or last (causal, if allowed)
+    max_length: int | None = None  # tokens per example; None: the run's context length
+    eval_batch_size: int = 128
+    max_steps: int | None = None  # stop early (quick checks); the schedule follows the shorter run
+    seed: int = 0
+    device: str = "auto"
+    allow_causal: bool = False  # fine-tune a causal (CLM) run, pooling its last real token
+    # -- columns and labels (a generic task needs the first two) ------------------------------
+    text_columns: tuple[str, ...] | None = None
+    label_column: str | None = None
+    num_labels: int | None = None  # generic: 1 = regression; None: inferred from the training labels
+    label_names: tuple[str, ...] | None = None  # string labels in id order (generic)
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("betas", "text_columns", "label_names"):
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, tuple(getattr(self, name)))
+        _validate(self)
+
+    def optim(self) -> OptimConfig:
+        return OptimConfig(name="adamw", lr=self.lr, betas=self.betas, eps=self.eps,
+                           weight_decay=self.weight_decay, grad_clip=self.grad_clip, schedule="cosine",
+                           warmup_fraction=self.warmup_fraction, final_lr_fraction=self.final_lr_fraction)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FinetuneConfig:
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in data:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=3)
+                hint = f" Did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"unknown fine-tuning option {key!r}.{hint} Known options: "
+                                  f"{', '.join(names)}.")
+        return cls(**data)
+
+
+def _validate(cfg: FinetuneConfig) -> None:
+    def fail(name: str, allowed: str) -> None:
+        raise ConfigError(f"fine-tuning option {name} = {getattr(cfg, name)!r} is not allowed: {allowed}")
+
+    for name in ("epochs", "batch_size", "eval_batch_size"):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            fail(name, "it must be a positive integer.")
+    for name in ("max_length", "max_steps"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            fail(name, "it must be a positive integer or None.")
+    if not (isinstance(cfg.dropout, (int, float)) and 0.0 <= cfg.dropout < 1.0):
+        fail("dropout", "it must lie in [0, 1).")
+    if cfg.pooling is not None and cfg.pooling not in POOLINGS:
+        fail("pooling", f"choose one of {', '.join(POOLINGS)} (or None for the model's default).")
+    if cfg.device not in ("auto", "cpu", "cuda", "mps") and not str(cfg.device).startswith("cuda:"):
+        fail("device", "choose auto, cpu, cuda, cuda:N or mps.")
+    cfg.optim()  # OptimConfig names a bad lr, betas, eps, weight decay or warmup
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _tensors(tokenizer, examples: list[Example], max_length: int, regression: bool):
+    rows = [encode_example(tokenizer, e.texts, max_length) for e in examples]
+    ids = torch.tensor([r[0] for r in rows], dtype=torch.long)
+    lengths = torch.tensor([r[1] for r in rows], dtype=torch.long)
+    labels = torch.tensor([e.label for e in examples], dtype=torch.float32 if regression else torch.long)
+    return ids, lengths, labels
+
+
+def _loss(logits, labels, regression: bool):
+    return F.mse_loss(logits.float(), labels) if regression else F.cross_entropy(logits.float(), labels)
+
+
+@torch.no_grad()
+def predict(model: SequenceClassifier, ids, lengths, batch_size: int, device) -> list:
+    """Class ids (classification) or values (regression) for every row, in eval mode."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(ids), batch_size):
+        logits = model(ids[start:start + batch_size].to(device), lengths[start:start + batch_size].to(device))
+        out.append(logits.float().cpu() if model.num_labels == 1 else logits.argmax(-1).cpu())
+    model.train(was_training)
+    return torch.cat(out).tolist()
+
+
+def prepare_encoder(run_dir: str | Path, cfg: FinetuneConfig):
+    """The run's model rebuilt with the fine-tuning dropout, its tokenizer, and the pooling to use."""
+    from blocklab.training.runs import load_run
+
+    run = load_run(run_dir)
+    model_cfg = run.model.cfg
+    if model_cfg.causal and not cfg.allow_causal:
+        raise ConfigError(f"run {str(run_dir)!r} is a causal language model (causal=True); fine-tuning needs "
+                          "a masked-LM encoder (train with data.objective=mlm, e.g. `blocklab train "
+                          "crammed-bert`), or set allow_causal=True (--allow-causal) to pool its last token.")
+    encoder = Transformer(model_cfg.replace(dropout=float(cfg.dropout)))
+    encoder.load_state_dict(run.model.state_dict())
+    pooling = cfg.pooling or ("last" if model_cfg.causal else "first")
+    return encoder, run.tokenizer, pooling
+
+
+def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path, task: str,
+             out_dir: str | Path | None = None, **hp: Any) -> dict[str, float]:
+    """Fine-tune the run in `run_dir` on `train_file`, evaluate on `eval_file`, write ``metrics.json``.
+
+    `task` is a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or ``"generic"``
+    (give ``text_columns`` and ``label_column``); `hp` are `FinetuneConfig` fields. `out_dir`
+    defaults to ``run_dir/finetune/<task>``. Returns the final metrics and the task ``score``.
+    """
+    cfg = FinetuneConfig.from_dict(hp)
+    spec = make_task(task, cfg.text_columns, cfg.label_column, cfg.num_labels, cfg.label_names)
+    if not spec.num_labels:
+        spec = resolve_labels(spec, read_examples(train_file, spec)[1])
+    train_examples, eval_examples = load_task_file(train_file, spec), load_task_file(eval_file, spec)
+
+    encoder, tokenizer, pooling = prepare_encoder(run_dir, cfg)
+    max_length = min(cfg.max_length or encoder.cfg.context_length, encoder.cfg.context_length)
+    device = _device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = SequenceClassifier(encoder, spec.num_labels, pooling, cfg.dropout).to(device)
+    train_data = _tensors(tokenizer, train_examples, max_length, spec.regression)
+    eval_data = _tensors(tokenizer, eval_examples, max_length, spec.regression)
+
+    optim_cfg = cfg.optim()
+    optimizers = build_optimizers(model, optim_cfg)
+    steps_per_epoch = math.ceil(len(train_examples) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps,
+                                                                           steps_per_epoch * cfg.epochs)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    history, step, start = [], 0, time.perf_counter()
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, disable=not cfg.progress, unit="step")
+    model.train()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(train_examples), generator=generator)
+        losses = []
+        for i in range(0, len(order), cfg.batch_size):
+            if step == total:
+                break
+            factor = lr_factor(optim_cfg, step / total, step, total)
+            for opt in optimizers:
+                for group in opt.param_groups:
+                    group["lr"] = group["base_lr"] * factor
+            rows = order[i:i + cfg.batch_size]
+            ids, lengths, labels = (t[rows].to(device) for t in train_data)
+            loss = _loss(model(ids, lengths), labels, spec.regression)
+            loss.backward()
+            clip_grad_norm(model, cfg.grad_clip)
+            for opt in optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            step += 1
+            losses.append(loss.item())
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        predictions = predict(model, eval_data[0], eval_data[1], cfg.eval_batch_size, device)
+        history.append({"epoch": epoch + 1, "step": step, "train_loss": sum(losses) / len(losses),
+                        **compute_metrics(spec, predictions, eval_data[2].tolist())})
+        if step == total:
+            break
+    bar.close()
+    metrics = {k: v for k, v in history[-1].items() if k not in ("epoch", "step", "train_loss")}
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "finetune" / spec.name
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"task": spec.name, "run": str(run_dir), "train_file": str(train_file),
+              "eval_file": str(eval_file), "metrics": metrics, "history": history,
+              "num_labels": spec.num_labels, "label_names": list(spec.label_names), "pooling": pooling,
+              "max_length": max_length, "train_examples": len(train_examples),
+              "eval_examples": len(eval_examples), "steps": step, "time_s": time.perf_counter() - start,
+              "config": _plain(dataclasses.asdict(cfg))}
+    (out / "metrics.json").write_text(json.dumps(record, indent=2))
+    return metrics
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+__all__ = ["FinetuneConfig", "TaskSpec", "finetune", "predict", "prepare_encoder"]
