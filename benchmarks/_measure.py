@@ -12,7 +12,9 @@ Peak memory. CUDA: torch.cuda.max_memory_allocated() minus the memory allocated 
 step. CPU: torch has no allocator peak counter, so the figure is the child's peak RSS
 (resource.getrusage ru_maxrss) after the last step minus its value just before the first step, i.e.
 gradients, AdamW state, activations and allocator slack on top of the built model and batch. A tiny
-throwaway step before that baseline absorbs one-off lazy initialisation.
+throwaway step before that baseline absorbs one-off lazy initialisation. A spawned child's ru_maxrss
+starts at its parent's RSS (Linux keeps the high-water mark across fork and exec), so the parent must
+stay smaller than a child's baseline: build no large model there.
 """
 
 from __future__ import annotations
@@ -130,12 +132,15 @@ def training_summary() -> dict:
 
 
 def bench_training(archs: dict[str, str], size: str, device: str, threads: int, warmup: int, repeats: int,
-                   steps: int) -> dict[str, dict]:
+                   steps: int, setup=None) -> dict[str, dict]:
     """Measure every `label: arch` side by side; returns label -> tokens_per_s (median), runs (every
     repeat), params (total / embedding / value_tables / non_embedding), flops_per_token,
-    tokens_per_step and peak_mib."""
+    tokens_per_step and peak_mib.
+
+    `setup(arch, size, device, threads)` builds each child's model and step in place of
+    `setup_training` (a picklable module-level function or partial that fills `_worker` the same way)."""
     ctx = mp.get_context("spawn")
-    pools = {label: ProcessPoolExecutor(1, mp_context=ctx, initializer=setup_training,
+    pools = {label: ProcessPoolExecutor(1, mp_context=ctx, initializer=setup or setup_training,
                                         initargs=(arch, size, device, threads))
              for label, arch in archs.items()}
     try:

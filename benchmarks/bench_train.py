@@ -1,0 +1,360 @@
+"""Training throughput of blocklab's Pre-LN against Hugging Face GPT-2 of the same shape (issue 4).
+
+Both models are built from one `transformers.GPT2Config`: HF's `GPT2LMHeadModel` directly, blocklab's
+`Transformer` from `blocklab.interop.config_from_hf` of it (pre-LN, learned positions, LayerNorm,
+GELU_tanh MLP, biases, tied embeddings, no dropout), so they have the same parameters and compute the
+same function (checked before timing: `from_hf` of a perturbed HF model gives HF's logits). Sizes:
+
+    tiny        4 layers, d 128, 4 heads, context 128, vocab 4096 (blocklab's `tiny` shape)
+    gpt2-small  12 layers, d 768, 12 heads, context 1024, vocab 50257 (GPT-2 small, 124M parameters)
+
+A training step is the same in every child: logits = model(ids), mean cross-entropy, backward,
+`torch.optim.AdamW` step, zero_grad(set_to_none=True); HF is called with `use_cache=False` and its
+logits go through the same loss code. Each model runs in its own child process with
+`torch.set_num_threads(1)` (default `--threads`); warm-up, then repeats interleaved round-robin
+(`_measure.bench_training`). The children are blocklab, a second identical blocklab child ("blocklab
+(control)", whose ratio to "blocklab" shows what noise alone does), HF with
+attn_implementation="sdpa" (the reference of the ratios) and HF "eager" (`--no-eager` drops it).
+On CPU, GPT-2 small runs at sequence 256 (batch 1): one step at sequence 1024 takes ~27 s on one
+thread, too long to repeat.
+
+The blocklab Trainer (`blocklab.training.train`) is also timed at the tiny shape, on a byte
+tokenizer over a small corpus written to a temporary directory (Python standard-library sources),
+next to the raw step loop in the same child, to show what the trainer adds (data loading, gradient
+clipping, loss sync, logging, validation, checkpoint).
+
+GPU (`--device cuda`): bf16 autocast and per-block `torch.compile` (both models), GPT-2 small at
+batch 16 x 1024, and model FLOPs utilisation
+
+    MFU = flops_per_token x tokens/s / peak,
+
+flops_per_token from `blocklab.flops_per_token` (6 x matmul weights + 12 L H d_head T: forward and
+backward, attention counted over all T keys as in PaLM / nanoGPT), peak from `--peak-tflops`
+(default 989: H100 SXM dense bf16, no sparsity).
+
+    PYTHONPATH=src python benchmarks/bench_train.py [--quick] [--sizes tiny,gpt2-small] [--no-eager]
+    PYTHONPATH=src python benchmarks/bench_train.py --device cuda [--peak-tflops 989]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import blocklab
+from _measure import _worker, bench_training, in_child, machine_info, memory_mark, memory_unit, prime, table
+from _measure import train_steps as timed_steps
+from blocklab.interop import config_from_hf, from_hf
+from blocklab.training import train
+from blocklab.training.metrics import read_metrics
+
+SHAPES = {
+    "tiny": dict(n_layer=4, n_embd=128, n_head=4, n_positions=128, vocab_size=4096),
+    "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
+}
+# (batch, sequence) per device; GPT-2 small at T = 1024 on one CPU thread takes ~27 s a step
+SHAPE_RUN = {"cpu": {"tiny": (8, 128), "gpt2-small": (1, 256)},
+             "cuda": {"tiny": (64, 128), "gpt2-small": (16, 1024)}}
+STEPS = {"cpu": {"tiny": 4, "gpt2-small": 1}, "cuda": {"tiny": 10, "gpt2-small": 10}}  # per timed chunk
+REPEATS = {"cpu": {"tiny": 9, "gpt2-small": 9}, "cuda": {"tiny": 5, "gpt2-small": 5}}
+WARMUP = {"cpu": 2, "cuda": 5}  # steps; on CUDA they include the compilation
+H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 SXM datasheet, dense bf16 tensor core
+REFERENCE, OURS, CONTROL = "HF sdpa", "blocklab", "blocklab (control)"
+KINDS = {OURS: "blocklab", CONTROL: "blocklab", REFERENCE: "hf-sdpa", "HF eager": "hf-eager"}
+TRAINER_STEPS = 30
+
+
+# -- the models ----------------------------------------------------------------------------------
+def hf_config(shape: dict, attn: str = "sdpa"):
+    """The GPT2Config of a shape, without dropout."""
+    from transformers import GPT2Config
+
+    last = shape["vocab_size"] - 1  # GPT-2's 50256 does not exist in a smaller vocabulary
+    return GPT2Config(**shape, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=last,
+                      eos_token_id=last, attn_implementation=attn)
+
+
+def build(kind: str, shape: dict):
+    """(model, forward: ids -> logits, its repeated blocks) for kind blocklab, hf-sdpa or hf-eager."""
+    if kind == "blocklab":
+        model = blocklab.Transformer(config_from_hf(hf_config(shape)))
+        return model, model, model.blocks
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(hf_config(shape, attn=kind.removeprefix("hf-")))
+    return model, lambda ids: model(input_ids=ids, use_cache=False).logits, model.transformer.h
+
+
+def prime_kind(kind: str, dev: torch.device) -> None:
+    """One training step of a throwaway 1-layer model of the same library, so that its lazy imports and
+    first-call set-up are not counted in the memory figures (HF's add ~90 MiB of RSS)."""
+    model, forward, _ = build(kind, dict(n_layer=1, n_embd=16, n_head=2, n_positions=16, vocab_size=64))
+    ids = torch.randint(0, 64, (2, 9), device=dev)
+    model.to(dev)
+    F.cross_entropy(forward(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).backward()
+    torch.optim.AdamW(model.parameters()).step()
+
+
+def model_flops(size: str, seq_len: int) -> int:
+    """Analytic training FLOPs per token of the GPT-2 shape (the same for both libraries)."""
+    with torch.device("meta"):
+        model = blocklab.Transformer(config_from_hf(hf_config(SHAPES[size])))
+    return blocklab.flops_per_token(model, seq_len)
+
+
+def check_same_model(size: str) -> dict:
+    """blocklab's import of a perturbed HF model gives HF's logits: the two are one shape and function."""
+    torch.manual_seed(0)
+    hf, _, _ = build("hf-sdpa", SHAPES[size])
+    with torch.no_grad():
+        for p in hf.parameters():  # away from init: biases 0 and LayerNorm gains 1 would hide errors
+            p.add_(0.02 * torch.randn_like(p))
+    ours = from_hf(hf)
+    ids = torch.randint(0, SHAPES[size]["vocab_size"], (2, 16))
+    with torch.no_grad():
+        diff = (ours(ids) - hf(input_ids=ids, use_cache=False).logits).abs().max().item()
+    counts = [sum(p.numel() for p in m.parameters()) for m in (ours, hf)]
+    if diff > 1e-4 or counts[0] != counts[1]:
+        raise RuntimeError(f"{size}: blocklab and HF differ (max |logit diff| {diff:.2e}, params {counts})")
+    return dict(max_abs_logit_diff=diff, params=counts[0])
+
+
+def setup_child(opts: dict, kind: str, size: str, device: str, threads: int) -> None:
+    """Child initialiser for `_measure.bench_training`: one model, its AdamW and a random batch."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    prime(dev)
+    prime_kind(kind, dev)
+    model, forward, blocks = build(kind, SHAPES[size])
+    model.to(dev).train()
+    if opts["compile"]:
+        for block in blocks:  # per block, as the Trainer does: one small graph reused by every layer
+            block.compile()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch_size, seq_len = opts["batch"][size]
+    batch = torch.randint(0, SHAPES[size]["vocab_size"], (batch_size, seq_len + 1), device=dev)
+    autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=opts["bf16"])
+
+    def step() -> None:
+        with autocast:
+            logits = forward(batch[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    _worker.update(step=step, device=dev, tokens=batch_size * seq_len, base=memory_mark(dev),
+                   params=dict(total=sum(p.numel() for p in model.parameters())),
+                   flops=model_flops(size, seq_len))
+
+
+# -- the trainer against the raw step loop ---------------------------------------------------------
+def write_corpus(folder: Path, n_files: int = 40, max_bytes: int = 20_000) -> int:
+    """A small local text corpus: the first n_files standard-library modules, up to max_bytes each."""
+    folder.mkdir(parents=True)
+    sources = sorted(Path(os.__file__).parent.glob("*.py"))[:n_files]
+    total = 0
+    for src in sources:
+        text = src.read_text(encoding="utf-8", errors="replace")[:max_bytes]
+        (folder / f"{src.stem}.txt").write_text(text, encoding="utf-8")
+        total += len(text.encode())
+    return total
+
+
+def trainer_vs_raw(opts: dict, device: str, threads: int, steps: int) -> dict:
+    """In one child: the raw step loop, then `blocklab.training.train` for `steps` steps, then the raw
+    loop again, all at the tiny GPT-2 shape and the same batch."""
+    size = "tiny"
+    setup_child(opts, "blocklab", size, device, threads)
+    batch_size, seq_len = opts["batch"][size]
+    timed_steps(WARMUP[device])
+    raw_before = timed_steps(steps)
+    cfg = config_from_hf(hf_config(SHAPES[size]))
+    model_fields = {k: v for k, v in cfg.to_dict().items() if k != "context_length"}  # from seq_len
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus_bytes = write_corpus(Path(tmp) / "corpus")
+        start = time.perf_counter()
+        result = train(
+            arch="pre-ln", size=size, model=model_fields,  # vocab 4096 kept: the byte ids use 258 rows
+            data=dict(source=str(Path(tmp) / "corpus"), tokenizer="byte", val_fraction=0.1,
+                      cache_dir=str(Path(tmp) / "cache")),
+            batch_size=batch_size, seq_len=seq_len, max_steps=steps, eval_every=0, eval_batches=2,
+            log_every=10, ckpt_every=0, progress=False, device=device,
+            precision="bfloat16" if opts["bf16"] else "float32", compile=opts["compile"],
+            out_dir=str(Path(tmp) / "run"))
+        wall = time.perf_counter() - start
+        run_dir = result.run_dir
+        summary = json.loads((run_dir / "summary.json").read_text())
+        resolved = json.loads((run_dir / "model_config.json").read_text())
+        logged = read_metrics(run_dir / "metrics.jsonl", "train")
+        windows = [(row["step"], row["tokens_per_s"]) for row in logged if "tokens_per_s" in row]
+    if resolved != json.loads(cfg.to_json()):
+        raise RuntimeError("the Trainer built another shape than the GPT-2 config: "
+                           f"{ {k: v for k, v in resolved.items() if cfg.to_dict().get(k) != v} }")
+    raw_after = timed_steps(steps)
+    return dict(steps=steps, batch=[batch_size, seq_len], corpus_bytes=corpus_bytes,
+                raw_before=raw_before, raw_after=raw_after,
+                trainer_summary=summary["tokens_per_s"], trainer_train_time_s=summary["train_time"],
+                trainer_windows=windows, trainer_wall_s=wall,
+                trainer_end_to_end=summary["tokens"] / wall, val_loss=summary["val_loss"])
+
+
+# -- the run -------------------------------------------------------------------------------------
+def bench_size(size: str, opts: dict, device: str, threads: int, warmup: int, repeats: int,
+               steps: int) -> list[dict]:
+    labels = {label: kind for label, kind in KINDS.items() if opts["eager"] or kind != "hf-eager"}
+    results = bench_training(labels, size, device, threads, warmup, repeats, steps,
+                             setup=partial(setup_child, opts))
+    ref = results[REFERENCE]
+    rows = []
+    for label, r in results.items():
+        paired = [a / b for a, b in zip(r["runs"], ref["runs"], strict=True)]  # the same repeat
+        rows.append(dict(size=size, label=label, kind=labels[label], batch=opts["batch"][size], **r,
+                         vs_hf_sdpa=r["tokens_per_s"] / ref["tokens_per_s"],
+                         vs_hf_sdpa_paired=statistics.median(paired),
+                         model_flops_per_s=r["flops_per_token"] * r["tokens_per_s"]))
+    if opts["peak_tflops"]:
+        for row in rows:
+            row["mfu"] = row["model_flops_per_s"] / (opts["peak_tflops"] * 1e12)
+    params = {row["params"]["total"] for row in rows}
+    if len(params) != 1:
+        raise RuntimeError(f"{size}: the children have different parameter counts {params}")
+    return rows
+
+
+class LoadSampler:
+    """Polls the 1-minute load average in the background: the machine is shared."""
+
+    def __init__(self, every: float = 10.0):
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.is_set():
+            self.samples.append(round(os.getloadavg()[0], 2))
+            self._stop.wait(every)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        s = self.samples
+        return dict(n=len(s), min=min(s), median=statistics.median(s), max=max(s))
+
+
+def throughput_table(rows: list[dict], device: str, mfu: bool) -> str:
+    header = ["size", "model", "batch x seq", "params", "tokens/s", "(min-max)", "x HF sdpa",
+              "x HF sdpa (paired)", "model GFLOP/s", f"memory ({memory_unit(device)})"]
+    out = []
+    for r in rows:
+        line = [r["size"], r["label"], "{} x {}".format(*r["batch"]), f"{r['params']['total'] / 1e6:.2f}M",
+                f"{r['tokens_per_s']:,.0f}", f"({min(r['runs']):,.0f}-{max(r['runs']):,.0f})",
+                f"{r['vs_hf_sdpa']:.2f}", f"{r['vs_hf_sdpa_paired']:.2f}",
+                f"{r['model_flops_per_s'] / 1e9:.1f}", f"{r['peak_mib']:.0f}"]
+        out.append(line + ([f"{100 * r['mfu']:.1f}%"] if mfu else []))
+    return table(header + (["MFU"] if mfu else []), out)
+
+
+def trainer_table(t: dict) -> str:
+    raw = statistics.mean([t["raw_before"], t["raw_after"]])
+    steps = [0] + [step for step, _ in t["trainer_windows"]]
+    figures = {"raw step loop, before": t["raw_before"], "raw step loop, after": t["raw_after"],
+               "Trainer, summary.json tokens_per_s (step time only)": t["trainer_summary"],
+               f"Trainer, last logged window (metrics.jsonl, steps {steps[-2] + 1}-{steps[-1]})":
+                   t["trainer_windows"][-1][1],
+               "Trainer, end to end (tokens / wall time of train())": t["trainer_end_to_end"]}
+    return table(["tiny GPT-2 shape", "tokens/s", "x raw loop (mean of before, after)"],
+                 [[name, f"{rate:,.0f}", f"{rate / raw:.2f}"] for name, rate in figures.items()])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--sizes", help="comma-separated, from tiny, gpt2-small (default: both on CPU, "
+                                    "gpt2-small on CUDA)")
+    ap.add_argument("--quick", action="store_true", help="one repeat of one step (smoke test)")
+    ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every child")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction,
+                    help="bf16 autocast (default: on for CUDA, off for CPU)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                    help="torch.compile every block (default: on for CUDA, off for CPU)")
+    ap.add_argument("--eager", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time HF with attn_implementation='eager'")
+    ap.add_argument("--trainer", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time blocklab.training.train at the tiny shape")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help=f"peak bf16 TFLOP/s for MFU (default on CUDA: {H100_SXM_BF16_TFLOPS:g}, H100 SXM "
+                         "dense bf16; on CPU no MFU unless given)")
+    ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/train-<device>.json)")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        ap.error("--device cuda is not allowed here: torch.cuda.is_available() is False")
+    sizes = (args.sizes or ("gpt2-small" if cuda else "tiny,gpt2-small")).split(",")
+    unknown = [s for s in sizes if s not in SHAPES]
+    if unknown:
+        ap.error(f"--sizes {','.join(unknown)} is not allowed: choose from {', '.join(SHAPES)}")
+    if args.threads < 1:
+        ap.error(f"--threads {args.threads} is not allowed: give a positive integer")
+    opts = dict(batch=SHAPE_RUN[args.device], eager=args.eager,
+                bf16=cuda if args.bf16 is None else args.bf16,
+                compile=cuda if args.compile is None else args.compile,
+                peak_tflops=args.peak_tflops or (H100_SXM_BF16_TFLOPS if cuda else None))
+    out = args.out or Path(__file__).parent / "results" / f"train-{args.device}.json"
+    warmup = 1 if args.quick else WARMUP[args.device]
+
+    info = machine_info(args.device, args.threads)
+    info["transformers"] = importlib.metadata.version("transformers")
+    print(f"machine: {info}\noptions: {opts}\n", flush=True)
+    load, start = LoadSampler(), time.perf_counter()
+    # in a child: the parent must stay small, since a spawned child's ru_maxrss starts at the parent's RSS
+    checks = {size: in_child(check_same_model, size) for size in sizes}
+    print(f"same model (from_hf of a perturbed HF model): {checks}\n", flush=True)
+    rows, seconds = [], {}
+    repeats = {s: 1 if args.quick else REPEATS[args.device][s] for s in sizes}
+    steps = {s: 1 if args.quick else STEPS[args.device][s] for s in sizes}
+    for size in sizes:
+        t0 = time.perf_counter()
+        rows += bench_size(size, opts, args.device, args.threads, warmup, repeats[size], steps[size])
+        seconds[size] = time.perf_counter() - t0
+        print(f"{size}: {seconds[size]:.0f} s", flush=True)
+    trainer = None
+    if args.trainer:
+        t0 = time.perf_counter()
+        n_steps = 3 if args.quick else TRAINER_STEPS
+        trainer = in_child(trainer_vs_raw, opts, args.device, args.threads, n_steps)
+        seconds["trainer"] = time.perf_counter() - t0
+    total = time.perf_counter() - start
+
+    print(f"\n## Training step, blocklab vs HF GPT2LMHeadModel of the same shape ({total:.0f} s)\n")
+    print(throughput_table(rows, args.device, mfu=bool(opts["peak_tflops"])) + "\n")
+    if trainer:
+        print(f"## Trainer vs raw step loop ({seconds['trainer']:.0f} s)\n")
+        print(trainer_table(trainer) + "\n")
+    info["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    info["load_1min_during_run"] = load.stop()
+    print(f"load average (1 min) during the run: {info['load_1min_during_run']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(
+        machine=info, command=" ".join(["python", *sys.argv]), seconds=dict(seconds, total=total),
+        args=dict(quick=args.quick, sizes=sizes, warmup=warmup, repeats=repeats, steps=steps, **opts),
+        same_model_check=checks, rows=rows, trainer=trainer), indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
