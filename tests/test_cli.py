@@ -70,3 +70,45 @@ def test_bad_preset_returns_2_with_a_clear_message(argv, name, capsys):
     assert "error" in captured.err.lower()
     assert "Known" in captured.err or "known" in captured.err
     assert "Traceback" not in captured.err
+
+
+# -- blocklab generate on a trained run ------------------------------------------------------------------
+def test_generate_continues_a_prompt_greedily_as_full_forward_passes_do(tmp_path, capsys):
+    from blocklab.training import TrainConfig, load_run, train
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"f{i}.py").write_text("def f(x):\n    return x + 1\n" * (20 + i))
+    cfg = TrainConfig.from_dict(dict(
+        arch="sas-p+svformer", size="tiny", model={"d_model": 32, "n_layers": 2, "n_heads": 2}, batch_size=4,
+        seq_len=32, max_steps=15, eval_every=0, ckpt_every=0, progress=False, out_dir=str(tmp_path / "run"),
+        optim={"lr": 3e-3, "warmup_fraction": 0.0},
+        data={"source": str(corpus), "tokenizer": "byte", "cache_dir": str(tmp_path / "cache"),
+              "val_fraction": 0.2}))
+    train(cfg)
+    run = load_run(tmp_path / "run")
+    prompt = "def f(x):\n"
+
+    # reference: argmax of a full forward pass over the whole sequence, no cache, one token at a time
+    ids = run.tokenizer.encode(prompt)
+    with torch.no_grad():
+        for _ in range(12):
+            ids.append(int(run.model(torch.tensor([ids]))[0, -1].argmax()))
+    expected = prompt + run.tokenizer.decode(ids[len(run.tokenizer.encode(prompt)):])
+
+    assert main(["generate", "--run", str(tmp_path / "run"), "--prompt", prompt, "--max-new-tokens", "12",
+                 "--no-stop"]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+
+    # sampling with a seed repeats itself; a bad setting is a clear error, not a traceback
+    args = ["generate", "--run", str(tmp_path / "run"), "--prompt", prompt, "--temperature", "1.0",
+            "--top-k", "5", "--seed", "3", "--max-new-tokens", "8"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == first
+    assert main(["generate", "--run", str(tmp_path / "run"), "--prompt", prompt, "--top-p", "1.5"]) == 2
+    assert "top_p" in capsys.readouterr().err
+    assert main(["generate", "--run", str(tmp_path / "nowhere"), "--prompt", prompt]) == 2
+    assert "not a blocklab run directory" in capsys.readouterr().err

@@ -9,6 +9,8 @@ import torch
 
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
+from blocklab.eval import cli as eval_cli
+from blocklab.finetune import cli as finetune_cli
 from blocklab.model import Transformer
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, list_presets
@@ -156,6 +158,30 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"exported {run.checkpoint} to {folder} (load with blocklab.interop.load_pretrained)")
 
 
+def cmd_generate(args: argparse.Namespace) -> None:
+    from blocklab.training import load_run
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        run = load_run(args.run, device=device)
+    except FileNotFoundError as err:  # no such run: a usage error, reported without a traceback
+        raise ConfigError(str(err)) from None
+    prompt = run.tokenizer.encode(args.prompt)
+    if not prompt:
+        raise ConfigError("--prompt is empty: give at least one character of text to continue.")
+    ids = torch.tensor([prompt], device=device)
+    stops = None if args.no_stop else [run.tokenizer.eos_id]
+    try:
+        out = run.model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, stop_tokens=stops, seed=args.seed)
+    except ValueError as err:  # a sampling setting or a length the model cannot take
+        raise ConfigError(str(err)) from None
+    new = out[0, len(prompt):].tolist()
+    if stops and new and new[-1] in stops:
+        new = new[:-1]  # the stop token ends the text; it is not part of it
+    print(args.prompt + run.tokenizer.decode(new))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="blocklab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -213,6 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--out", required=True, help="the folder to write")
     p.set_defaults(func=cmd_export)
+    p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
+                       description="Greedy decoding by default; --temperature with --top-k / --top-p "
+                       "samples (reproducibly with --seed). Stops at the run's end-of-text token.")
+    p.add_argument("--run", required=True, help="a run directory")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
+    p.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
+    p.set_defaults(func=cmd_generate)
+    finetune_cli.add_parsers(sub)
+    eval_cli.add_parsers(sub)
     args = parser.parse_args(argv)
     try:
         args.func(args)
