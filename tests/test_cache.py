@@ -81,7 +81,7 @@ WINDOWS = {"SSSL-3-rope": dict(window_size=3, window_pattern="SSSL", positions="
 
 
 @pytest.mark.parametrize("window", list(WINDOWS))
-@pytest.mark.parametrize("arch", archs(["pre-ln", "sas-p"]))
+@pytest.mark.parametrize("arch", archs(["pre-ln", "shaped"]))
 def test_decoding_with_sliding_windows(arch, window):
     """A prompt longer than the window, a chunk longer than one token, then single tokens past it."""
     model = build(arch, seed=3, **WINDOWS[window])
@@ -197,6 +197,41 @@ def test_decoding_centering_term_equals_masked_mean(t_q, t_k, causal, window):
                                    rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("t_q, t_k", [(1, 9), (3, 9), (1, 1), (4, 6)])
+def test_running_sum_centering_term_equals_the_full_equation(t_q, t_k):
+    """ops.shaped_attention_decode with the running sum of the T_k - T_q earlier values (float64)
+    against ops.shaped_attention over every key; a window cannot use a running sum."""
+    g = torch.Generator().manual_seed(t_q * 10 + t_k)
+    q = torch.randn(2, 4, t_q, 5, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, t_k, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    alpha, beta, gamma = (torch.rand(4, generator=g, dtype=torch.float64) + 0.2 for _ in range(3))
+    past_sum = v[..., :t_k - t_q, :].sum(dim=-2, keepdim=True)
+    torch.testing.assert_close(ops.shaped_attention_decode(q, k, v, alpha, beta, gamma, past_sum=past_sum),
+                               ops.shaped_attention(q, k, v, alpha, beta, gamma), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="no window"):
+        ops.shaped_attention_decode(q, k, v, alpha, beta, gamma, window=3, past_sum=past_sum)
+
+
+@pytest.mark.parametrize("arch", ["sas-p", "shaped+bov", "sas+svformer"])
+def test_shaped_decoding_reads_its_running_sums(arch):
+    """Full-context shaped layers keep a running sum of their values; a decoding step reads it (a
+    corrupted sum changes the logits) instead of summing the cached values again."""
+    model = build(arch, window_size=3, window_pattern="SSSL")
+    ids = ids_of(2, 12)
+    with torch.no_grad():
+        cache = model.new_cache(2, 12)
+        model(ids[:, :10], cache=cache)
+        assert sorted(cache.value_sums) == [3]  # layers 0-2 are windowed
+        before = cache.value_sums[3].clone()
+        clean = model(ids[:, 10:11], cache=cache)
+        assert not torch.equal(cache.value_sums[3], before)  # the step added its own value
+        cache.value_sums[3] += 1.0
+        corrupted = model(ids[:, 11:12], cache=cache)
+        reference = model(ids)  # the full forward pass
+    torch.testing.assert_close(clean, reference[:, 10:11], rtol=0, atol=TOL)
+    assert (corrupted - reference[:, 11:12]).abs().max() > 1e-3
+
+
 # -- 2. what each layout stores, and its bytes ---------------------------------------------------
 L6 = dict(n_layers=6)  # Bank of Values' targets are the last third: layers 4 and 5
 ALL6 = set(range(6))
@@ -285,6 +320,15 @@ def test_cla_cache_ratio(group, n_layers, ratio):
     assert Fraction(cla.nbytes, base.nbytes) == ratio
 
 
+def test_shaped_cache_bytes_by_hand():
+    """SAS-P with SSSL windows of 3: K and V of 3 positions in layers 0-2, of max_len in layer 3,
+    and one float32 running sum (B, kv_dim) for layer 3's centering term, whatever the cache dtype."""
+    model = Transformer(make_cfg("sas-p", window_size=3, window_pattern="SSSL"))
+    for dtype, elem in ((torch.float32, 4), (torch.bfloat16, 2)):
+        cache = model.new_cache(2, 20, dtype=dtype)
+        assert cache.nbytes == 2 * (3 * 3 + 20) * 2 * 32 * elem + 2 * 32 * 4
+
+
 def test_window_layers_hold_window_entries():
     """SSSL with window 3: layers 0-2 keep 3 positions, the last layer all max_len."""
     cache = Transformer(make_cfg("pre-ln", window_size=3, window_pattern="SSSL")).new_cache(2, 20)
@@ -307,9 +351,9 @@ LAYOUT_CASES = [dict(), dict(window_size=3, window_pattern="SSSL"), dict(n_kv_he
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(LAYOUT_CASES)))
-@pytest.mark.parametrize("path", list(VALUE_PATHS))
-def test_nbytes_equals_the_layout_formula(path, case, dtype):
-    cfg = make_cfg(f"pre-ln+{path}", n_layers=6, **LAYOUT_CASES[case])
+@pytest.mark.parametrize("arch", archs(["pre-ln", "shaped"]))
+def test_nbytes_equals_the_layout_formula(arch, case, dtype):
+    cfg = make_cfg(arch, n_layers=6, **LAYOUT_CASES[case])
     model = Transformer(cfg)
     elem = torch.tensor([], dtype=dtype).element_size()
     for batch, max_len in ((1, 24), (3, 7)):

@@ -124,20 +124,41 @@ def masked_mean_of_last(v: Tensor, t_q: int, causal: bool = True, window: int | 
     return (total / count).to(v.dtype)
 
 
+def running_mean(past_sum: Tensor, chunk: Tensor, past: int) -> Tensor:
+    """C V for a causal, full-context block of queries that follows `past` cached positions.
+
+    Query i (at position past + i) averages every value up to itself:
+    (past_sum + sum(chunk[:i + 1])) / (past + i + 1), where `past_sum` (B, H, 1, D) is the running
+    sum of the `past` cached values. A decoding step then costs O(T_q), not a pass over the cache.
+    """
+    acc = past_sum.dtype
+    sums = past_sum + torch.cumsum(chunk.to(acc), dim=-2)
+    count = torch.arange(past + 1, past + chunk.shape[-2] + 1, device=chunk.device, dtype=acc)[:, None]
+    return (sums / count).to(chunk.dtype)
+
+
 def shaped_attention_decode(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
                             gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
-                            scale: float | None = None) -> Tensor:
+                            scale: float | None = None, past_sum: Tensor | None = None) -> Tensor:
     """`shaped_attention`, (alpha I + beta A - gamma C) V of Eq. (5), for T_q < T_k (a KV cache).
 
-    The same equation with C V from `masked_mean_of_last`, taken over the key/value heads before
-    they are repeated for grouped-query attention, so that a decoding step costs O(T) once (inside
-    SDPA) rather than also a prefix sum and a copy of every cached value.
+    The same equation, with C V taken over the key/value heads before they are repeated for
+    grouped-query attention. With `past_sum`, the running sum (B, H_kv, 1, D) of the T_k - T_q
+    cached values (causal, no window), C V comes from `running_mean` in O(T_q); otherwise from
+    `masked_mean_of_last`, whose extra pass covers only a window's keys when the layer has one.
     """
     n_heads, t_q = q.shape[-3], q.shape[-2]
     out = _per_head(beta, q) * attention(q, k, v, causal, window, scale)
     out = out + _per_head(alpha, q) * expand_kv(v[..., -t_q:, :], n_heads)
     if gamma is not None:
-        out = out - _per_head(gamma, q) * expand_kv(masked_mean_of_last(v, t_q, causal, window), n_heads)
+        if past_sum is None:
+            mean = masked_mean_of_last(v, t_q, causal, window)
+        elif causal and window is None:
+            mean = running_mean(past_sum, v[..., -t_q:, :], v.shape[-2] - t_q)
+        else:
+            raise ValueError("past_sum is a running sum over every earlier position: it serves only a "
+                             "causal attention with no window.")
+        out = out - _per_head(gamma, q) * expand_kv(mean, n_heads)
     return out
 
 

@@ -9,6 +9,8 @@ with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -17,6 +19,9 @@ from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.value_paths import make_value_path
+
+if TYPE_CHECKING:
+    from blocklab.model.cache import KVCache
 
 
 class Attention(nn.Module):
@@ -47,14 +52,17 @@ class Attention(nn.Module):
         gamma = self.gamma.value if self.gamma is not None else None
         return self.alpha.value, self.beta.value, gamma
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Apply this layer's attention-matrix form to (B, H, T, D) heads."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Apply this layer's attention-matrix form to (B, H, T, D) heads (`cache`: while decoding)."""
+        # the cache's running sum of this layer's values (centering term), updated on every pass
+        past_sum = cache.running_value_sum(self.layer, v, q.shape[-2]) if cache is not None else None
         if self.explicit:
             return self.attention_matrix(q, k) @ ops.expand_kv(v, self.n_heads)
         if self.form == "softmax":
             return ops.attention(q, k, v, self.causal, self.window)
-        if q.shape[-2] < k.shape[-2]:  # decoding with a KV cache: C V without a prefix sum over all keys
-            return ops.shaped_attention_decode(q, k, v, *self.matrix_gains(), self.causal, self.window)
+        if q.shape[-2] < k.shape[-2]:  # decoding with a KV cache: C V from the running sum
+            return ops.shaped_attention_decode(q, k, v, *self.matrix_gains(), self.causal, self.window,
+                                               past_sum=past_sum)
         return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window)
 
     def attention_matrix(self, q: Tensor, k: Tensor) -> Tensor:

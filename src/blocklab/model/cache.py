@@ -28,11 +28,11 @@ itself included; the queries of a new chunk also see the chunk). A tensor read b
 token ids) keeps the widest span among its readers, so a windowed layer whose V_1 a full-context
 layer reads keeps every position.
 
-Shaped attention needs no extra state: alpha v is per token and the centering term C V (the masked
-mean of the values a query sees) is computed by `ops.masked_mean` over the values the layer reads
-for A V anyway, with float32 prefix sums, exactly as in training. Running sums would save that
-O(T) pass only where attention itself is O(T), and would make the cached result depend on the
-order of summation.
+Shaped attention decodes alpha v per token, and its centering term C V (the mean of the values a
+query sees) from a running float32 sum of the layer's values (B, H_kv, 1, D) that the cache keeps
+for each full-context shaped layer (`value_sums`): a step adds its own values and divides, with no
+pass over the cached ones. A sliding-window layer takes the mean over the values of its window,
+which it reads for A V anyway (`ops.masked_mean_of_last`).
 
 The cache is for inference: it stores detached tensors. Under autograd the current chunk's keys
 and values keep their gradients (the cached past is a constant).
@@ -66,7 +66,8 @@ class CacheLayout:
     """Which tensors the cache stores and how many recent positions each keeps (None: all).
 
     `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
-    stored when some layer computes its values from them (`has_ids`).
+    stored when some layer computes its values from them (`has_ids`); `summed_layers`: the layers
+    whose centering term reads a running sum of their values.
     """
 
     windows: tuple[int | None, ...]
@@ -74,6 +75,7 @@ class CacheLayout:
     value_spans: dict[int, int | None]
     has_ids: bool
     id_span: int | None
+    summed_layers: tuple[int, ...]  # full-context shaped layers: a running sum for their C V
 
     @classmethod
     def from_paths(cls, cfg, paths) -> CacheLayout:
@@ -99,7 +101,9 @@ class CacheLayout:
         return cls(windows=windows,
                    key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
                    value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
-                   has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None)
+                   has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None,
+                   summed_layers=tuple(i for i, w in enumerate(windows)
+                                       if cfg.attn_matrix == "shaped" and w is None))
 
 
 def _check_causal(cfg) -> None:
@@ -127,8 +131,10 @@ def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None)
       positions its keys and values keep (``key_entries``, ``value_entries``: a sliding-window
       layer keeps its window unless a full-context layer reads them) and ``key_bytes``, ``value_bytes``;
     - ``kinds``: how many layers of each kind;
-    - ``key_bytes``, ``value_bytes``, ``token_id_bytes`` and ``total_bytes`` (their sum, which
-      equals ``KVCache.nbytes`` for batch 1 and max_len = context);
+    - ``key_bytes``, ``value_bytes``, ``token_id_bytes``, ``value_sum_bytes`` (shaped attention's
+      running sums: kv_dim values per full-context layer, in at least float32, whatever the
+      context) and ``total_bytes`` (their sum, which equals ``KVCache.nbytes`` for batch 1 and
+      max_len = context);
     - ``per_token``: total_bytes / context;
     - ``value_table_bytes``: the token-indexed value tables (Bank of Values' E_v, value embeddings)
       at dtype_bytes, parameters rather than cache, which decide Bank of Values' breakeven
@@ -156,10 +162,11 @@ def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None)
     keys, values = sum(x["key_bytes"] for x in layers), sum(x["value_bytes"] for x in layers)
     modules = [*paths, shared] if shared is not None else paths
     tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if n.endswith("value_table"))
-    total = keys + values + ids
+    sums = len(layout.summed_layers) * cfg.kv_dim * max(dtype_bytes, 4)
+    total = keys + values + ids + sums
     return dict(context=context, dtype_bytes=dtype_bytes, layers=layers,
                 kinds=dict(Counter(x["kind"] for x in layers)), key_bytes=keys, value_bytes=values,
-                token_id_bytes=ids, total_bytes=total, per_token=total / context,
+                token_id_bytes=ids, value_sum_bytes=sums, total_bytes=total, per_token=total / context,
                 value_table_bytes=tables * dtype_bytes)
 
 
@@ -219,17 +226,22 @@ class KVCache:
                        for j, s in self.layout.value_spans.items()}
         self.token_ids = (_Store(batch_size, max_len, self.layout.id_span, (), TOKEN_ID_DTYPE, device)
                           if self.layout.has_ids else None)
+        sum_dtype = torch.promote_types(dtype, torch.float32)
+        self.value_sums = {j: torch.zeros(batch_size, *heads[:1], 1, heads[1], dtype=sum_dtype, device=device)
+                           for j in self.layout.summed_layers}
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
 
     # -- memory --------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor the cache holds, by name (``keys.3``, ``values.0``, ``token_ids``)."""
+        """Every tensor the cache holds, by name (``keys.3``, ``values.0``, ``token_ids``,
+        ``value_sums.5``)."""
         out = {f"keys.{j}": s.data for j, s in self.keys.items()}
         out.update({f"values.{j}": s.data for j, s in self.values.items()})
         if self.token_ids is not None:
             out["token_ids"] = self.token_ids.data
+        out.update({f"value_sums.{j}": t for j, t in self.value_sums.items()})
         return out
 
     @property
@@ -291,6 +303,17 @@ class KVCache:
         else:
             values = path.values_from_cache(self._read("values", path.value_layer, start), carry)
         return keys, self._heads(values)
+
+    def running_value_sum(self, layer: int, values: Tensor, t: int) -> Tensor | None:
+        """The running sum (B, H_kv, 1, D) of `layer`'s values before this forward pass, for shaped
+        attention's centering term, after adding this pass's: the last `t` of `values`
+        (B, H_kv, T', D). None for a layer that keeps no running sum."""
+        sums = self.value_sums.get(layer)
+        if sums is None:
+            return None
+        before = sums.clone()
+        sums += values[..., -t:, :].detach().sum(dim=-2, keepdim=True, dtype=sums.dtype)
+        return before
 
     def read_layer(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
         """Keys and values (B, H_kv, length, D) of `layer` at the last `length` positions, as heads."""

@@ -81,7 +81,7 @@ class ValuePath(nn.Module):
 
     def attend(self, attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, carry: Carry) -> Tensor:
         """Attention over (B, H, T, D) heads; a strategy may change which keys and values it sees."""
-        return attn.attend(q, k, v)
+        return attn.attend(q, k, v, carry.cache)
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         """This layer's values (B, T, kv_dim) at the cached positions, from what the cache holds.

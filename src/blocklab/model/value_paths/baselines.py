@@ -142,7 +142,7 @@ class CrossLayerAttention(ValuePath):
 
     def attend(self, attn, q, k, v, carry):
         if self.layer == 0:
-            return attn.attend(q, k, v)
+            return attn.attend(q, k, v, carry.cache)
         if carry.cache is None:
             first_k, first_v = carry.first_keys, _heads(carry.first_values, self.head_dim)
         else:  # layer 0's cached keys and values at the positions this layer sees
