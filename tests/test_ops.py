@@ -116,6 +116,51 @@ def test_shaped_attention_fused_explicit_reference(t_q, t_k, causal, window, gai
     assert_close(fused, explicit @ expand(v, 4), **FUSED)
 
 
+WINDOWED = [
+    pytest.param(13, 13, True, 3, id="causal-window3"),
+    pytest.param(13, 13, True, 1, id="causal-window1"),
+    pytest.param(13, 13, False, 2, id="bidirectional-window2"),
+    pytest.param(9, 15, True, 4, id="q-shorter-window"),
+    pytest.param(9, 15, False, 3, id="q-shorter-bidirectional-window"),
+]
+
+
+@pytest.mark.parametrize("n_kv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("t_q,t_k,causal,window", WINDOWED)
+def test_blocked_sliding_window_attention_matches_reference(t_q, t_k, causal, window, n_kv, monkeypatch):
+    """Long windowed inputs run block by block; blocks of 4 queries here, so several blocks and
+    windows that straddle block edges are exercised."""
+    monkeypatch.setattr(ops, "WINDOW_BLOCK", 4)
+    q, k, v = qkv(t_q, t_k, n_kv=n_kv)
+    allowed = R.mask_matrix(t_q, t_k, causal, window)
+    assert_close(ops.attention(q, k, v, causal, window), R.multihead(q, k, v, allowed, "softmax"), **EXACT)
+    alpha, beta, gamma = head_gains(4, seed=3)
+    assert_close(ops.shaped_attention(q, k, v, alpha, beta, gamma, causal, window),
+                 R.multihead(q, k, v, allowed, "shaped", alpha, beta, gamma), **FUSED)
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (False, None), (True, 64), (False, 64)])
+def test_fused_shaped_attention_builds_no_t_by_t_tensor(causal, window):
+    """Every tensor the fused path creates (seen at the dispatcher) stays far below T x T."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    LargestTensor.largest = max(LargestTensor.largest, t.numel())
+            return out
+
+    t = 1024
+    q, k, v = qkv(t, t, n_heads=2, n_kv=2, batch=1, dtype=torch.float32)
+    with LargestTensor():
+        ops.shaped_attention(q, k, v, 1.0, 0.8, 0.5, causal, window)
+    assert LargestTensor.largest < t * t // 4
+
+
 @pytest.mark.parametrize("n_kv", [4, 2], ids=["mha", "gqa"])
 @pytest.mark.parametrize("t_q,t_k,causal,window", MASKS)
 def test_value_skipinit_attention_fused_explicit_reference(t_q, t_k, causal, window, n_kv):

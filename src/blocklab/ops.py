@@ -42,18 +42,46 @@ def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
     return (keys >= lo[:, None]) & (keys <= hi[:, None])
 
 
+# Queries per SDPA call under a sliding window (at least the window): memory O(T (block + window)).
+WINDOW_BLOCK = 256
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, window: int | None = None,
               scale: float | None = None) -> Tensor:
     """Softmax attention A V with A = softmax(q k^T / sqrt(d) + M) (Simplifying, Eq. 2).
 
     Runs on PyTorch's fused SDPA; K and V may have fewer heads than Q (grouped-query attention).
+    A sliding window never builds a T_q x T_k mask: `windowed_attention` works block by block.
     """
     t_q, t_k = q.shape[-2], k.shape[-2]
     gqa = k.shape[-3] != q.shape[-3]
     if causal and window is None and t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if window is not None and t_q > max(window, WINDOW_BLOCK):
+        return windowed_attention(q, k, v, causal, window, scale)
     mask = attention_mask(t_q, t_k, causal, window, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, window: int,
+                       scale: float | None = None) -> Tensor:
+    """Sliding-window softmax attention, one SDPA call per block of `max(window, WINDOW_BLOCK)`
+    queries over just the keys their windows reach (`key_bounds`): the same A V as the full mask
+    with O(T (block + window)) memory instead of O(T^2)."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    gqa = k.shape[-3] != q.shape[-3]
+    lo, hi = key_bounds(t_q, t_k, causal, window)  # on the CPU: slicing by them needs no sync
+    block = max(window, WINDOW_BLOCK)
+    outs = []
+    for s in range(0, t_q, block):
+        e = min(s + block, t_q)
+        first, last = int(lo[s:e].min()), int(hi[s:e].max()) + 1
+        keys = torch.arange(first, last)
+        mask = (keys >= lo[s:e, None]) & (keys <= hi[s:e, None])
+        outs.append(F.scaled_dot_product_attention(
+            q[..., s:e, :], k[..., first:last, :], v[..., first:last, :], attn_mask=mask.to(q.device),
+            scale=scale, enable_gqa=gqa))
+    return torch.cat(outs, dim=-2)
 
 
 def masked_mean(v: Tensor, t_q: int, causal: bool = True, window: int | None = None) -> Tensor:
