@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,20 @@ REPARAM_INITS = ("identity", "orthogonal")
 REPARAM_TIES = ("none", "all-tied", "ll-tied")
 
 
+def reject_unknown_fields(cls: type) -> type:
+    """Make `cls(unknown=...)` raise ConfigError naming close fields, as from_dict does, not TypeError."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def checked_init(self, *args: Any, **kwargs: Any) -> None:
+        check_fields(cls, kwargs)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = checked_init
+    return cls
+
+
+@reject_unknown_fields
 @dataclass
 class ModelConfig:
     # -- sizes ---------------------------------------------------------------------------------

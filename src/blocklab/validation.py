@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import TYPE_CHECKING, Any
 
 from blocklab.config import (
@@ -46,8 +48,6 @@ _TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
 
 def _check_types(cfg: ModelConfig) -> None:
     """Each field holds a value of its annotated type (ints pass for floats, bools never pass for numbers)."""
-    import dataclasses
-
     for f in dataclasses.fields(cfg):
         kind, _, optional = f.type.partition(" | ")
         value = getattr(cfg, f.name)
@@ -98,6 +98,12 @@ def validate(cfg: ModelConfig) -> None:
         _fail("dropout", cfg.dropout, "it must lie in [0, 1).")
     if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:
         _fail("logit_softcap", cfg.logit_softcap, "it must be > 0 or None.")
+    if cfg.leaky_relu_slope < 0:
+        _fail("leaky_relu_slope", cfg.leaky_relu_slope, "the negative-side slope must be >= 0 (0 is ReLU).")
+    for f in dataclasses.fields(cfg):  # a NaN or infinite gain, eps or std would poison every step
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            _fail(f.name, value, "it must be a finite number.")
 
     # sliding windows
     if not cfg.window_pattern or set(cfg.window_pattern) - {"S", "L"}:
@@ -105,6 +111,9 @@ def validate(cfg: ModelConfig) -> None:
               "use a non-empty string of 'S' (sliding window) and 'L' (full context), e.g. 'SSSL'.")
     if "S" in cfg.window_pattern and cfg.window_size is None:
         _fail("window_size", None, f"window_pattern={cfg.window_pattern!r} has 'S' layers; set window_size.")
+    if cfg.window_size is not None and "S" not in cfg.window_pattern:
+        _fail("window_size", cfg.window_size, f"no layer would use it: window_pattern={cfg.window_pattern!r} "
+              "has no 'S' (sliding-window) layers; set a pattern such as 'SSSL', or window_size=None.")
     if cfg.window_size is not None and cfg.window_size > cfg.context_length:
         _fail("window_size", cfg.window_size,
               f"a window cannot be larger than the context (context_length={cfg.context_length}).")

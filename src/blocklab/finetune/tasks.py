@@ -1,6 +1,10 @@
 """Fine-tuning tasks: GLUE (Wang et al., 2019) column layouts, labels and metrics, and a reader
 for local task files (TSV or CSV with a header line, or JSONL).
 
+GLUE's CoLA train/dev TSVs have no header line (columns: source, label, original mark,
+sentence); a task may give a `headerless` layout of column positions that is used when the
+first row holds none of its column names. Files are read as ``utf-8-sig`` (MRPC starts with a BOM).
+
 Each GLUE task fixes its sentence columns, number of labels and metrics. Column names are tried
 in order, so both the original GLUE TSV files (``#1 String``, ``gold_label``, ``is_duplicate``,
 ``score`` ...) and the Hugging Face ``glue`` export to JSONL (``sentence1``, ``premise``,
@@ -32,6 +36,7 @@ class TaskSpec:
     metrics: tuple[str, ...]  # names in METRICS, all reported
     score: tuple[str, ...]  # the metrics whose mean is the task score
     label_names: tuple[str, ...] = ()  # string labels, in id order
+    headerless: tuple[tuple[int, ...], int] | None = None  # (sentence positions, label position)
 
     @property
     def regression(self) -> bool:
@@ -50,7 +55,7 @@ _PAIR = (("sentence1",), ("sentence2",))
 _NLI = ("entailment", "not_entailment")
 _ACC, _F1_ACC, _CORR = ("accuracy",), ("f1", "accuracy"), ("pearson", "spearman")
 GLUE_TASKS: dict[str, TaskSpec] = {t.name: t for t in (
-    TaskSpec("cola", (("sentence",),), ("label",), 2, ("mcc", "accuracy"), ("mcc",)),
+    TaskSpec("cola", (("sentence",),), ("label",), 2, ("mcc", "accuracy"), ("mcc",), headerless=((3,), 1)),
     TaskSpec("sst2", (("sentence",),), ("label",), 2, _ACC, _ACC),
     TaskSpec("mrpc", (("sentence1", "#1 String"), ("sentence2", "#2 String")), ("label", "Quality"), 2,
              _F1_ACC, _F1_ACC),
@@ -103,6 +108,8 @@ def make_task(name: str, text_columns: tuple[str, ...] | list[str] | None = None
         spec = TaskSpec(GENERIC, tuple((c,) for c in text_columns), (label_column,), n, (), (), labels)
         return _with_metrics(spec)
     spec = GLUE_TASKS[name]
+    if text_columns is not None or label_column:  # named columns: the file has a header
+        spec = _replace(spec, headerless=None)
     if text_columns is not None:
         if len(text_columns) != len(spec.text_columns):
             raise ConfigError(f"task {name!r} has {len(spec.text_columns)} sentence column(s); got "
@@ -131,16 +138,18 @@ def _with_metrics(spec: TaskSpec) -> TaskSpec:
 
 
 # -- reading files -----------------------------------------------------------------------------------------
-def read_rows(path: str | Path) -> list[dict]:
+def read_rows(path: str | Path, spec: TaskSpec | None = None) -> list[dict]:
     """Rows of a .jsonl (one JSON object a line), .tsv / .txt (tab-separated) or .csv file with a header.
 
-    TSV is read without quote handling, as the GLUE files contain unescaped quotes.
+    TSV is read without quote handling, as the GLUE files contain unescaped quotes. A tabular
+    file whose first row names none of `spec`'s columns is read with `spec.headerless` (CoLA),
+    its rows keyed by the task's first column names.
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"task file {str(path)!r} does not exist.")
     suffix = path.suffix.lower()
-    with path.open(encoding="utf-8", newline="") as f:
+    with path.open(encoding="utf-8-sig", newline="") as f:  # -sig: drop a BOM (GLUE's MRPC has one)
         if suffix in (".jsonl", ".json"):
             rows = []
             for i, line in enumerate(f, 1):
@@ -152,16 +161,36 @@ def read_rows(path: str | Path) -> list[dict]:
                     if not isinstance(row, dict):
                         raise ConfigError(f"{str(path)!r} line {i} is not a JSON object.")
                     rows.append(row)
-        elif suffix in (".tsv", ".txt"):
-            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-        elif suffix == ".csv":
-            rows = list(csv.DictReader(f))
+        elif suffix in (".tsv", ".txt", ".csv"):
+            table = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix != ".csv"
+                         else csv.reader(f))
+            rows = _table_rows(table, spec, path)
         else:
             raise ConfigError(f"task file {str(path)!r} is not allowed: use .tsv / .txt (tab-separated with "
                               "a header line), .csv (with a header line) or .jsonl.")
     if not rows:
         raise ConfigError(f"task file {str(path)!r} holds no examples.")
     return rows
+
+
+def _table_rows(table: list[list[str]], spec: TaskSpec | None, path: Path) -> list[dict]:
+    """Dicts keyed by the header line, or by `spec.headerless` when the first row names no column."""
+    table = [r for r in table if r]  # blank lines
+    if not table:
+        return []
+    names = set() if spec is None else {n for c in (*spec.text_columns, spec.label_columns) for n in c}
+    if spec is None or spec.headerless is None or names & set(table[0]):
+        header = table[0]
+        return [dict(zip(header, r, strict=False)) for r in table[1:]]
+    positions, label = spec.headerless
+    keys = [(c[0], i) for c, i in zip(spec.text_columns, positions, strict=True)]
+    keys.append((spec.label_columns[0], label))
+    width = max(i for _, i in keys) + 1
+    for n, r in enumerate(table, 1):
+        if len(r) < width:
+            raise ConfigError(f"{str(path)!r} row {n} has {len(r)} columns; task {spec.name!r} without a "
+                              f"header line reads columns {', '.join(str(i) for _, i in keys)} (from 0).")
+    return [{key: r[i] for key, i in keys} for r in table]
 
 
 def _column(row: dict, names: tuple[str, ...], path: Path, what: str) -> object:
@@ -176,7 +205,7 @@ def read_examples(path: str | Path, spec: TaskSpec) -> tuple[list[Example], list
     """The sentences of every row and its raw label (string, int or float), before `resolve_labels`."""
     path = Path(path)
     examples, raw = [], []
-    for row in read_rows(path):
+    for row in read_rows(path, spec):
         texts = tuple(str(_column(row, names, path, "sentence")) for names in spec.text_columns)
         examples.append(Example(texts, 0))
         raw.append(_column(row, spec.label_columns, path, "label"))
