@@ -103,6 +103,31 @@ def test_glue_tsv_and_jsonl_layouts(tmp_path):
     assert load_task_file(stsb, make_task("stsb"))[0].label == pytest.approx(3.8)
 
 
+def test_headerless_cola_and_a_bom(tmp_path):
+    cola = tmp_path / "in_domain_train.tsv"  # GLUE's CoLA: source, label, original mark, sentence
+    cola.write_text("gj04\t1\t\tOur friends won't buy this analysis, let alone the next one.\n"
+                    'gj04\t0\t*\tThey drank the pub "dry.\n\n'
+                    "cj99\t1\t\tThe more you eat, the less you want.\n")
+    examples = load_task_file(cola, make_task("cola"))
+    assert [(e.texts, e.label) for e in examples] == [
+        (("Our friends won't buy this analysis, let alone the next one.",), 1),
+        (('They drank the pub "dry.',), 0), (("The more you eat, the less you want.",), 1)]
+    headed = tmp_path / "cola.tsv"  # a header line naming the columns still wins
+    headed.write_text("label\tsentence\n0\tgj04\n")
+    assert [(e.texts, e.label) for e in load_task_file(headed, make_task("cola"))] == [(("gj04",), 0)]
+    short = tmp_path / "short.tsv"
+    short.write_text("gj04\t1\n")
+    with pytest.raises(ConfigError, match="row 1 has 2 columns"):
+        load_task_file(short, make_task("cola"))
+    with pytest.raises(ConfigError, match="no sentence column 'text'"):  # named columns: a header is needed
+        load_task_file(cola, make_task("cola", text_columns=["text"]))
+
+    mrpc = tmp_path / "msr_paraphrase_train.txt"  # GLUE's MRPC file starts with a UTF-8 BOM
+    mrpc.write_bytes(b"\xef\xbb\xbfQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t1\t2\tA b\tA c\n")
+    examples = load_task_file(mrpc, make_task("mrpc"))
+    assert [(e.texts, e.label) for e in examples] == [(("A b", "A c"), 1)]
+
+
 def test_generic_task_infers_its_labels(tmp_path):
     path = tmp_path / "g.csv"
     path.write_text("text,sentiment\nnice,pos\nawful,neg\n")

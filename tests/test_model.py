@@ -304,9 +304,10 @@ def test_flops_per_token_by_hand():
     sas = 6 * (layers * 10 * d * d + d * d + vocab * d) + attn  # Q, K, MLP; layer 0's W_V once
     assert flops_per_token(meta_model("pre-ln", "codeparrot-18l")) == pre_ln
     assert flops_per_token(meta_model("sas", "codeparrot-18l")) == sas
-    # nanochat-d12: d 768, 6 heads of 128, untied head of 32768, SSSL windows of 512 at T = 2048
+    # nanochat-d12: d 768, 6 heads of 128, untied head of 32768, SSSL windows of 512 keys before each
+    # token plus the token itself, at T = 2048
     d, t, vocab = 768, 2048, 32768
-    windows = [512 if (i % 4 != 3 and i != 11) else t for i in range(12)]
+    windows = [513 if (i % 4 != 3 and i != 11) else t for i in range(12)]
     expected = 6 * (12 * 12 * d * d + vocab * d) + sum(12 * d * w for w in windows)
     assert flops_per_token(meta_model("pre-ln", "nanochat-d12")) == expected
 

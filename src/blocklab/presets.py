@@ -67,9 +67,11 @@ _CODEPARROT = dict(d_model=768, n_heads=12, mlp_act="relu", mlp_hidden=3072, nor
                    positions="sinusoidal", context_length=128, vocab_size=50257, tie_embeddings=True)
 _LLAMA = dict(mlp_act="swiglu", positions="rope", rope_base=10000.0, norm="rmsnorm",
               tie_embeddings=False, vocab_size=50277, context_length=2048)
+# nanochat's short window (512, 0) is 512 keys to the left plus the token itself; our window_size
+# counts the token, so 513.
 _NANOCHAT = dict(vocab_size=32768, head_dim=128, mlp_act="relu2", positions="rope",
                  rope_base=100000.0, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
-                 context_length=2048, window_size=512, window_pattern="SSSL", logit_softcap=15.0)
+                 context_length=2048, window_size=513, window_pattern="SSSL", logit_softcap=15.0)
 
 SIZE_PRESETS: dict[str, Preset] = {
     "tiny": Preset("4 layers, d 128, 4 heads, context 128, vocab 4096: trains in minutes on a CPU",
