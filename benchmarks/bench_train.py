@@ -29,8 +29,10 @@ batch 16 x 1024, and model FLOPs utilisation
     MFU = flops_per_token x tokens/s / peak,
 
 flops_per_token from `blocklab.flops_per_token` (6 x matmul weights + 12 L H d_head T: forward and
-backward, attention counted over all T keys as in PaLM / nanoGPT), peak from `--peak-tflops`
-(default 989: H100 SXM dense bf16, no sparsity).
+backward, attention counted over all T keys as in PaLM / nanoGPT), peak measured in a child: the
+best rate of a timed square matmul in the run's dtype (bf16 on CUDA, float32 on CPU) with the run's
+threads (`measured_peak_tflops`). `--peak-tflops` overrides it (989 is the H100 SXM datasheet's
+dense bf16 rate, which the table also reports MFU against on CUDA).
 
     PYTHONPATH=src python benchmarks/bench_train.py [--quick] [--sizes tiny,gpt2-small] [--no-eager]
     PYTHONPATH=src python benchmarks/bench_train.py --device cuda [--peak-tflops 989]
@@ -212,6 +214,24 @@ def trainer_vs_raw(opts: dict, device: str, threads: int, steps: int) -> dict:
                 trainer_end_to_end=summary["tokens"] / wall, val_loss=summary["val_loss"])
 
 
+def measured_peak_tflops(device: str, threads: int, bf16: bool) -> float:
+    """The best TFLOP/s of n x n matmuls (2 n^3 FLOPs each) in the run's dtype: the peak for MFU."""
+    torch.set_num_threads(threads)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    n = 8192 if device == "cuda" else 1024
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    best = 0.0
+    for _ in range(5):  # the best of 5 timed batches, after the first (warm-up) one
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        sync()
+        best = max(best, 2 * n**3 * 10 / (time.perf_counter() - t0) / 1e12)
+    return best
+
+
 # -- the run -------------------------------------------------------------------------------------
 def bench_size(size: str, opts: dict, device: str, threads: int, warmup: int, repeats: int,
                steps: int) -> list[dict]:
@@ -226,9 +246,10 @@ def bench_size(size: str, opts: dict, device: str, threads: int, warmup: int, re
                          vs_hf_sdpa=r["tokens_per_s"] / ref["tokens_per_s"],
                          vs_hf_sdpa_paired=statistics.median(paired),
                          model_flops_per_s=r["flops_per_token"] * r["tokens_per_s"]))
-    if opts["peak_tflops"]:
-        for row in rows:
-            row["mfu"] = row["model_flops_per_s"] / (opts["peak_tflops"] * 1e12)
+    for row in rows:
+        row["mfu"] = row["model_flops_per_s"] / (opts["peak_tflops"] * 1e12)
+        if device == "cuda":
+            row["mfu_datasheet"] = row["model_flops_per_s"] / (H100_SXM_BF16_TFLOPS * 1e12)
     params = {row["params"]["total"] for row in rows}
     if len(params) != 1:
         raise RuntimeError(f"{size}: the children have different parameter counts {params}")
@@ -256,17 +277,17 @@ class LoadSampler:
         return dict(n=len(s), min=min(s), median=statistics.median(s), max=max(s))
 
 
-def throughput_table(rows: list[dict], device: str, mfu: bool) -> str:
+def throughput_table(rows: list[dict], device: str) -> str:
     header = ["size", "model", "batch x seq", "params", "tokens/s", "(min-max)", "x HF sdpa",
-              "x HF sdpa (paired)", "model GFLOP/s", f"memory ({memory_unit(device)})"]
+              "x HF sdpa (paired)", "model GFLOP/s", f"memory ({memory_unit(device)})", "MFU"]
     out = []
     for r in rows:
         line = [r["size"], r["label"], "{} x {}".format(*r["batch"]), f"{r['params']['total'] / 1e6:.2f}M",
                 f"{r['tokens_per_s']:,.0f}", f"({min(r['runs']):,.0f}-{max(r['runs']):,.0f})",
                 f"{r['vs_hf_sdpa']:.2f}", f"{r['vs_hf_sdpa_paired']:.2f}",
                 f"{r['model_flops_per_s'] / 1e9:.1f}", f"{r['peak_mib']:.0f}"]
-        out.append(line + ([f"{100 * r['mfu']:.1f}%"] if mfu else []))
-    return table(header + (["MFU"] if mfu else []), out)
+        out.append(line + [f"{100 * r['mfu']:.1f}%"])
+    return table(header, out)
 
 
 def trainer_table(t: dict) -> str:
@@ -297,8 +318,8 @@ def main() -> None:
     ap.add_argument("--trainer", action=argparse.BooleanOptionalAction, default=True,
                     help="also time blocklab.training.train at the tiny shape")
     ap.add_argument("--peak-tflops", type=float, default=None,
-                    help=f"peak bf16 TFLOP/s for MFU (default on CUDA: {H100_SXM_BF16_TFLOPS:g}, H100 SXM "
-                         "dense bf16; on CPU no MFU unless given)")
+                    help="peak TFLOP/s for MFU (default: measured with a timed matmul in the run's dtype; "
+                         f"{H100_SXM_BF16_TFLOPS:g} is the H100 SXM datasheet's dense bf16)")
     ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/train-<device>.json)")
     args = ap.parse_args()
     cuda = args.device == "cuda"
@@ -313,13 +334,19 @@ def main() -> None:
     opts = dict(batch=SHAPE_RUN[args.device], eager=args.eager,
                 bf16=cuda if args.bf16 is None else args.bf16,
                 compile=cuda if args.compile is None else args.compile,
-                peak_tflops=args.peak_tflops or (H100_SXM_BF16_TFLOPS if cuda else None))
+                peak_tflops=args.peak_tflops)
     out = args.out or Path(__file__).parent / "results" / f"train-{args.device}.json"
     warmup = 1 if args.quick else WARMUP[args.device]
 
     info = machine_info(args.device, args.threads)
     info["transformers"] = importlib.metadata.version("transformers")
     print(f"machine: {info}\noptions: {opts}\n", flush=True)
+    if opts["peak_tflops"] is None:
+        opts["peak_tflops"] = in_child(measured_peak_tflops, args.device, args.threads, opts["bf16"])
+        opts["peak_source"] = "measured matmul, " + ("bf16" if opts["bf16"] else "float32")
+    else:
+        opts["peak_source"] = "--peak-tflops"
+    print(f"peak for MFU: {opts['peak_tflops']:.2f} TFLOP/s ({opts['peak_source']})", flush=True)
     load, start = LoadSampler(), time.perf_counter()
     # in a child: the parent must stay small, since a spawned child's ru_maxrss starts at the parent's RSS
     checks = {size: in_child(check_same_model, size) for size in sizes}
@@ -341,7 +368,7 @@ def main() -> None:
     total = time.perf_counter() - start
 
     print(f"\n## Training step, blocklab vs HF GPT2LMHeadModel of the same shape ({total:.0f} s)\n")
-    print(throughput_table(rows, args.device, mfu=bool(opts["peak_tflops"])) + "\n")
+    print(throughput_table(rows, args.device) + "\n")
     if trainer:
         print(f"## Trainer vs raw step loop ({seconds['trainer']:.0f} s)\n")
         print(trainer_table(trainer) + "\n")
