@@ -54,6 +54,7 @@ GPT2_BLOCK = dict(norm="layernorm", norm_eps=1e-5, positions="learned", mlp_act=
                   tie_embeddings=True, final_norm=True)
 LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
 QUICK_LENGTHS = (128, 1024)
+WINDOW = 64  # below every length, so the sliding-window layers always drop positions
 HF = "hf-gpt2"
 BASELINE = "pre-ln"
 RESULTS = Path(__file__).parent / "results"
@@ -65,8 +66,7 @@ def variants(size: dict, context: int) -> dict[str, tuple[str, dict]]:
     out = {b: (b, {}) for b in BLOCK_PRESETS}
     out.update({f"pre-ln+{v}": (f"pre-ln+{v}", {}) for v in VALUE_PATHS if v != "standard"})
     out[f"pre-ln gqa-kv{size['n_heads'] // 4}"] = ("pre-ln", dict(n_kv_heads=size["n_heads"] // 4))
-    window = min(512, context)
-    out[f"pre-ln SSSL-{window}"] = ("pre-ln", dict(window_size=window, window_pattern="SSSL"))
+    out[f"pre-ln SSSL-{WINDOW}"] = ("pre-ln", dict(window_size=WINDOW, window_pattern="SSSL"))
     return out
 
 
@@ -196,7 +196,8 @@ def plot(path: Path, size_name: str, size: dict, configs: dict, measured: dict, 
             ax.plot(ts, [cache_bytes_per_token(cfg, 4, t)["total_bytes"] / 2**20 for t in ts], label=label)
         bov = make_cfg("pre-ln+bov", dims, max(ts))
         f = [cache_bytes_per_token(bov, 4, t) for t in ts]
-        ax.plot(ts, [x["total_bytes"] / 2**20 for x in f], "--", color="C4", label="BoV cache only (K + ids)")
+        ax.plot(ts, [x["total_bytes"] / 2**20 for x in f], "--", color="C4",
+                label="BoV cache (K, V of non-target layers, ids)")
         ax.plot(ts, [(x["total_bytes"] + x["value_table_bytes"]) / 2**20 for x in f], color="C4", lw=2.2,
                 label="BoV cache + value tables E_v")
         ax.axvline(vocab, color="grey", ls=":", lw=1)

@@ -6,7 +6,8 @@ plain `sas-p` and `sas`), at sizes "tiny" and "small":
 
 - parameters (total, embedding, value tables, non-embedding: `blocklab.count_parameters`) and
   analytic training FLOPs per token (`blocklab.flops_per_token`);
-- the analytic KV-cache bytes per token of one sequence in bf16 (`kv_cache_bytes`);
+- the KV-cache bytes per token of one sequence in bf16 (`kv_cache`: the layout that
+  `KVCache.nbytes` holds, from `blocklab.model.cache.cache_bytes_per_token`);
 - training throughput (forward, cross-entropy, backward, AdamW step) in tokens/s and peak memory,
   each also as a ratio to "pre-ln" measured side by side in the same run. Every configuration runs
   in its own child process with `torch.set_num_threads(1)` (default `--threads`) and the repeats go
@@ -24,17 +25,15 @@ import os
 import time
 from pathlib import Path
 
-import torch
-
 import blocklab
 from _measure import BATCH, add_ratios, bench_training, machine_info, memory_unit, table
+from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.model.value_paths.bank import BankOfValues
 
 REFERENCE, CONTROL = "pre-ln", "pre-ln (control)"
 COMBINATIONS = ("sas-p", "sas-p+bov", "sas-p+resformer", "sas", "sas+svformer")
 STEPS = {"tiny": 2, "small": 1}  # training steps per timed chunk: ~0.4 s and ~0.8 s on one CPU thread
-CACHE_BYTES, TOKEN_ID_BYTES = 2, 4  # bf16 keys and values; int32 token ids
+CACHE_BYTES = 2  # bf16 keys and values
 
 
 def configurations() -> dict[str, str]:
@@ -45,47 +44,18 @@ def configurations() -> dict[str, str]:
     return archs
 
 
-def kv_cache_bytes(model: blocklab.Transformer) -> dict:
-    """Analytic KV-cache bytes per token of one sequence, as the value paths describe themselves.
-
-    A layer keeps K (kv_dim values) if it owns its keys (`owns_keys`; CLA followers reuse their
-    leader's) and V if its value path has `caches_values` (SVFormer's later layers reuse V_1, CLA
-    followers the leader's V, BoV and v1-value target layers keep none). Bank of Values' target
-    layers look their values up again from the token ids (Bank of Values Sec. 3, Fig. 3), as do
-    x0-value's where the value path says so (`value_layer` None), so a model with any such layer
-    keeps one int32 id per token, shared by all of them. Bytes per token
-    = (K layers + V layers) * kv_dim * 2 (bf16) + 4 if ids are kept. This is a count from the model
-    description, not a measurement of a real cache.
-    """
-    k_layers = v_layers = 0
-    token_ids = False
-    for block in model.blocks:
-        values = block.attn.values
-        k_layers += values.owns_keys
-        v_layers += values.caches_values
-        token_ids |= looks_up_token_ids(values)
-    width = model.cfg.kv_dim * CACHE_BYTES
-    return dict(k_layers=k_layers, v_layers=v_layers, token_ids=token_ids,
-                bytes=(k_layers + v_layers) * width + (TOKEN_ID_BYTES if token_ids else 0))
-
-
-def looks_up_token_ids(values) -> bool:
-    """Whether a layer's cached values are replaced by a lookup from the token ids."""
-    if hasattr(values, "value_layer"):  # the KV-cache interface: None means "a function of the ids"
-        return not values.caches_values and values.value_layer is None
-    return isinstance(values, BankOfValues) and values.target  # without it: BoV's target layers
-
-
-def analytic(arch: str, size: str) -> dict:
-    with torch.device("meta"):
-        model = blocklab.Transformer(blocklab.ModelConfig.from_preset(arch, size=size))
-    return kv_cache_bytes(model)
+def kv_cache(arch: str, size: str) -> dict:
+    """KV-cache bytes per token of one sequence in bf16 at the context length, from
+    `cache_bytes_per_token`, which equals `KVCache.nbytes` of a real cache (tests/test_cache.py)."""
+    cfg = blocklab.ModelConfig.from_preset(arch, size=size)
+    formula = cache_bytes_per_token(cfg, CACHE_BYTES)
+    return dict(kinds=formula["kinds"], token_ids=formula["token_id_bytes"] > 0, bytes=formula["per_token"])
 
 
 def bench_size(size: str, device: str, threads: int, warmup: int, repeats: int, steps: int) -> list[dict]:
     archs = configurations()
     results = bench_training(archs, size, device, threads, warmup, repeats, steps)
-    rows = [dict(size=size, label=label, arch=archs[label], kv_cache=analytic(archs[label], size), **r)
+    rows = [dict(size=size, label=label, arch=archs[label], kv_cache=kv_cache(archs[label], size), **r)
             for label, r in results.items()]
     ref = rows[0]
     assert ref["label"] == REFERENCE
@@ -101,17 +71,19 @@ def m(n: float) -> str:
 
 
 def layout(kv: dict) -> str:
-    return f"{kv['k_layers']} K + {kv['v_layers']} V" + (" + ids" if kv["token_ids"] else "")
+    """How many layers keep K and V, K only or V only, e.g. "1 K+V + 3 K + ids"."""
+    kinds = " + ".join(f"{n} {kind}" for kind, n in kv["kinds"].items() if kind != "-")
+    return kinds + (" + ids" if kv["token_ids"] else "")
 
 
 def static_table(rows: list[dict]) -> str:
     return table(
         ["size", "arch", "params", "embedding", "value tables", "non-embedding", "FLOPs/token",
-         "KV cache layout", "KV bytes/token (bf16, analytic)", "x pre-ln"],
+         "KV cache layout", "KV bytes/token (bf16)", "x pre-ln"],
         [[r["size"], r["label"], m(r["params"]["total"]), m(r["params"]["embedding"]),
           m(r["params"]["value_tables"]), m(r["params"]["non_embedding"]),
           f"{r['flops_per_token'] / 1e6:.2f}M",
-          layout(r["kv_cache"]), f"{r['kv_cache']['bytes']:,}", f"{r['kv_cache_vs_pre_ln']:.2f}"]
+          layout(r["kv_cache"]), f"{r['kv_cache']['bytes']:,.0f}", f"{r['kv_cache_vs_pre_ln']:.2f}"]
          for r in rows if r["label"] != CONTROL])
 
 
