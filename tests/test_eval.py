@@ -163,6 +163,43 @@ def test_core_is_the_mean_centered_accuracy():
     assert core["core_per_byte"] == pytest.approx((a.centered_acc_per_byte + b.centered_acc_per_byte) / 2)
 
 
+UNIFORM_EXAMPLES = [MCExample("ctx", ["a", "bbb", "cc"], 0), MCExample("ctx", ["dddd", "e"], 1),
+                    MCExample("ctx", ["ff", "g", "hhh", "ii"], 2)]  # uniform model: acc 2/3, per byte 1/3
+
+
+def _write_mc(path: Path, examples: list[MCExample]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(e.__dict__) + "\n" for e in examples))
+    return path
+
+
+def test_per_task_random_baseline_and_task_names_by_hand(tmp_path):
+    stub = BigramStub()
+    with torch.no_grad():
+        stub.table.zero_()
+    tok = byte_tokenizer()
+    result = score_mc(stub, tok, UNIFORM_EXAMPLES, "u", random_baseline=0.5)
+    assert result.random_baseline == 0.5
+    assert result.centered_acc == pytest.approx((2 / 3 - 0.5) / 0.5)  # 1/3
+    assert result.centered_acc_per_byte == pytest.approx((1 / 3 - 0.5) / 0.5)  # -1/3
+    with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+        score_mc(stub, tok, UNIFORM_EXAMPLES, "u", random_baseline=1.0)
+
+    # two files named t.jsonl become tasks a/t and b/t; b/t: "a" is shortest but wrong, per byte ties -> 0
+    a = _write_mc(tmp_path / "a" / "t.jsonl", UNIFORM_EXAMPLES)
+    b = _write_mc(tmp_path / "b" / "t.jsonl", [MCExample("ctx", ["a", "bbb"], 1)])
+    report = evaluate_mc(stub, tok, [a, b], random_baseline={"a/t": 0.5})
+    assert [t["task"] for t in report["tasks"]] == ["a/t", "b/t"]
+    assert [t["random_baseline"] for t in report["tasks"]] == [0.5, 0.5]
+    assert [t["centered_acc"] for t in report["tasks"]] == pytest.approx([1 / 3, -1.0])
+    assert report["core"] == pytest.approx((1 / 3 - 1.0) / 2)
+    assert report["core_per_byte"] == pytest.approx((-1 / 3 - 1.0) / 2)
+    with pytest.raises(ConfigError, match="'t'.*the tasks are 'a/t', 'b/t'"):
+        evaluate_mc(stub, tok, [a, b], random_baseline={"t": 0.3})
+    with pytest.raises(ConfigError, match="distinct name"):  # the same file twice
+        evaluate_mc(stub, tok, [a, a])
+
+
 def test_continuation_split_where_the_encodings_part():
     tok = byte_tokenizer()
     context, continuation = continuation_ids(tok, "ab", " cd")
@@ -211,6 +248,7 @@ def _mc_files(root: Path) -> list[Path]:
     """Task 'words': the in-corpus continuation against byte junk (2 choices); 'junk3': 3 choices."""
     g = random.Random(1)
     files = []
+    root.mkdir(parents=True, exist_ok=True)
     for name, k in (("words", 2), ("junk3", 3)):
         rows = []
         for _ in range(12):
@@ -241,6 +279,16 @@ def test_trained_run_prefers_its_own_text_and_cli_writes_the_report(clm_run, tmp
     assert "CORE" in printed and "junk3" in printed
     saved = json.loads(out.read_text())["multiple_choice"]
     assert saved["tasks"] == pytest.approx(report["tasks"]) and saved["core"] == pytest.approx(report["core"])
+    # --baseline sets r per task; same-stem files in two folders are told apart by their folder
+    twins = [_mc_files(tmp_path / d)[0] for d in ("x", "y")]
+    assert main(["eval", "--run", str(clm_run), "--mc", ",".join(map(str, twins)),
+                 "--baseline", "x/words=0.2", "--out", str(out)]) == 0
+    tasks = json.loads(out.read_text())["multiple_choice"]["tasks"]
+    assert [t["task"] for t in tasks] == ["x/words", "y/words"]
+    assert tasks[0]["centered_acc"] == pytest.approx((tasks[0]["acc"] - 0.2) / 0.8)
+    assert tasks[1]["centered_acc"] == pytest.approx((tasks[1]["acc"] - 0.5) / 0.5)
+    assert main(["eval", "--run", str(clm_run), "--mc", str(files[0]), "--baseline", "words"]) == 2
+    assert "TASK=R" in capsys.readouterr().err
     assert main(["eval", "--run", str(clm_run)]) == 2  # nothing to evaluate
     assert main(["eval", "--run", str(tmp_path), "--mc", str(files[0])]) == 2  # not a run directory
     assert "not a blocklab run" in capsys.readouterr().err
@@ -259,6 +307,17 @@ def _harness_lm(context_length: int = 16):
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     return BlocklabLM(model, byte_tokenizer(), batch_size=4), model
+
+
+def test_harness_batch_size_must_be_an_integer():
+    pytest.importorskip("lm_eval")
+    from blocklab.eval.harness import BlocklabLM
+
+    stub = BigramStub()
+    assert BlocklabLM(stub, byte_tokenizer(), batch_size="8").batch_size == 8  # model_args give strings
+    for bad in ("auto", "auto:4", 0):
+        with pytest.raises(ConfigError, match="'auto' batch-size search is not supported"):
+            BlocklabLM(stub, byte_tokenizer(), batch_size=bad)
 
 
 def _direct_logprob(model, ids: list[int], n: int) -> float:

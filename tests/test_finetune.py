@@ -299,6 +299,36 @@ def test_finetuning_defaults_follow_the_paper(mlm_run):
     torch.testing.assert_close(encoder.eval()(ids), run.model(ids))  # same weights; no dropout in eval
 
 
+def test_finetuning_lr_schedule_as_applied(mlm_run, tmp_path, monkeypatch):
+    """The lr of every update, read from the optimizers: warmup to 1.5e-4, then cosine to ~0."""
+    import blocklab.finetune.loop as loop
+
+    applied = []
+
+    def record(opt, args, kwargs):
+        applied.append([g["lr"] for g in opt.param_groups])
+
+    def recording(model, cfg):
+        optimizers = build(model, cfg)
+        for opt in optimizers:
+            opt.register_step_pre_hook(record)
+        return optimizers
+
+    build = loop.build_optimizers
+    monkeypatch.setattr(loop, "build_optimizers", recording)
+    _keyword_task(tmp_path / "train.tsv", 64, seed=7)
+    finetune(mlm_run, tmp_path / "train.tsv", tmp_path / "train.tsv", "sst2", out_dir=tmp_path / "o",
+             batch_size=8)  # 8 steps an epoch, 5 epochs: T = 40, W = 4 warmup steps
+    assert len(applied) == 40 and all(len(set(lrs)) == 1 for lrs in applied)  # one lr for every group
+    lrs = [lrs[0] for lrs in applied]
+    expected = [1.5e-4 * min((s + 1) / 4, (1 + math.cos(math.pi * max(0, s - 4) / 36)) / 2)
+                for s in range(40)]
+    assert lrs == pytest.approx(expected, rel=1e-9, abs=0)
+    assert lrs[0] == pytest.approx(1.5e-4 / 4) and lrs[3] == lrs[4] == pytest.approx(1.5e-4)  # no lr-0 step
+    assert lrs[-1] < 1e-2 * 1.5e-4 and lrs == sorted(lrs[:4]) + sorted(lrs[4:], reverse=True)
+    assert json.loads((tmp_path / "o" / "metrics.json").read_text())["warmup_steps"] == 4
+
+
 def test_causal_run_is_refused_unless_allowed(tmp_path):
     run = _pretrain(tmp_path, "clm")
     _keyword_task(tmp_path / "t.tsv", 16, seed=3)
@@ -326,15 +356,24 @@ def test_cli_generic_task_and_regression(mlm_run, tmp_path, capsys):
     assert main(["finetune", "--run", str(mlm_run), "--train", str(tmp_path / "train.jsonl"), "--eval",
                  str(tmp_path / "dev.jsonl"), "--task", "mrpc"]) == 2  # its columns are not in the file
 
-    # STS-B-style regression: the score counts the 'good' sentences of a pair
+    # STS-B regression through the CLI, on a TSV in GLUE's layout: the score counts the 'good' sentences
+    stats = pytest.importorskip("scipy.stats")
     g = random.Random(6)
-    rows = []
-    for _ in range(48):
+    lines = ["index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"]
+    for i in range(48):
         pair = [" ".join([g.choice(WORDS), g.choice(["good", "bad"])]) for _ in range(2)]
-        label = 2.5 * sum("good" in s for s in pair)
-        rows.append({"sentence1": pair[0], "sentence2": pair[1], "label": label})
-    (tmp_path / "sts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    metrics = finetune(mlm_run, tmp_path / "sts.jsonl", tmp_path / "sts.jsonl", "stsb",
-                       out_dir=tmp_path / "sts", epochs=2, batch_size=16, lr=3e-3)
-    assert set(metrics) == {"pearson", "spearman", "score"}
-    assert all(math.isfinite(v) for v in metrics.values())
+        lines.append(f"{i}\tmain-captions\tMSRvid\t2012test\t{i}\tnone\tnone\t{pair[0]}\t{pair[1]}\t"
+                     f"{2.5 * sum('good' in s for s in pair):.3f}")
+    (tmp_path / "sts.tsv").write_text("\n".join(lines) + "\n")
+    assert main(["finetune", "--run", str(mlm_run), "--train", str(tmp_path / "sts.tsv"), "--eval",
+                 str(tmp_path / "sts.tsv"), "--task", "stsb", "--epochs", "2", "--batch-size", "16", "--lr",
+                 "3e-3", "--out", str(tmp_path / "sts")]) == 0
+    assert "pearson" in capsys.readouterr().out
+    metrics = json.loads((tmp_path / "sts" / "metrics.json").read_text())["metrics"]
+    rows = [json.loads(line) for line in (tmp_path / "sts" / "predictions.jsonl").read_text().splitlines()]
+    preds, labels = [r["prediction"] for r in rows], [r["label"] for r in rows]
+    assert labels == pytest.approx([float(line.split("\t")[-1]) for line in lines[1:]])
+    assert len(set(preds)) > 1  # a non-constant regressor, so the correlations are not the 0 fallback
+    assert metrics["pearson"] == pytest.approx(stats.pearsonr(preds, labels).statistic, abs=1e-6)
+    assert metrics["spearman"] == pytest.approx(stats.spearmanr(preds, labels).statistic, abs=1e-6)
+    assert metrics["score"] == pytest.approx((metrics["pearson"] + metrics["spearman"]) / 2)

@@ -290,13 +290,91 @@ def test_load_run_gives_the_trained_model_and_tokenizer(corpus, tmp_path):
         load_run(tmp_path)
 
 
+def test_continued_pretraining_of_a_retrofitted_run(corpus, tmp_path):
+    from blocklab.training import load_run
+
+    base = train(config(corpus, tmp_path / "base", max_steps=40, eval_every=0, eval_batches=4)).run_dir
+    base_val = json.loads((base / "summary.json").read_text())["val_loss"]
+    # data.tokenizer "bpe" (train a new one) takes the source's tokenizer.json instead
+    data = {"source": str(corpus), "tokenizer": "bpe", "cache_dir": str(tmp_path / "cache"),
+            "val_fraction": 0.1}
+    cont = config(corpus, tmp_path / "cont", model={}, init_from=str(base), retrofit="resformer-learnable",
+                  max_steps=20, eval_every=5, eval_batches=4, ckpt_every=10, data=data,
+                  optim={"lr": 1e-3, "warmup_fraction": 0.0})
+    result = train(cont)
+    vals = [r["val_loss"] for r in read_metrics(result.run_dir / "metrics.jsonl", "val")]
+    # step 0 is the baseline's function (lambda_1 = 0, lambda_2 = 1) on the same validation batches
+    assert vals[0] == pytest.approx(base_val, abs=1e-5)
+    assert len(vals) == 5 and vals[-1] < vals[0] - 0.01 and min(vals[1:]) < vals[0]
+    saved = json.loads((result.run_dir / "model_config.json").read_text())
+    assert saved["value_path"] == "resformer-learnable"
+    assert saved["value_path_options"] == {"lambda1": 0.0, "lambda2": 1.0}
+    assert TrainConfig.load(result.run_dir / "config.yaml").data.tokenizer == str(base / "tokenizer.json")
+    run = load_run(result.run_dir)  # the retrofitted config and weights load back
+    ids = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(run.model(ids), result.model.eval()(ids))
+    assert (result.run_dir / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+    # --resume rebuilds the same retrofitted model and continues from step 20
+    more = train(config(corpus, tmp_path / "cont", model={}, init_from=str(base),
+                        retrofit="resformer-learnable", max_steps=24, eval_every=0, eval_batches=4, data=data,
+                        optim={"lr": 1e-3, "warmup_fraction": 0.0}), resume=True)
+    assert more.summary["step"] == 24
+
+    # an export folder works as a source too, and a different tokenizer is refused
+    from blocklab.interop import save_pretrained
+
+    export = save_pretrained(run.model, tmp_path / "export", tokenizer=base / "tokenizer.json")
+    other = {**data, "tokenizer": "byte", "eos_token": "<|sep|>"}
+    with pytest.raises(ConfigError, match="differs from the tokenizer"):
+        train(config(corpus, tmp_path / "bad", model={}, init_from=str(export), max_steps=1, data=other))
+    with pytest.raises(ConfigError, match="value_path='resformer-learnable'"):  # not a baseline any more
+        train(config(corpus, tmp_path / "again", model={}, init_from=str(export), retrofit="bov",
+                     max_steps=1, data=data))
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"retrofit": "resformer"}, ["retrofit", "init_from"]),
+    ({"init_from": "runs/a", "retrofit": "resformr"}, ["'resformr'", "resformer-learnable", "bov"]),
+    ({"init_from": "runs/a", "model": {"n_layers": 3}}, ["model", "init_from"]),
+])
+def test_bad_init_from_and_retrofit(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        TrainConfig.load(None, {"max_steps": 5, **overrides})
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_cli_train_init_from_and_retrofit(corpus, tmp_path):
+    from blocklab.cli import main
+    from blocklab.training import load_run
+
+    base = train(config(corpus, tmp_path / "base", max_steps=2, eval_every=0)).run_dir
+    common = ["max_steps=2", "batch_size=4", "seq_len=32", "progress=false", f"data.source={corpus}",
+              f"data.cache_dir={tmp_path / 'cache'}"]
+    out = tmp_path / "cli"
+    assert main(["train", f"init_from={base}", "retrofit=pre-ln+resformer-learnable", *common,
+                 "--out", str(out)]) == 0
+    assert load_run(out).model.cfg.value_path == "resformer-learnable"
+    assert main(["train", "retrofit=resformer-learnable", *common, "--out", str(tmp_path / "x")]) == 2
+    assert main(["train", f"init_from={tmp_path / 'nothing'}", *common, "--out", str(tmp_path / "y")]) == 2
+
+
 def test_crammed_bert_recipe(corpus, tmp_path):
     cfg = TrainConfig.load("crammed-bert", ["arch=sas-p"])
     assert (cfg.data.objective, cfg.data.mask_prob, cfg.seq_len) == ("mlm", 0.25, 128)
     assert (tuple(cfg.optim.betas), cfg.optim.eps, cfg.optim.grad_clip) == ((0.9, 0.98), 1e-12, 0.5)
     assert (cfg.optim.schedule, cfg.optim.peak_at, cfg.max_time) == ("one-cycle", 0.75, 86400)
+    assert (cfg.optim.weight_decay, cfg.optim.lr) == (0.1, 1e-3)  # App. D.2 "weight decay 0.1"; Cramming lr
     model_cfg = cfg.model_config(32768)
     assert not model_cfg.causal and model_cfg.norm_eps == 1e-12 and model_cfg.n_layers == 16
+    # the per-block overrides the recipe documents (App. D.2: peak lr 3e-3 / 2e-3, beta_FF = 0.05)
+    text = (Path(blocklab.__file__).parent / "recipes" / "crammed-bert.yaml").read_text()
+    for arch, lr in (("sas-p", "3e-3"), ("sas-p-nonorm", "2e-3")):
+        overrides = [f"optim.lr={lr}", "model.mlp_branch_gain=0.05"]
+        assert " ".join(overrides) in text
+        tuned = TrainConfig.load("crammed-bert", [f"arch={arch}", *overrides])
+        assert tuned.optim.lr == float(lr) and tuned.model_config(32768).mlp_branch_gain == 0.05
+        assert TrainConfig.load("crammed-bert", [f"arch={arch}"]).model_config(32768).mlp_branch_gain == 0.1
     with pytest.raises(ConfigError, match="crammed-bert"):
         TrainConfig.load("no-such-recipe")
 

@@ -17,6 +17,10 @@ def add_parsers(sub) -> None:
                        "install 'blocklab[eval]'). Prints a table and writes JSON.")
     p.add_argument("--run", required=True, help="run directory of `blocklab train`")
     p.add_argument("--mc", help="comma-separated multiple-choice JSONL files (one task each)")
+    p.add_argument("--baseline", metavar="TASK=R[,TASK=R]",
+                   help="--mc tasks: random (or majority-class) baseline r of the centered accuracy "
+                   "(acc - r) / (1 - r); default 1 / number of choices. TASK is the file's stem (parent/stem "
+                   "when two files share one)")
     p.add_argument("--tasks", help="comma-separated lm-evaluation-harness task names")
     p.add_argument("--include-path", help="directory of extra harness task YAMLs (local tasks)")
     p.add_argument("--local-only", action="store_true",
@@ -32,9 +36,29 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def parse_baselines(text: str | None) -> dict[str, float]:
+    """``"boolq=0.62,copa=0.5"`` -> {"boolq": 0.62, "copa": 0.5}."""
+    out: dict[str, float] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        task, _, value = item.partition("=")
+        try:
+            r = float(value)
+        except ValueError:
+            r = None
+        if r is None or not task.strip():
+            raise ConfigError(f"--baseline {item!r} is not allowed: write TASK=R[,TASK=R], e.g. boolq=0.62.")
+        out[task.strip()] = r
+    return out
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     if not args.mc and not args.tasks:
         raise ConfigError("blocklab eval needs --mc FILE[,FILE...] and/or --tasks NAME[,NAME...].")
+    if args.baseline and not args.mc:
+        raise ConfigError("--baseline sets the random baseline of --mc tasks; give --mc too.")
+    baselines = parse_baselines(args.baseline)  # a syntax error before loading the run
     import torch
 
     from blocklab.training.runs import load_run
@@ -50,7 +74,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
         files = [f.strip() for f in args.mc.split(",") if f.strip()]
         report["multiple_choice"] = evaluate_mc(run.model, run.tokenizer, files, args.batch_size,
-                                                args.delimiter, args.limit)
+                                                args.delimiter, args.limit, baselines)
         print(format_table(report["multiple_choice"]))
     if args.tasks:
         try:

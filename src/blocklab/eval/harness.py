@@ -28,6 +28,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
+from blocklab.config import ConfigError
 from blocklab.eval.loglik import check_causal, model_device, score_continuations
 
 
@@ -39,6 +40,11 @@ class BlocklabLM(TemplateLM):
                  batch_size: int | str = 16, max_length: int | None = None, max_gen_toks: int = 256,
                  device: str | None = None, **kwargs: Any) -> None:
         super().__init__()
+        if isinstance(batch_size, str) and batch_size.strip().isdigit():  # model_args give strings
+            batch_size = int(batch_size)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"BlocklabLM batch_size = {batch_size!r} is not allowed: give a positive "
+                              "integer (the harness's 'auto' batch-size search is not supported).")
         if model is None:
             if run is None:
                 raise ValueError("BlocklabLM needs a model and tokenizer, or run=DIR (a blocklab run "
@@ -51,7 +57,7 @@ class BlocklabLM(TemplateLM):
             model = model.to(device)
         check_causal(model, "lm-evaluation-harness")
         self.model, self.blocklab_tokenizer = model.eval(), tokenizer
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # "auto" is not supported
+        self.batch_size = batch_size
         self._max_length = max_length or model.cfg.context_length
         self.max_gen_toks = max_gen_toks
         self._device = model_device(model)

@@ -9,8 +9,9 @@ style). A choice is scored as the continuation ``delimiter + choice`` of ``[SEP]
 
 and the prediction is the argmax over choices (the first one on a tie). Per task we report
 both accuracies and the centered accuracy of DCLM (Li et al., 2024), as used by Bank of Values
-(Sec. 4): with r the accuracy of random guessing, 1 / number of choices (averaged over the
-examples when that number varies),
+(Sec. 4): with r "the task's random-guessing (or majority-class) baseline", by default
+1 / number of choices (averaged over the examples when that number varies), or given per task
+(`random_baseline`, e.g. the majority class of BoolQ),
 
     centered = (acc - r) / (1 - r),
 
@@ -102,9 +103,13 @@ def centered_accuracy(acc: float, random_baseline: float) -> float:
 
 
 def score_mc(model: nn.Module, tokenizer, examples: list[MCExample], task: str = "task",
-             batch_size: int = 16, delimiter: str = " ") -> MCResult:
-    """Accuracies of `model` on `examples` under both scorings (module docstring)."""
+             batch_size: int = 16, delimiter: str = " ", random_baseline: float | None = None) -> MCResult:
+    """Accuracies of `model` on `examples` under both scorings (module docstring); `random_baseline`
+    is the task's r (default: 1 / number of choices, averaged over the examples)."""
     check_causal(model, "zero-shot multiple choice")
+    if random_baseline is not None and not 0.0 <= random_baseline < 1.0:
+        raise ConfigError(f"random baseline {random_baseline!r} of task {task!r} is not allowed: give r in "
+                          "[0, 1).")
     requests, n_bytes = [], []
     for example in examples:
         for choice in example.choices:
@@ -123,7 +128,8 @@ def score_mc(model: nn.Module, tokenizer, examples: list[MCExample], task: str =
         baseline += 1.0 / m
         k += m
     n = len(examples)
-    acc, acc_byte, r = correct_sum / n, correct_byte / n, baseline / n
+    acc, acc_byte = correct_sum / n, correct_byte / n
+    r = baseline / n if random_baseline is None else float(random_baseline)
     return MCResult(task, n, acc, acc_byte, r, centered_accuracy(acc, r), centered_accuracy(acc_byte, r))
 
 
@@ -135,13 +141,38 @@ def core_score(results: list[MCResult]) -> dict[str, float]:
             "core_per_byte": sum(r.centered_acc_per_byte for r in results) / len(results)}
 
 
+def task_names(files: list[str | Path]) -> list[str]:
+    """One name per file: its stem, or parent/stem where two files share a stem."""
+    paths = [Path(f) for f in files]
+    stems = [p.stem for p in paths]
+    names = [f"{p.parent.name}/{p.stem}" if stems.count(p.stem) > 1 else p.stem for p in paths]
+    for name in names:
+        if names.count(name) > 1:
+            same = [str(p) for p, n in zip(paths, names, strict=True) if n == name]
+            raise ConfigError(f"multiple-choice files {', '.join(same)} would both be task {name!r}: give "
+                              "each task file a distinct name (or folder).")
+    return names
+
+
 def evaluate_mc(model: nn.Module, tokenizer, files: list[str | Path], batch_size: int = 16,
-                delimiter: str = " ", limit: int | None = None) -> dict:
-    """Score every file (task name: the file's stem); returns ``{"tasks": [...], "core": ..., ...}``."""
+                delimiter: str = " ", limit: int | None = None,
+                random_baseline: dict[str, float] | None = None) -> dict:
+    """Score every file; returns ``{"tasks": [...], "core": ..., ...}``.
+
+    A task is named by its file's stem (parent/stem when two files share one); `random_baseline`
+    maps task names to their r (DCLM: "random-guessing (or majority-class) baseline"), the others
+    use 1 / number of choices.
+    """
+    names = task_names(files)
+    given = dict(random_baseline or {})
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ConfigError(f"random baseline for unknown task(s) {', '.join(map(repr, unknown))}; the tasks "
+                          f"are {', '.join(map(repr, names))}.")
     results = []
-    for path in files:
+    for path, name in zip(files, names, strict=True):
         examples = load_mc(path)[:limit] if limit else load_mc(path)
-        results.append(score_mc(model, tokenizer, examples, Path(path).stem, batch_size, delimiter))
+        results.append(score_mc(model, tokenizer, examples, name, batch_size, delimiter, given.get(name)))
     return {"tasks": [r.to_dict() for r in results], **core_score(results)}
 
 

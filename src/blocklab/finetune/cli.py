@@ -10,8 +10,9 @@ from blocklab.config import ConfigError
 def add_parsers(sub) -> None:
     p = sub.add_parser("finetune", help="fine-tune a masked-LM run on a GLUE-format task, report metrics",
                        description="Fine-tune a pretrained encoder run on local task files (TSV/CSV with a "
-                       "header, or JSONL) with the Crammed BERT protocol of Simplifying Transformer Blocks "
-                       "(5 epochs, batch 32, lr 1.5e-4 cosine, dropout 0.1), then write OUT/metrics.json.")
+                       "header, GLUE's headerless CoLA TSVs, or JSONL) with the Crammed BERT protocol of "
+                       "Simplifying Transformer Blocks (5 epochs, batch 32, lr 1.5e-4 cosine, dropout 0.1), "
+                       "then write OUT/metrics.json and OUT/predictions.jsonl.")
     p.add_argument("--run", required=True, help="run directory of `blocklab train` (objective mlm)")
     p.add_argument("--train", required=True, help="training file (.tsv, .csv or .jsonl)")
     p.add_argument("--eval", required=True, help="evaluation file with labels (.tsv, .csv or .jsonl)")

@@ -3,9 +3,12 @@
 The protocol of Simplifying Transformer Blocks (Sec. 5 and App. D.2), which follows Crammed BERT
 (Geiping & Goldstein, 2023): 5 epochs with the same hyperparameters for every task, dropout 0.1
 (pretraining uses none), batch 32, AdamW (betas 0.9 / 0.98, eps 1e-6, no weight decay) with a
-peak learning rate of 1.5e-4, a linear warmup over the first 10% of the steps and cosine decay to 0:
+peak learning rate of 1.5e-4, a linear warmup over the first 10% of the steps and cosine decay to 0.
+With T steps, W = round(0.1 T) warmup steps and s = 0 .. T - 1 the updates done so far,
 
-    lr(p) = 1.5e-4 min(p / 0.1, (1 + cos(pi (p - 0.1) / 0.9)) / 2),   p = step / total steps.
+    lr(s) = 1.5e-4 min((s + 1) / W, (1 + cos(pi (s - W) / (T - W))) / 2),
+
+so the first update uses 1.5e-4 / W rather than 0 (a wasted step), as nanochat's (it + 1) / warmup.
 
 The metrics are measured on the evaluation file after every epoch; the reported ones are those
 after the last epoch (no selection on the evaluation set).
@@ -160,7 +163,8 @@ def prepare_encoder(run_dir: str | Path, cfg: FinetuneConfig):
 
 def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path, task: str,
              out_dir: str | Path | None = None, **hp: Any) -> dict[str, float]:
-    """Fine-tune the run in `run_dir` on `train_file`, evaluate on `eval_file`, write ``metrics.json``.
+    """Fine-tune the run in `run_dir` on `train_file`, evaluate on `eval_file`, write ``metrics.json``
+    and ``predictions.jsonl`` (the last epoch's prediction and label of every evaluation example).
 
     `task` is a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or ``"generic"``
     (give ``text_columns`` and ``label_column``); `hp` are `FinetuneConfig` fields. `out_dir`
@@ -185,6 +189,8 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
     steps_per_epoch = math.ceil(len(train_examples) / cfg.batch_size)
     total = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps,
                                                                            steps_per_epoch * cfg.epochs)
+    # the warmup in steps: its ramp (step + 1) / W makes the first update count (lr > 0)
+    optim_cfg = optim_cfg.replace(warmup_steps=round(cfg.warmup_fraction * total))
     generator = torch.Generator().manual_seed(cfg.seed)
     history, step, start = [], 0, time.perf_counter()
     from tqdm.auto import tqdm
@@ -226,9 +232,13 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
               "eval_file": str(eval_file), "metrics": metrics, "history": history,
               "num_labels": spec.num_labels, "label_names": list(spec.label_names), "pooling": pooling,
               "max_length": max_length, "train_examples": len(train_examples),
-              "eval_examples": len(eval_examples), "steps": step, "time_s": time.perf_counter() - start,
+              "eval_examples": len(eval_examples), "steps": step, "warmup_steps": optim_cfg.warmup_steps,
+              "time_s": time.perf_counter() - start,
               "config": _plain(dataclasses.asdict(cfg))}
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
+    rows = zip(predictions, eval_data[2].tolist(), strict=True)  # the last epoch's, behind the metrics
+    (out / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p, "label": y}) + "\n"
+                                                   for p, y in rows))
     return metrics
 
 

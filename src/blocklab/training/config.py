@@ -4,11 +4,17 @@ The model is named by an architecture and a size preset plus `model` field overr
 config stays short and the resolved `ModelConfig` is written beside it in the run directory.
 Nested sections (`data`, `optim`, `model`) take dotted overrides: ``optim.lr=3e-4``,
 ``model.n_layers=4``, ``data.tokenizer=byte``.
+
+Continued pretraining starts from existing weights instead: ``init_from`` (a run directory or a
+`blocklab.interop.save_pretrained` export) and, optionally, ``retrofit`` (a value path applied
+with `blocklab.interop.retrofit`, e.g. ``resformer-learnable``). The source then fixes the model
+(``arch``, ``size`` and ``model`` are not used) and its tokenizer.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,8 @@ class TrainConfig:
     arch: str = "pre-ln"  # block preset, optionally "+value-path" (see `blocklab presets`)
     size: str = "tiny"
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig field overrides
+    init_from: str | None = None  # continue from a run directory or a save_pretrained export
+    retrofit: str | None = None  # value path given to interop.retrofit after loading init_from
     # -- data and optimisation ---------------------------------------------------------------------
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -60,6 +68,8 @@ class TrainConfig:
     out_dir: str = "runs/run"
 
     def __post_init__(self) -> None:
+        if isinstance(self.init_from, os.PathLike):
+            self.init_from = os.fspath(self.init_from)
         if isinstance(self.data, dict):
             self.data = DataConfig.from_dict(self.data)
         if isinstance(self.optim, dict):
@@ -180,3 +190,24 @@ def _validate(cfg: TrainConfig) -> None:
     if not isinstance(cfg.model, dict):
         _fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
     cfg.model_config(vocab_size=256)  # names a bad arch, size or model field now, not after data prep
+    _validate_init(cfg)
+
+
+def _validate_init(cfg: TrainConfig) -> None:
+    """init_from / retrofit; whether init_from exists is checked when the Trainer loads it."""
+    if cfg.init_from is not None and (not isinstance(cfg.init_from, str) or not cfg.init_from):
+        _fail("init_from", cfg.init_from, "give a run directory or a save_pretrained export folder.")
+    if cfg.init_from is not None and cfg.model:
+        _fail("model", cfg.model, "with init_from the model (and its config) comes from the source; "
+                                  "drop the model.* overrides.")
+    if cfg.retrofit is None:
+        return
+    if cfg.init_from is None:
+        _fail("retrofit", cfg.retrofit, "it retrofits a pretrained baseline: set init_from too (a run "
+                                        "directory or a save_pretrained export).")
+    from blocklab.model.value_paths import VALUE_PATHS
+
+    allowed = [v for v in VALUE_PATHS if v != "standard"]
+    if not isinstance(cfg.retrofit, str) or cfg.retrofit.rpartition("+")[2] not in allowed:
+        _fail("retrofit", cfg.retrofit, f"name a value path ({', '.join(allowed)}), optionally after the "
+                                        "baseline's block preset (pre-ln+resformer).")

@@ -14,7 +14,7 @@ import resource
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,64 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     return Trainer(cfg, resume=resume).run()
 
 
+def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
+    """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory or a
+    `blocklab.interop.save_pretrained` export), retrofitted with the value path `cfg.retrofit`
+    (`blocklab.interop.retrofit`: ResFormer's mix starts at the baseline where the formula allows,
+    a low-cost use of value residuals per Value Residual Learning), and the source's tokenizer.json
+    (None when an export has none)."""
+    from blocklab.interop import load_pretrained, retrofit
+    from blocklab.training.runs import load_run
+
+    src = Path(cfg.init_from)
+    try:
+        if (src / "model_config.json").is_file():
+            model = load_run(src).model
+        elif (src / "config.json").is_file():
+            model = load_pretrained(src)
+        else:
+            raise FileNotFoundError(f"TrainConfig.init_from = {cfg.init_from!r} is not allowed: it is "
+                                    "neither a run directory (model_config.json) nor a save_pretrained "
+                                    "export (config.json).")
+    except FileNotFoundError as err:  # a usage error, reported without a traceback
+        raise ConfigError(str(err)) from None
+    model = model.float().train()
+    if cfg.retrofit:
+        model = retrofit(model, cfg.retrofit)
+    tok = src / "tokenizer.json"
+    return model, tok if tok.is_file() else None
+
+
+def _check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, tokenizer) -> None:
+    """The source must fit the data: its tokenizer, vocabulary, objective and context length."""
+    from blocklab.data import load_tokenizer
+
+    where = f"init_from = {cfg.init_from!r}"
+    if source_tok is not None:
+        if load_tokenizer(source_tok, tokenizer.eos_token, tokenizer.mask_token).hash != tokenizer.hash:
+            raise ConfigError(f"data.tokenizer = {cfg.data.tokenizer!r} differs from the tokenizer of "
+                              f"{where}; leave data.tokenizer at 'bpe' (then {str(source_tok)!r} is used) "
+                              "or give that file.")
+    elif cfg.data.tokenizer == "bpe":
+        raise ConfigError(f"{where} has no tokenizer.json: set data.tokenizer to the model's tokenizer "
+                          "(byte or a tokenizer.json path) rather than training a new BPE.")
+    m = model.cfg
+    if tokenizer.vocab_size > m.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model of {where} only "
+                          f"{m.vocab_size}.")
+    if m.causal != (cfg.data.objective == "clm"):
+        raise ConfigError(f"data.objective = {cfg.data.objective!r} does not fit the model of {where} "
+                          f"(causal = {m.causal}); use {'clm' if m.causal else 'mlm'}.")
+    if cfg.seq_len > m.context_length:
+        raise ConfigError(f"seq_len = {cfg.seq_len} is longer than the context length {m.context_length} "
+                          f"of the model of {where}.")
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
+        init = load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
+        if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
+            cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.out_dir)
         torch.manual_seed(cfg.seed)
@@ -151,9 +207,14 @@ class Trainer:
         self.train_batches = Batches(self.data, "train", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
         self.val_batches = Batches(self.data, "val", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
 
-        self.model_cfg = cfg.model_config(self.data.tokenizer.vocab_size)
         torch.manual_seed(cfg.seed)
-        self.model = Transformer(self.model_cfg).to(self.device)
+        if init is not None:  # continued pretraining: the source's (retrofitted) config and weights
+            _check_init(cfg, init[0], init[1], self.data.tokenizer)
+            self.model = init[0].to(self.device)
+            self.model_cfg = self.model.cfg
+        else:
+            self.model_cfg = cfg.model_config(self.data.tokenizer.vocab_size)
+            self.model = Transformer(self.model_cfg).to(self.device)
         self.counts = count_parameters(self.model)
         self.flops_per_token = flops_per_token(self.model)
         if cfg.compile:
@@ -247,6 +308,8 @@ class Trainer:
                                    cfg.tensorboard) if env.is_main else None
             if logger is not None and not resumed:
                 logger.log({"kind": "train", "step": 0, "tokens": 0, "scalars": learned_scalars(self.model)})
+            if cfg.init_from and not resumed:  # the starting point's validation loss (step 0)
+                self._validate(logger)
             val = self._loop(logger)
             summary = self._summary(val)
             if env.is_main:
