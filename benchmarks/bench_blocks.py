@@ -9,8 +9,9 @@ the median over the repeats.
 
 Part 2, shaped attention: `ops.shaped_attention` (fused: SDPA + alpha v - gamma mean(v), no T x T
 matrix) against the explicit matrix `ops.shaped_attention_matrix(...) @ v`, forward only (no_grad)
-and forward + backward, for B=1, H=2, D=64, causal, T = 512 ... 8192. Each (T, path) runs in a fresh
-child process. The explicit path is skipped where its estimated memory exceeds MAX_EXPLICIT_GIB.
+and forward + backward, for B=1, H=2, D=64, causal, T = 512 ... 8192; the fused path also with a
+sliding window of WINDOW keys (block by block, O(T w) memory). Each (T, path) runs in a fresh child
+process. The explicit path is skipped where its estimated memory exceeds MAX_EXPLICIT_GIB.
 
 Measurement (child processes, round-robin repeats, peak memory): see `_measure.py`. For Part 2 the
 peak memory is the child's peak RSS increase (CPU) or max allocated (CUDA) over the inputs.
@@ -46,6 +47,8 @@ from blocklab.presets import BLOCK_PRESETS
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 HEADS, HEAD_DIM = 2, 64
+WINDOW = 512  # the sliding window of the "fused window" path (nanochat's short window)
+ATTENTION_PATHS = ("fused", "fused window", "explicit")
 MAX_EXPLICIT_GIB = 8.0
 EXPLICIT_MATRICES = 7  # measured peak on CPU: 5-7 (B, H, T, T) float32 matrices (T = 2048-8192)
 
@@ -70,8 +73,9 @@ def attention_call(path: str, t: int, dev: torch.device):
     """A function computing one path's output for random (1, HEADS, t, HEAD_DIM) inputs."""
     q, k, v = (torch.randn(1, HEADS, t, HEAD_DIM, device=dev, requires_grad=True) for _ in range(3))
     alpha, beta, gamma = (torch.rand(HEADS, device=dev, requires_grad=True) for _ in range(3))
-    if path == "fused":
-        return lambda: blocklab.ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True)
+    if path in ("fused", "fused window"):
+        window = WINDOW if path == "fused window" else None
+        return lambda: blocklab.ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=window)
     return lambda: blocklab.ops.shaped_attention_matrix(q, k, alpha, beta, gamma, causal=True) @ v
 
 
@@ -107,7 +111,7 @@ def bench_shaped_attention(device: str, threads: int, seq_lens, repeats: int, bu
     rows = []
     for t in seq_lens:
         row = dict(T=t, explicit_est_gib=explicit_gib(t))
-        for path in ("fused", "explicit"):
+        for path in ATTENTION_PATHS:
             if path == "explicit" and explicit_gib(t) > MAX_EXPLICIT_GIB:
                 row["explicit"] = None
                 continue
@@ -135,9 +139,9 @@ def attention_table(rows: list[dict]) -> str:
         return [f"{res['fwd_ms']:.1f}", f"{res['fwd_bwd_ms']:.1f}",
                 f"{res['fwd_peak_mib']:.0f}", f"{res['fwd_bwd_peak_mib']:.0f}"]
 
-    header = ["T"] + [f"{p} {c}" for p in ("fused", "explicit")
+    header = ["T"] + [f"{p} {c}" for p in ATTENTION_PATHS
                       for c in ("fwd ms", "fwd+bwd ms", "fwd peak MiB", "fwd+bwd peak MiB")]
-    return table(header, [[r["T"]] + cells(r["fused"], r) + cells(r["explicit"], r) for r in rows])
+    return table(header, [[r["T"]] + [c for p in ATTENTION_PATHS for c in cells(r[p], r)] for r in rows])
 
 
 def main() -> None:
@@ -165,7 +169,8 @@ def main() -> None:
     start = time.perf_counter()
     attention = bench_shaped_attention(args.device, args.threads, seq_lens, repeats=1 if args.quick else 5,
                                        budget_s=5.0)
-    print(f"## Shaped attention, fused vs explicit: B=1, H={HEADS}, D={HEAD_DIM}, causal, float32, "
+    print(f"## Shaped attention, fused (full context; window {WINDOW}) vs explicit: B=1, H={HEADS}, "
+          f"D={HEAD_DIM}, causal, float32, "
           f"median ms ({time.perf_counter() - start:.0f} s)\n")
     print(attention_table(attention) + "\n")
 
