@@ -30,18 +30,16 @@ benchmarks/results/cache-memory.png.
 from __future__ import annotations
 
 import argparse
-import datetime
+import importlib.metadata
 import json
-import os
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import torch
 
 import blocklab
+from _measure import machine_info
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
@@ -227,29 +225,6 @@ def plot(path: Path, size_name: str, size: dict, configs: dict, measured: dict, 
 
 
 # -- report ----------------------------------------------------------------------------------------
-def machine_info(device: str, threads: int) -> dict:
-    cpu = "unknown"
-    if Path("/proc/cpuinfo").exists():
-        names = [ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")]
-        cpu = names[0] if names else cpu
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "unknown"
-    import transformers
-
-    info = dict(cpu=cpu, cores=os.cpu_count(), torch_threads=threads, torch=torch.__version__,
-                transformers=transformers.__version__, python=platform.python_version(),
-                platform=platform.platform(), device=device, commit=commit,
-                date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                load_avg_at_start=[round(x, 2) for x in os.getloadavg()])
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
-
-
 def summarize(speeds: dict[int, dict], lengths) -> dict:
     out = {}
     for t in lengths:
@@ -309,6 +284,7 @@ def main() -> None:
     size = SIZES[args.size]
     context = max(lengths) + new
     info = machine_info(args.device, threads)
+    info["transformers"] = importlib.metadata.version("transformers")
     print(f"# bench_cache: size {args.size} {size}, lengths {lengths}, {new} new tokens, {repeats} repeats, "
           f"{device}, {threads} threads; load {info['load_avg_at_start']}", flush=True)
 

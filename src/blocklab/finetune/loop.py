@@ -17,7 +17,6 @@ after the last epoch (no selection on the evaluation set).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import math
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blocklab.config import ConfigError
+from blocklab.config import ConfigError, check_fields
 from blocklab.finetune.model import POOLINGS, SequenceClassifier, encode_example
 from blocklab.finetune.tasks import (
     Example,
@@ -83,13 +82,7 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FinetuneConfig:
-        names = [f.name for f in dataclasses.fields(cls)]
-        for key in data:
-            if key not in names:
-                close = difflib.get_close_matches(key, names, n=3)
-                hint = f" Did you mean {', '.join(close)}?" if close else ""
-                raise ConfigError(f"unknown fine-tuning option {key!r}.{hint} Known options: "
-                                  f"{', '.join(names)}.")
+        check_fields(cls, data)
         return cls(**data)
 
 
@@ -234,7 +227,7 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
               "max_length": max_length, "train_examples": len(train_examples),
               "eval_examples": len(eval_examples), "steps": step, "warmup_steps": optim_cfg.warmup_steps,
               "time_s": time.perf_counter() - start,
-              "config": _plain(dataclasses.asdict(cfg))}
+              "config": dataclasses.asdict(cfg)}
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     rows = zip(predictions, eval_data[2].tolist(), strict=True)  # the last epoch's, behind the metrics
     (out / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p, "label": y}) + "\n"
@@ -242,12 +235,6 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
     return metrics
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 __all__ = ["FinetuneConfig", "TaskSpec", "finetune", "predict", "prepare_encoder"]
