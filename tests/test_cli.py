@@ -112,3 +112,42 @@ def test_generate_continues_a_prompt_greedily_as_full_forward_passes_do(tmp_path
     assert "top_p" in capsys.readouterr().err
     assert main(["generate", "--run", str(tmp_path / "nowhere"), "--prompt", prompt]) == 2
     assert "not a blocklab run directory" in capsys.readouterr().err
+
+
+# -- blocklab params for the value paths -------------------------------------------------------------------
+def millions(cell: str) -> float:
+    return float(cell.rstrip("M")) * 1e6
+
+
+def test_params_bov_columns_equal_a_hand_count(capsys):
+    """tiny: vocab 4096, d 128, 4 layers, ReLU MLP 512, RMSNorm (no bias), tied, sinusoidal (no
+    position parameters); BoV targets layers >= floor(2 * 4 / 3) = 2, i.e. layers 2 and 3."""
+    tiny = SIZE_PRESETS["tiny"].fields
+    vocab, d, n_layers, hidden = 4096, 128, 4, 512
+    assert (tiny["vocab_size"], tiny["d_model"], tiny["n_layers"], tiny["mlp_hidden"]) == (vocab, d, n_layers,
+                                                                                           hidden)
+    assert main(["params", "--arch", "pre-ln,pre-ln+bov", "--size", "tiny"]) == 0
+    out = capsys.readouterr().out
+    layer = 4 * d * d + 2 * d * hidden + 2 * d  # W_Q, W_K, W_V, W_O, the MLP and two RMSNorm weights
+    targets = 2
+    expected = {  # arch: (total, embedding, value tables, non-embedding)
+        "pre-ln": (vocab * d + n_layers * layer + d, vocab * d, 0, n_layers * layer + d),
+        # each target layer drops W_V (d x d), gains gamma_v and a table (vocab x d)
+        "pre-ln+bov": (vocab * d + targets * vocab * d + n_layers * layer + d - targets * (d * d - 1),
+                       vocab * d, targets * vocab * d, n_layers * layer + d - targets * (d * d - 1)),
+    }
+    for arch, counts in expected.items():
+        row = row_of(out, arch, "tiny")
+        for cell, count in zip(row[2:6], counts, strict=True):
+            assert millions(cell) == pytest.approx(count, abs=0.005e6), (arch, row)
+    bov, base = row_of(out, "pre-ln+bov", "tiny"), row_of(out, "pre-ln", "tiny")
+    assert millions(bov[6]) < millions(base[6])  # FLOPs per token: the lookup replaces a matmul
+
+
+def test_params_all_lists_every_value_path(capsys):
+    from blocklab.model.value_paths import VALUE_PATHS
+
+    assert main(["params", "--all", "--size", "tiny"]) == 0
+    out = capsys.readouterr().out
+    for vp in VALUE_PATHS:  # "standard" is the bare block preset
+        row_of(out, "pre-ln" if vp == "standard" else f"pre-ln+{vp}", "tiny")

@@ -182,3 +182,12 @@ def test_validation_runs_on_replace():
     cfg = ModelConfig.from_preset("pre-ln", "tiny")
     with pytest.raises(ConfigError, match="d_model"):
         cfg.replace(d_model=130)
+
+
+@pytest.mark.parametrize("tie", ["all-tied", "ll-tied"])
+def test_reparam_tie_with_a_value_path_that_drops_w_v_names_the_tie_the_path_and_the_layers(tie):
+    """The tied inits set W_P,init from W_V,init in each layer; SVFormer has W_V only in layer 0."""
+    message = error_of(lambda: ModelConfig(n_layers=3, value_path="svformer", value_form="reparam",
+                                           proj_form="reparam", reparam_tie=tie))
+    for text in ("reparam_tie", repr(tie), "'svformer'", "layers [1, 2]"):
+        assert text in message, f"{text!r} not in {message!r}"

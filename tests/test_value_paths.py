@@ -81,6 +81,7 @@ def params_under(model, prefix: str) -> list[str]:
 
 # -- 1. every variant equals the float64 reference (with perturbed, non-initial parameters) ---------
 GQA = dict(n_kv_heads=2)
+ROPE = dict(positions="rope", rope_base=50.0)  # a small base so that the rotations matter at T = 9
 CASES = [
     ("pre-ln", {}, {}),
     ("pre-ln+resformer", {}, {}),
@@ -129,6 +130,25 @@ CASES = [
     ("sas-p+svformer", {}, {}),
     ("sas-p-nonorm+bov", {}, {}),
     ("sas+resformer", {}, {}),
+    # RoPE on the mixed Q / K (and on the keys that CLA and cross-layer attention reuse)
+    ("pre-ln+resformer", {}, ROPE),
+    ("pre-ln+resformer", dict(residual_on="query", learnable=True), ROPE),
+    ("pre-ln+resformer", dict(residual_on="key", learnable=True), dict(ROPE, **GQA)),
+    ("pre-ln+resformer", dict(residual_on="query", source=1, layers=[0, 2, 3]), ROPE),
+    ("pre-ln+cla", {}, ROPE),
+    ("pre-ln+cla", dict(group=3), dict(ROPE, **GQA)),
+    ("pre-ln+cross-layer-attn", {}, ROPE),
+    ("pre-ln+cross-layer-attn", {}, dict(ROPE, **GQA)),
+    ("pre-ln+svformer", {}, ROPE),
+    ("pre-ln+svformer", dict(anchors=[2]), dict(ROPE, **GQA)),
+    # grouped-query attention
+    ("pre-ln+resformer", dict(residual_on="query", learnable=True), GQA),
+    ("pre-ln+resformer", dict(source=1, layers="every-2", learnable=True), GQA),
+    ("pre-ln+resformer-dense", {}, GQA),
+    ("pre-ln+svformer", dict(anchors=[2]), dict(GQA, n_layers=5)),
+    ("pre-ln+bov", dict(learnable=False, coef=1.7, layers=[1, 3]), GQA),
+    # v1-value over "all" layers: every layer after layer 0 (BoV Table 1, "V1, All")
+    ("pre-ln+v1-value", dict(layers="all"), dict(GQA, n_layers=5)),
 ]
 
 
@@ -309,14 +329,9 @@ def test_bov_default_table_init_is_rmsnorm_embedding_times_fresh_w_v(options):
         assert (ws[0] - ws[1]).abs().max() > cfg.init_std
 
 
-def test_bov_shared_with_no_target_layers_is_a_config_error_or_builds():
-    """An empty `layers` must be rejected with a ConfigError or build; src crashes in make_shared (min())."""
-    try:
-        cfg = make_cfg("pre-ln+bov", dict(shared=True, layers=[]))
-    except ConfigError:
-        return
-    model = blocklab.Transformer(cfg)
-    assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
+def test_bov_shared_with_no_target_layers_is_a_config_error():
+    """An empty `layers` would be the standard Transformer plus an unused table: a ConfigError says so."""
+    _assert_config_error("names no layer", "pre-ln+bov", dict(shared=True, layers=[]))
 
 
 # -- 4. parameters that a variant removes ----------------------------------------------------------
@@ -521,14 +536,61 @@ def test_unknown_option_key(arch, options):
 
 @pytest.mark.parametrize("arch", ["pre-ln+resformer", "pre-ln+bov", "pre-ln+x0-value", "pre-ln+value-embed",
                                   "pre-ln+resformer-learnable-plus"])
-@pytest.mark.parametrize("layers", ["last-x", "first-third", [0, 4], [-1], 3, None, "every-3"])
+@pytest.mark.parametrize("layers", ["last-x", "first-third", [0, 4], [-1], 3, None, "every-3",
+                                    [True], [1, False], [], "last-0"])
 def test_bad_layers_spec(arch, layers):
     _assert_config_error("layers", arch, dict(layers=layers))
 
 
-@pytest.mark.parametrize("layers", ["all", [0, 2], "last-4"])
+@pytest.mark.parametrize("layers", [[0], [0, 2], "last-4"])
 def test_v1_value_cannot_target_layer_0(layers):
     _assert_config_error("layer 0", "pre-ln+v1-value", dict(layers=layers))
+
+
+def test_v1_value_all_means_every_layer_after_the_first():
+    """BoV Table 1 row "V1, All" (11 targets of 12 layers): layers >= 1 take v = c V_1 and have no W_V."""
+    n_layers = 5
+    model = build("pre-ln+v1-value", dict(layers="all"), n_layers=n_layers, **GQA)
+    assert params_under(model, "blocks.0.attn.values.") == ["blocks.0.attn.values.w_v.weight"]
+    for i in range(1, n_layers):
+        assert params_under(model, f"blocks.{i}.attn.values.") == [f"blocks.{i}.attn.values.coef.gain"]
+    values = capture_values(model, random_ids(2, 9))
+    params = dict(model.named_parameters())
+    for i in range(1, n_layers):
+        coef = params[f"blocks.{i}.attn.values.coef.gain"].detach()
+        assert abs(coef.item() - 1.0) > 1e-3  # perturbed, so the check below can tell c from 1
+        torch.testing.assert_close(values[i], coef * values[0], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("arch, options, match", [
+    ("pre-ln+resformer", dict(layers=[0]), "no layer after source=0"),
+    ("pre-ln+resformer", dict(source=1, layers=[0, 1]), "no layer after source=1"),
+    ("pre-ln+resformer", dict(residual_on="query", layers=[0]), "no layer after source=0"),
+    ("pre-ln+resformer-sparse", dict(source=2, layers=[1, 2]), "no layer after source=2"),
+    ("pre-ln+resformer-learnable-plus", dict(layers=[0]), "no layer after source=0"),
+    ("pre-ln+resformer-learnable-plus", dict(layers=[]), "names no layer"),
+    ("pre-ln+bov", dict(layers=[]), "names no layer"),
+    ("pre-ln+bov", dict(layers="last-0", shared=True), "names no layer"),
+    ("pre-ln+x0-value", dict(layers=[]), "names no layer"),
+    ("pre-ln+v1-value", dict(layers=[]), "names no layer"),
+    ("pre-ln+value-embed", dict(layers="last-0"), "names no layer"),
+])
+def test_value_paths_that_would_change_nothing_are_config_errors(arch, options, match):
+    """No target layer (or none after the ResFormer source) would silently give the standard model."""
+    _assert_config_error(match, arch, options)
+    with pytest.raises(ConfigError, match="layers"):  # the message names the option to change
+        make_cfg(arch, options)
+
+
+@pytest.mark.parametrize("arch, options", [
+    ("pre-ln+resformer", dict(layers=[1])),
+    ("pre-ln+resformer", dict(source=1, layers=[0, 1, 2])),
+    ("pre-ln+bov", dict(layers=[0], shared=True)),
+    ("pre-ln+value-embed", dict(layers="last-1")),
+])
+def test_one_target_layer_after_the_source_is_enough(arch, options):
+    model = blocklab.Transformer(make_cfg(arch, options))
+    assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
 
 
 @pytest.mark.parametrize("group", [1, 0, 5, 1.5])
@@ -542,9 +604,99 @@ def test_cla_group_must_be_between_2_and_n_layers(group):
     ("pre-ln+svformer", dict(anchors=[0]), "anchors"),
     ("pre-ln+denseformer", dict(dilation=0), "dilation"),
     ("pre-ln+denseformer", dict(period=-1), "period"),
+    ("pre-ln+value-embed", dict(gate_channels=D + 1), "gate_channels"),  # more than x has
+    ("pre-ln+svformer", dict(anchors=[True]), "anchors"),
 ])
 def test_bad_option_values(arch, options, match):
     _assert_config_error(match, arch, options)
+
+
+def test_value_embed_gate_reads_up_to_d_model_channels():
+    """gate_channels = d_model is allowed; the default 12 shrinks to a narrower d_model."""
+    model = build("pre-ln+value-embed", dict(gate_channels=D))
+    assert model.blocks[3].attn.values.gate.weight.shape == (model.cfg.kv_heads, D)
+    narrow = build("pre-ln+value-embed", d_model=8, n_heads=2)
+    assert narrow.blocks[3].attn.values.gate.weight.shape == (2, 8)
+
+
+TIED = dict(value_form="reparam", proj_form="reparam", reparam_init="orthogonal")
+
+
+@pytest.mark.parametrize("tie", ["all-tied", "ll-tied"])
+@pytest.mark.parametrize("arch, options, bare", [
+    ("pre-ln+svformer", {}, [1, 2, 3]),
+    ("pre-ln+svformer", dict(anchors=[2]), [1, 3]),
+    ("pre-ln+cla", {}, [1, 3]),
+    ("pre-ln+bov", {}, [2, 3]),
+    ("pre-ln+bov", dict(layers=[0, 3], shared=True), [0, 3]),
+    ("pre-ln+v1-value", dict(layers="every-2"), [1, 3]),
+])
+def test_reparam_tie_needs_a_value_projection_in_every_layer(tie, arch, options, bare):
+    """Tied inits set W_P,init from each layer's W_V,init (Simplifying Fig. 14); some paths drop W_V."""
+    vp = arch.partition("+")[2]
+    with pytest.raises(ConfigError) as info:
+        make_cfg(arch, options, reparam_tie=tie, **TIED)
+    message = str(info.value)
+    assert "reparam_tie" in message and repr(vp) in message and f"layers {bare}" in message
+    assert "none" in message  # what to do instead
+
+
+@pytest.mark.parametrize("arch", ["pre-ln", "pre-ln+resformer", "pre-ln+x0-value", "pre-ln+resformer-dense"])
+def test_reparam_tie_combines_with_paths_that_keep_every_value_projection(arch):
+    model = blocklab.Transformer(make_cfg(arch, reparam_tie="all-tied", **TIED))
+    assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
+
+
+@pytest.mark.parametrize("arch, options", [(f"pre-ln+{vp}", {}) for vp in VALUE_PATHS] + [
+    ("pre-ln+svformer", dict(anchors=[2])), ("pre-ln+cla", dict(group=3)),
+    ("pre-ln+bov", dict(layers=[0, 2], shared=True)), ("pre-ln+v1-value", dict(layers="all")),
+])
+def test_has_value_map_agrees_with_the_built_layers(arch, options):
+    """Validation reads `has_value_map` (reparam_tie); it must match which layers own a W_V module."""
+    cfg = make_cfg(arch, options)
+    model = blocklab.Transformer(cfg)
+    cls = VALUE_PATHS[cfg.value_path]
+    built = [getattr(b.attn.values, "w_v", None) is not None for b in model.blocks]
+    assert [cls.has_value_map(cfg, i) for i in range(cfg.n_layers)] == built
+
+
+def test_list_presets_names_every_value_path():
+    assert set(blocklab.list_presets()["value_paths"]) == set(VALUE_PATHS)
+
+
+def test_compile_blocks_compiles_every_layer_of_a_12_layer_denseformer():
+    """DenseFormer's history grows per layer, so the shared Block.forward needs one compiled version
+    per layer: 12 > dynamo's default limit of 8, past which blocks silently run eagerly.
+
+    fail_on_recompile_limit_hit turns that fallback into an error; the frame counters show every
+    block ran as a compiled frame. The eager backend keeps the test fast (the limit is dynamo's).
+    """
+    model = build("pre-ln+denseformer", n_layers=12, seed=2)
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        expected = model(ids)
+    from torch._dynamo.utils import counters
+
+    limits = dict(recompile_limit=8, accumulated_recompile_limit=256, fail_on_recompile_limit_hit=True)
+    try:
+        with torch._dynamo.config.patch(**limits):  # the defaults, whatever earlier tests set
+            plain = build("pre-ln+denseformer", n_layers=12, seed=2)
+            torch._dynamo.reset()
+            for block in plain.blocks:  # what compile_blocks replaces: it hits the limit
+                block.compile(backend="eager")
+            with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit), torch.no_grad():
+                plain(ids)
+
+            torch._dynamo.reset()
+            counters.clear()
+            model.compile_blocks(backend="eager")
+            assert torch._dynamo.config.recompile_limit >= 12 + 4
+            with torch.no_grad():
+                out = model(ids)
+            assert counters["frames"]["total"] == counters["frames"]["ok"] == 12
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("arch, options, match", [

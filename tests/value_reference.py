@@ -19,11 +19,14 @@ name and the *meaning* of the config from the papers:
     x0-value   v_p = c RMSNorm(e_p) W^V ; v1-value  v_p = c V_1              BoV Table 1
     value-emb  v = x W^V + 3 sigmoid(x[:12] W_g) E_v[id]   (per KV head, nanochat)
     SAS(-P)    (alpha_h I + beta_h A_h - gamma_h C) V_h, C = softmax(0 + M)  Simplifying Eqs. (5), (13)
+    RoPE       q_p <- R(p) q_p, k_p <- R(p) k_p per head, applied to the Q and K that enter A_n,
+               i.e. after the query/key residual Q'_n = lambda_{n,1} Q_1 + lambda_{n,2} Q_n (Fig. 9)
+               and to the keys CLA followers and cross-layer attention reuse (RoFormer Eq. 34)
 
 Layer indices are 0-based: the paper's V_1 is layer 0's value. Conventions fixed by parameter
 shapes: torch's (out, in) weight layout (y = x W^T), heads are contiguous column blocks, grouped
 query head h reads KV head h // (H / H_kv), sinusoidal positions are [sin | cos] with frequencies
-10000^(-i / (d/2)).
+10000^(-i / (d/2)). RoPE uses the half-split layout: it rotates the pairs (x_i, x_{i + D/2}).
 """
 
 from __future__ import annotations
@@ -163,6 +166,21 @@ def sinusoidal(t: int, d: int) -> Tensor:
     return pe
 
 
+def rope(x: Tensor, base: float) -> Tensor:
+    """R(p) x_p for one head x (B, T, D): the pair (x_i, x_{i + D/2}) at position p turns by the
+    angle p * base^(-i / (D/2)) (RoFormer Eq. 34, half-split layout)."""
+    half = x.shape[-1] // 2
+    out = torch.empty_like(x)
+    for p in range(x.shape[-2]):
+        for i in range(half):
+            angle = p * base ** (-i / half)
+            c, s = math.cos(angle), math.sin(angle)
+            a, b = x[..., p, i], x[..., p, half + i]
+            out[..., p, i] = a * c - b * s
+            out[..., p, half + i] = a * s + b * c
+    return out
+
+
 def gelu(x: Tensor) -> Tensor:
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
@@ -194,7 +212,7 @@ def square_map(cfg, x: Tensor, params: Params, prefix: str, form: str, alpha: fl
 def reference_logits(model, ids: Tensor, check_all_used: bool = True) -> Tensor:
     """Logits (B, T, vocab) of `model` on `ids`, recomputed from scratch in float64."""
     cfg = model.cfg
-    assert cfg.positions in ("learned", "sinusoidal", "none") and not cfg.qk_norm
+    assert cfg.positions in ("learned", "sinusoidal", "none", "rope") and not cfg.qk_norm
     assert cfg.window_size is None and cfg.block_layout in ("pre-ln", "parallel") and cfg.dropout == 0
     params = Params(model)
     o = options(cfg)
@@ -343,7 +361,10 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
         else:
             cross = state["kv1"]
     elif vp in ("bov", "x0-value", "v1-value"):
-        target = n in layer_set(o["layers"], cfg.n_layers)
+        targets = layer_set(o["layers"], cfg.n_layers)
+        if vp == "v1-value" and o["layers"] == "all":  # layer 0 is V_1's source: Table 1's "V1, All"
+            targets = set(range(1, cfg.n_layers))
+        target = n in targets
         if not target:
             v = project()
             if n == 0:
@@ -369,6 +390,11 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
 
     # -- per-head attention with explicit matrices ----------------------------------------------
     qs, ks, vs = heads(q, n_h, d_h), heads(k, n_kv, d_h), heads(v, n_kv, d_h)
+
+    def position(hs: list[Tensor]) -> list[Tensor]:  # RoPE on the Q and K that enter A_n
+        return [rope(h, cfg.rope_base) for h in hs] if cfg.positions == "rope" else hs
+
+    qs, ks = position(qs), position(ks)
     eye = torch.eye(t, dtype=DTYPE)
     centre = mask.to(DTYPE) / mask.to(DTYPE).sum(-1, keepdim=True)  # C = softmax(0 + M)
     if cfg.attn_matrix != "softmax":
@@ -386,7 +412,7 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
         g = h // group
         logits = qs[h] @ ks[g].transpose(-1, -2) / math.sqrt(d_h)  # (B, T, T)
         if cross is not None:  # Eq. (2): attend over [K_n; K_1] and [V_n; V_1] under [M, M]
-            k1, v1 = heads(cross[0], n_kv, d_h)[g], heads(cross[1], n_kv, d_h)[g]
+            k1, v1 = position(heads(cross[0], n_kv, d_h))[g], heads(cross[1], n_kv, d_h)[g]
             logits = torch.cat((logits, qs[h] @ k1.transpose(-1, -2) / math.sqrt(d_h)), -1)
             a = softmax_rows(logits, torch.cat((mask, mask), -1))
             outs.append(a @ torch.cat((vs[g], v1), -2))

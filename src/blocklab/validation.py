@@ -143,6 +143,12 @@ def validate(cfg: ModelConfig) -> None:
                   "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
                   "with reparam_init='orthogonal'.")
 
-    from blocklab.model.value_paths import validate_value_path
+    from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
 
     validate_value_path(cfg)
+    if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
+        bare = [i for i in range(cfg.n_layers) if not VALUE_PATHS[cfg.value_path].has_value_map(cfg, i)]
+        if bare:
+            _fail("reparam_tie", cfg.reparam_tie,
+                  f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "
+                  f"in layers {bare} (0-based); use reparam_tie='none' with this value path.")

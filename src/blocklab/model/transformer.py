@@ -62,6 +62,27 @@ class Transformer(nn.Module):
             if module is not self and hasattr(module, "init_from_model"):
                 module.init_from_model(self)
 
+    # -- compilation ---------------------------------------------------------------------------
+    def compile_blocks(self, **compile_kwargs) -> None:
+        """`torch.compile` each block in place (``block.compile(**compile_kwargs)``).
+
+        All blocks share one code object (Block.forward), and dynamo keeps at most
+        `recompile_limit` (default 8) compiled versions of it; past that it runs the block eagerly
+        with only a warning. Value paths whose carry differs per layer (DenseFormer's history,
+        Dense-ResFormer's earlier values, per-layer lambdas of different lengths) need one version
+        per layer, and again per mode (static then dynamic sequence length, no-grad evaluation,
+        decoding), so we raise the limit to 4 per layer plus a margin. `cache_size_limit` is an
+        alias of `recompile_limit` in the torch versions we support (>= 2.9).
+        """
+        import torch._dynamo.config as dynamo
+
+        needed = 4 * len(self.blocks) + 8
+        dynamo.recompile_limit = max(dynamo.recompile_limit, needed)
+        # the total over all versions of one code object, 256 by default
+        dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 2 * needed)
+        for block in self.blocks:
+            block.compile(**compile_kwargs)
+
     # -- forward -------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Add position embeddings to the token embeddings."""

@@ -32,13 +32,17 @@ class _Substitutive(ValuePath):
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
-        self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
+        self.target = layer in self.targets(cfg)
         if self.target:
             self.coef = Gain(self.opts["coef"], self.opts["learnable"])
 
     @classmethod
+    def targets(cls, cfg) -> frozenset[int]:
+        return target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
+
+    @classmethod
     def validate(cls, cfg) -> None:
-        target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
+        cls.targets(cfg)
 
 
 class BankOfValues(_Substitutive):
@@ -58,7 +62,7 @@ class BankOfValues(_Substitutive):
         self.caches_values = not self.target
         if self.target:  # the cache keeps the token ids, not V (Bank of Values Sec. 4, "Inference")
             self.value_layer = None
-        self.w_v = None if self.target else self.make_value_map(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
         if self.target and not self.opts["shared"]:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
 
@@ -80,12 +84,14 @@ class BankOfValues(_Substitutive):
             init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer)
 
     @classmethod
+    def has_value_map(cls, cfg, layer: int) -> bool:
+        return layer not in cls.targets(cfg)
+
+    @classmethod
     def make_shared(cls, cfg) -> nn.Module | None:
-        opts = resolve_options(cls, cfg)
-        targets = target_layers(opts["layers"], cfg.n_layers)
-        if not opts["shared"] or not targets:
+        if not resolve_options(cls, cfg)["shared"]:
             return None
-        return SharedValueTable(cfg, min(targets))
+        return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
 
 
 @torch.no_grad()
@@ -142,12 +148,19 @@ class X0Value(_Substitutive):
 
 
 class V1Value(_Substitutive):
+    """v_p = c V_1 in the target layers (Bank of Values Table 1, the "V1" rows), no W_V there.
+
+    Layer 0 produces V_1, so it can never be a target: ``layers="all"`` means every layer but
+    layer 0 (layers >= 1), as in Table 1's row "V1, All" (11 target layers of 12) and nanochat's
+    `gpt_base_v_from_v1_every_layer`. An explicit list or ``last-K`` that names layer 0 is an error.
+    """
+
     description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
         self.caches_values = not self.target
-        self.w_v = None if self.target else self.make_value_map(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
         if self.target:  # the cache keeps V_1 once (layer 0's values)
             self.value_layer = 0
 
@@ -161,17 +174,28 @@ class V1Value(_Substitutive):
         return self.coef(source) if self.target else source
 
     @classmethod
+    def targets(cls, cfg) -> frozenset[int]:
+        layers = resolve_options(cls, cfg)["layers"]
+        if layers == "all":  # every layer after the source of V_1
+            return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
+        return target_layers(layers, cfg.n_layers)
+
+    @classmethod
+    def has_value_map(cls, cfg, layer: int) -> bool:
+        return layer not in cls.targets(cfg)
+
+    @classmethod
     def validate(cls, cfg) -> None:
-        super().validate(cfg)
-        if 0 in target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers):
+        if 0 in cls.targets(cfg):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
-                              "choose value_path_options['layers'] without 0.")
+                              "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
 
 
 class ValueEmbed(ValuePath):
     """v = x W^V + g * E_v[token id] with g = 3 sigmoid(W_g x[..., :12]) per KV head, in every
     second layer ending with the last (nanochat's value embeddings; gate in (0, 3), about 1.5 at
-    initialisation with W_g ~ U(0, 0.02); tables ~ N(0, 1/d)).
+    initialisation with W_g ~ U(0, 0.02); tables ~ N(0, 1/d)). Option ``gate_channels``: how many
+    leading channels of x the gate reads, at most d_model (the default 12 shrinks to d_model).
     """
 
     description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
@@ -182,7 +206,7 @@ class ValueEmbed(ValuePath):
         self.w_v = self.make_value_map(cfg, layer)
         self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
         self.kv_heads, self.head_dim, self.d_model = cfg.kv_heads, cfg.head_size, cfg.d_model
-        if self.target:
+        if self.target:  # the default 12 shrinks to a narrower model; a given value is checked
             self.channels = min(self.opts["gate_channels"], cfg.d_model)
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
             self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
@@ -209,3 +233,7 @@ class ValueEmbed(ValuePath):
         if opts["gate_channels"] < 1:
             raise ConfigError(f"value_path_options['gate_channels'] = {opts['gate_channels']!r} is not "
                               "allowed: the gate reads at least one channel (nanochat uses 12).")
+        given = cfg.value_path_options.get("gate_channels")
+        if given is not None and given > cfg.d_model:  # would silently read only d_model channels
+            raise ConfigError(f"value_path_options['gate_channels'] = {given!r} is not allowed: the gate "
+                              f"reads the first channels of x, so it must be <= d_model={cfg.d_model}.")

@@ -27,22 +27,28 @@ def target_layers(spec: Any, n_layers: int, name: str = "layers") -> frozenset[i
 
     ``"all"``; ``"last-third"`` (i >= floor(2L/3), Bank of Values); ``"every-2"`` (every second
     layer ending with the last, nanochat); ``"last-K"`` (the last K layers); or a list of indices.
+    Every value path resolves its target layers here, so this is the one place that rejects an
+    empty set (the model would silently stay a standard Transformer) and bools (True == 1).
     """
+    allowed = (f"use 'all', 'last-third', 'every-2', 'last-K' (K >= 1) or a non-empty list of layer "
+               f"indices in [0, {n_layers}).")
     if spec == "all":
-        return frozenset(range(n_layers))
-    if spec == "last-third":
-        return frozenset(range(2 * n_layers // 3, n_layers))
-    if spec == "every-2":
-        return frozenset(i for i in range(n_layers) if i % 2 == (n_layers - 1) % 2)
-    if isinstance(spec, str) and spec.startswith("last-") and spec[5:].isdigit():
-        k = int(spec[5:])
-        return frozenset(range(max(0, n_layers - k), n_layers))
-    if isinstance(spec, (list, tuple)) and all(isinstance(i, int) and 0 <= i < n_layers for i in spec):
-        return frozenset(spec)
-    raise ConfigError(
-        f"value_path_options[{name!r}] = {spec!r} is not allowed: use 'all', 'last-third', 'every-2', "
-        f"'last-K' or a list of layer indices in [0, {n_layers})."
-    )
+        layers = frozenset(range(n_layers))
+    elif spec == "last-third":
+        layers = frozenset(range(2 * n_layers // 3, n_layers))
+    elif spec == "every-2":
+        layers = frozenset(i for i in range(n_layers) if i % 2 == (n_layers - 1) % 2)
+    elif isinstance(spec, str) and spec.startswith("last-") and spec[5:].isdigit():
+        layers = frozenset(range(max(0, n_layers - int(spec[5:])), n_layers))
+    elif isinstance(spec, (list, tuple)) and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n_layers for i in spec):
+        layers = frozenset(spec)
+    else:
+        raise ConfigError(f"value_path_options[{name!r}] = {spec!r} is not allowed: {allowed}")
+    if not layers:
+        raise ConfigError(f"value_path_options[{name!r}] = {spec!r} names no layer, so the value path "
+                          f"would change nothing: {allowed}")
+    return layers
 
 
 class ValuePath(nn.Module):
@@ -111,6 +117,14 @@ class ValuePath(nn.Module):
     @classmethod
     def validate(cls, cfg) -> None:
         """Raise ConfigError for combinations that make no sense."""
+
+    @classmethod
+    def has_value_map(cls, cfg, layer: int) -> bool:
+        """Whether `layer` owns a value projection W^V (False: SVFormer, CLA followers, BoV targets).
+
+        Read by validation: tied reparameterised inits need W_V in every layer.
+        """
+        return True
 
 
 class StandardValues(ValuePath):

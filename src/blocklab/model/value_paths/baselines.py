@@ -97,7 +97,7 @@ class CrossLayerKV(ValuePath):
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
-        self.leader = layer % self.opts["group"] == 0
+        self.leader = self.has_value_map(cfg, layer)
         self.owns_keys = self.caches_values = self.leader
         self.key_layer = self.value_layer = layer - layer % self.opts["group"]  # one cache entry per group
         self.w_v = self.make_value_map(cfg, layer) if self.leader else None
@@ -115,6 +115,10 @@ class CrossLayerKV(ValuePath):
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")
+
+    @classmethod
+    def has_value_map(cls, cfg, layer: int) -> bool:
+        return layer % resolve_options(cls, cfg)["group"] == 0  # the group's leader
 
 
 class CrossLayerAttention(ValuePath):

@@ -77,7 +77,13 @@ class ValueResidual(ValuePath):
         if not (isinstance(o["source"], int) and 0 <= o["source"] < cfg.n_layers - 1):
             raise ConfigError(f"value_path_options['source'] = {o['source']!r} is not allowed: it is the "
                               f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
-        target_layers(o["layers"], cfg.n_layers)
+        targets = target_layers(o["layers"], cfg.n_layers)
+        if max(targets) <= o["source"]:  # only layers after the source mix, so nothing would change
+            raise ConfigError(
+                f"value_path_options['layers'] = {o['layers']!r} has no layer after source={o['source']}: "
+                f"only layers > source receive the source's {o['residual_on']}, so value_path="
+                f"{cfg.value_path!r} would be the standard Transformer; name at least one layer in "
+                f"({o['source']}, {cfg.n_layers}).")
 
 
 class ConstantResFormer(ValueResidual):
@@ -176,7 +182,7 @@ class SVFormer(ValuePath):
 
     def __init__(self, cfg, layer: int):
         super().__init__(cfg, layer)
-        self.projects = layer == 0 or layer in self.opts["anchors"]
+        self.projects = self.has_value_map(cfg, layer)
         self.caches_values = self.projects
         # the cache keeps V once per projecting layer; the others read the latest one's
         self.value_layer = max(a for a in (0, *self.opts["anchors"]) if a <= layer)
@@ -191,6 +197,10 @@ class SVFormer(ValuePath):
     @classmethod
     def validate(cls, cfg) -> None:
         anchors = resolve_options(cls, cfg)["anchors"]
-        if not all(isinstance(a, int) and 0 < a < cfg.n_layers for a in anchors):
+        if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
+
+    @classmethod
+    def has_value_map(cls, cfg, layer: int) -> bool:
+        return layer == 0 or layer in resolve_options(cls, cfg)["anchors"]
