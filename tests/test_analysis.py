@@ -265,6 +265,8 @@ def test_scalar_series_groups_as_the_papers_plot_them(tmp_path):
     assert panels["ResFormer lambda_1 (weight on V_1)"]["lines"]["L1"][0] == 0.7
     assert panels["Bank of Values gamma_v"]["lines"]["L2"][0] == 1.2
     assert set(panels["DenseFormer weights"]["lines"]) == {"L0[0]", "L0[1]"}
+    per_head = panels["shaped attention alpha (on I), per head"]["lines"]  # the issue asks per head
+    assert per_head == {"L0.h0": [1.0, 2.0], "L0.h1": [2.0, 2.0], "L0.h2": [3.0, 2.0]}
     assert panels["value_shared.scale"]["lines"]["value_shared.scale"][0] == 4.0
 
     path = _write_jsonl(tmp_path / "metrics.jsonl", records)
@@ -321,7 +323,7 @@ def test_report_end_to_end(tmp_path):
     assert len(results["entropy"]["mean"]) == len(results["similarity"]) == n
     assert len(results["entropy"]["per_head"][0]) == 2
     for key in ("importance", "value_norm", "hidden_norm"):
-        assert set(results[key]) == {"first_token", "other_tokens", "per_position"}
+        assert set(results[key]) - {"uniform_attention"} == {"first_token", "other_tokens", "per_position"}
         assert np.asarray(results[key]["per_position"]).shape == (n, 16)
     assert np.asarray(results["spectrum"]["normalized"]).shape == (n, 32)
     assert np.asarray(results["spectrum"]["normalized"]).sum(1) == pytest.approx([1.0, 1.0])
@@ -356,3 +358,144 @@ def test_report_end_to_end(tmp_path):
     compared = json.loads(out[1].read_text())
     assert compared["labels"] == ["sas", "resformer"]
     assert compared["series"]["resformer"]["entropy"] == other["entropy"]["mean"]
+
+
+# -- the uniform-attention references -----------------------------------------------------------------
+def test_first_token_reference_is_h_t_over_t_and_what_uniform_attention_gives():
+    from blocklab.analysis.diagnose import uniform_importance
+
+    t = 16
+    harmonic = sum(1 / k for k in range(1, t + 1))
+    model = make_model("pre-ln", n_layers=2)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.q.weight.zero_()  # every logit 0: uniform causal attention
+    ref = uniform_importance(model.blocks[0].attn, t)
+    assert ref["first_token"] == pytest.approx(harmonic / t, rel=1e-12)
+    assert ref["other_tokens"] == pytest.approx((1 - harmonic / t) / (t - 1), rel=1e-12)
+    results = diagnose(model, [tokens(t=t)])
+    uniform = results["importance"]["uniform_attention"]
+    assert uniform["first_token"] == pytest.approx([harmonic / t] * 2, rel=1e-12)
+    assert results["importance"]["first_token"] == pytest.approx(uniform["first_token"], rel=1e-9)
+    bidirectional = make_model("pre-ln", causal=False).blocks[0].attn
+    assert uniform_importance(bidirectional, t)["first_token"] == pytest.approx(1 / t)
+
+
+# -- run directories: diagnose_run, the CLI ----------------------------------------------------------
+EOS = 256  # the byte tokenizer's separator comes after the 256 bytes
+
+
+def test_held_out_windows_start_where_asked_and_are_never_masked():
+    from blocklab.analysis import held_out_windows
+
+    stream = np.array([1, 2, 3, EOS, 4, 5, 6, 7, EOS, 8, 9, EOS, 10, 11, 12, 13, EOS])
+    rows = lambda batches: [r.tolist() for b in batches for r in b]  # noqa: E731
+    assert rows(held_out_windows(stream, 4, start="window")) == [[1, 2, 3, EOS], [4, 5, 6, 7],
+                                                                  [EOS, 8, 9, EOS], [10, 11, 12, 13]]
+    assert rows(held_out_windows(stream, 4, start="document", eos_id=EOS)) == [
+        [1, 2, 3, EOS], [4, 5, 6, 7], [8, 9, EOS, 10], [10, 11, 12, 13]]
+    assert rows(held_out_windows(stream, 4, start="separator", eos_id=EOS)) == [
+        [EOS, 4, 5, 6], [EOS, 8, 9, EOS], [EOS, 10, 11, 12]]
+    batches = held_out_windows(stream, 4, batch_size=2, max_batches=1, start="document", eos_id=EOS)
+    assert len(batches) == 1 and batches[0].shape == (2, 4) and batches[0].dtype == torch.long
+    with pytest.raises(ValueError, match="start"):
+        held_out_windows(stream, 4, start="bos")
+    with pytest.raises(ValueError, match="no window of 20 tokens"):
+        held_out_windows(stream, 20)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny runs trained two steps each: SAS and Pre-LN (T = 32), Pre-LN at T = 16, a masked-LM encoder."""
+    from blocklab.training import train
+
+    root = tmp_path_factory.mktemp("diag")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(40):
+        (corpus / f"m{i}.py").write_text("".join(f"x{j % 7} = y{(i + j) % 5} + {j}\n" for j in range(12)))
+
+    def run(name, arch, seq_len=32, objective="clm"):
+        return train({"arch": arch, "size": "tiny", "batch_size": 4, "seq_len": seq_len, "max_steps": 2,
+                      "eval_every": 0, "eval_batches": 1, "log_every": 1, "progress": False,
+                      "model": {"d_model": 32, "n_layers": 2, "n_heads": 2},
+                      "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(root / "cache"),
+                               "val_fraction": 0.3, "objective": objective},
+                      "out_dir": str(root / name)}).run_dir
+
+    return {"sas": run("sas", "sas"), "pre-ln": run("pre-ln", "pre-ln"), "short": run("short", "pre-ln", 16),
+            "mlm": run("mlm", "pre-ln", objective="mlm")}
+
+
+def _raw_windows(run_dir, **kwargs):
+    """The held-out windows, built here from the run's prepared split (not through diagnose_run)."""
+    from blocklab.analysis import held_out_windows
+    from blocklab.data import prepare_data
+    from blocklab.training import load_run
+
+    run = load_run(run_dir)
+    data = prepare_data(run.config.data)
+    return run, data, held_out_windows(data.split("val"), run.config.seq_len, eos_id=data.tokenizer.eos_id,
+                                       **kwargs)
+
+
+def test_diagnose_run_is_diagnose_on_the_run_s_held_out_windows(runs, tmp_path):
+    from blocklab.analysis import diagnose_run
+
+    results = diagnose_run(runs["sas"], tmp_path / "out", batches=1, map_tokens=8, start="separator")
+    run, data, windows = _raw_windows(runs["sas"], batch_size=8, max_batches=1, start="separator")
+    assert (windows[0][:, 0] == data.tokenizer.eos_id).all()  # the same start token in every sequence
+    expected = diagnose(run.model, windows, max_batches=1, map_tokens=8)
+    assert results["entropy"] == expected["entropy"] and results["similarity"] == expected["similarity"]
+    assert results["meta"]["start"] == "separator" and results["meta"]["sequences"] == windows[0].shape[0]
+    assert json.loads((tmp_path / "out" / "diagnostics.json").read_text()) == results
+    assert (tmp_path / "out" / "scalars.png").is_file()  # SAS logs its gains
+
+
+def test_masked_lm_runs_are_diagnosed_on_unmasked_windows(runs):
+    from blocklab.analysis import diagnose_run
+
+    results = diagnose_run(runs["mlm"], batches=1)
+    run, data, windows = _raw_windows(runs["mlm"], batch_size=8, max_batches=1)
+    assert not run.model.cfg.causal and results["meta"]["objective"] == "mlm"
+    assert not (windows[0] == data.tokenizer.mask_id).any()
+    np.testing.assert_array_equal(windows[0][0].numpy(), data.split("val")[:32])  # the raw stream
+    assert results["entropy"] == diagnose(run.model, windows, max_batches=1)["entropy"]
+    # a window as the masked-LM batches give it would differ: the mask token is in it
+    from blocklab.data import Batches
+
+    masked = next(Batches(data, "val", 8, 32).validation(8, 1))["input_ids"]
+    assert (masked == data.tokenizer.mask_id).any()
+
+
+def test_cli_diagnose_writes_valid_files_and_refuses_different_lengths(runs, tmp_path, capsys):
+    from blocklab.cli import main
+
+    out = tmp_path / "sas"
+    assert main(["diagnose", "--run", str(runs["sas"]), "--out", str(out), "--batches", "1",
+                 "--map-tokens", "8", "--layers", "1", "--start", "document"]) == 0
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["attention_matrix.png", "attention_softmax.png", "entropy.png", "first_token.png",
+                    "positions.png", "scalars.png", "similarity.png", "spectrum.png"]
+    for name in pngs:
+        _check_png(out / name)
+    results = json.loads((out / "diagnostics.json").read_text())
+    assert {"meta", "entropy", "importance", "value_norm", "hidden_norm", "similarity", "spectrum",
+            "attention_maps", "notes"} <= set(results)
+    assert set(results["importance"]["uniform_attention"]) == {"first_token", "other_tokens"}
+    maps = results["attention_maps"]
+    assert {(m["layer"], m["kind"], m["size"]) for m in maps} == {(1, "softmax", 8), (1, "matrix", 8)}
+    assert np.asarray(maps[0]["values"]).shape == (8, 8)
+    assert results["meta"]["start"] == "document"
+
+    cmp = tmp_path / "cmp"
+    assert main(["diagnose", "--compare", str(runs["sas"]), str(runs["pre-ln"]), "--out", str(cmp),
+                 "--batches", "1"]) == 0
+    _check_png(cmp / "compare.png")
+    assert json.loads((cmp / "compare.json").read_text())["labels"] == ["sas", "pre-ln"]
+
+    assert main(["diagnose", "--compare", str(runs["pre-ln"]), str(runs["short"]), "--batches", "1"]) == 2
+    assert "same seq_len" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="different sequence lengths"):
+        a = diagnose(make_model("pre-ln"), [tokens(t=8)])
+        compare_reports(a, diagnose(make_model("pre-ln"), [tokens(t=6)]), tmp_path / "x")

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.compare import GRIDS, compare
+from blocklab import report as report_module
+from blocklab.compare import BUDGETS, GRIDS, Entry, compare, default_budget, entry_model, run_configs
 from blocklab.config import ConfigError
-from blocklab.training import loop
+from blocklab.model.cache import cache_bytes_per_token
+from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -42,7 +44,23 @@ def table_rows(report: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_compare_two_architectures_report(corpus, tmp_path):
+def number(cell: str) -> tuple[float, float]:
+    """(mean, std) of a table cell such as "1,234 ± 5", "0.75M" or "6.7647"."""
+    mean, _, std = cell.partition(" ± ")
+    return float(mean.rstrip("M").replace(",", "")), float(std or 0)
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    titles, real_suptitle = [], Figure.suptitle
+    monkeypatch.setattr(Figure, "suptitle",
+                        lambda fig, t, **kw: titles.append(t) or real_suptitle(fig, t, **kw))
     out = tmp_path / "cmp"
     report = compare(["pre-ln", "sas-p+bov"], out, seeds=2, base=base(corpus, tmp_path / "cache"),
                      log=lambda *_: None)
@@ -63,6 +81,16 @@ def test_compare_two_architectures_report(corpus, tmp_path):
         mean, std = sum(losses) / 2, abs(losses[0] - losses[1]) / math.sqrt(2)
         assert rows[label]["val loss"] == f"{mean:.4f} ± {std:.4f}"
         assert losses[0] != losses[1]  # the seeds really differ
+        # every measured column against the runs' summaries, to the table's rounding
+        row = {k: number(v) for k, v in rows[label].items() if k != "architecture"}
+        assert row["FLOPs/token"][0] == pytest.approx(summaries[0]["flops_per_token"] / 1e6, abs=0.005)
+        for column, key, digits in (("tokens/s", "tokens_per_s", 0), ("val bits/byte", "val_bpb", 4),
+                                    ("peak memory (MiB)", "peak_memory_mib", 0)):
+            expected = mean_std([s[key] for s in summaries])
+            assert row[column] == pytest.approx(expected, abs=0.51 * 10**-digits), column
+        # KV cache: the analytic layout, which tests/test_cache.py proves equal to KVCache.nbytes
+        kv = cache_bytes_per_token(cfg)["per_token"]
+        assert row["KV cache bytes/token"][0] == pytest.approx(kv, abs=0.5)
     # BoV's value tables are counted apart from the embedding, and its cache is smaller
     assert float(rows["sas-p+bov"]["embedding + value tables"][:-1]) > float(rows["pre-ln"]
                                                                            ["embedding + value tables"][:-1])
@@ -78,6 +106,13 @@ def test_compare_two_architectures_report(corpus, tmp_path):
     assert page.count("data:image/png;base64,") == 5 and "sas-p+bov" in page
     results = json.loads((out / "results.json").read_text())
     assert [r["label"] for r in results] == ["pre-ln", "sas-p+bov"]
+    # the scalars are drawn by blocklab.analysis.plot_scalars (beta_V / alpha_V, per-head gains), seed 0
+    assert "Learned scalars over training: sas-p+bov, seed 0" in titles
+    assert "first 2 batches of 4 windows of 32 tokens" in text
+    last_val = read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "val")[-1]
+    if "val_tokens" in last_val:  # the exact count, once the trainer logs it
+        assert f"({last_val['val_tokens']:,} target tokens;" in text
+    assert "measured from the model's own cache" in text
 
 
 def test_interrupted_compare_resumes(corpus, tmp_path, monkeypatch):
@@ -111,17 +146,120 @@ def test_interrupted_compare_resumes(corpus, tmp_path, monkeypatch):
 def test_changed_config_is_not_silently_reused(corpus, tmp_path):
     out = tmp_path / "cmp"
     compare(["pre-ln"], out, base=base(corpus, tmp_path / "cache", steps=2), log=lambda *_: None)
-    with pytest.raises(ConfigError, match="different config"):
+    with pytest.raises(ConfigError, match=r"a finished run with a different config \(max_steps: 2 -> 3\)"):
         compare(["pre-ln"], out, base=base(corpus, tmp_path / "cache", steps=3), log=lambda *_: None)
 
 
-def test_grids_name_buildable_configs():
+def test_reuse_survives_settings_that_do_not_change_results(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=2)
+    compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
+    summary = out / "runs" / "pre-ln-seed0" / "summary.json"
+    stamp = summary.stat().st_mtime_ns
+    messages = []  # progress bars on, as `blocklab compare` without --quiet; other logging and checkpoints
+    compare(["pre-ln"], out, base={**cfg, "progress": True, "log_every": 2, "ckpt_every": 5,
+                                   "keep_checkpoints": 1}, log=messages.append)
+    assert "reused" in messages[0] and summary.stat().st_mtime_ns == stamp
+    with pytest.raises(ConfigError, match="eval_every: 2 -> 1"):  # what is recorded changes
+        compare(["pre-ln"], out, base={**cfg, "eval_every": 1}, log=lambda *_: None)
+
+
+def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=6)
+    real_step = loop.Trainer._step
+    calls = {"n": 0}
+
+    def dies_at_step_4(self):
+        calls["n"] += 1
+        if calls["n"] == 4:  # the last checkpoint is step 2
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "_step", dies_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    with pytest.raises(ConfigError, match=r"an unfinished run with a different config \(max_steps: 6 -> 8\)"):
+        compare(["pre-ln"], out, base={**cfg, "max_steps": 8}, log=lambda *_: None)
+    messages = []
+    compare(["pre-ln"], out, base={**cfg, "progress": True}, log=messages.append)
+    assert "resuming" in messages[0]
+    steps = [r["step"] for r in read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "train")
+             if "loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_afresh(corpus, tmp_path, monkeypatch):
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=3)
+    real_step = loop.Trainer._step
+
+    def dies_at_step_2(self):
+        if self.state.step == 1:  # step 1 is logged, no checkpoint yet (ckpt_every 2)
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "_step", dies_at_step_2)
+    with pytest.raises(KeyboardInterrupt):
+        compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    messages = []
+    compare(["pre-ln"], out, base=cfg, log=messages.append)
+    assert "training" in messages[0]
+    steps = [r["step"] for r in read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "train")
+             if "loss" in r]
+    assert steps == [1, 2, 3]
+
+
+def test_checkpoints_follow_the_eval_cadence(tmp_path):
+    def ckpt_every(**fields):
+        return run_configs([Entry.parse("pre-ln")], 1, tmp_path, {"max_steps": 10, **fields})[0][1].ckpt_every
+
+    assert ckpt_every(eval_every=7) == 7
+    assert ckpt_every(eval_every=7, ckpt_every=3) == 3  # an explicit cadence is kept
+    assert ckpt_every(eval_every=0) == TrainConfig(max_steps=1).ckpt_every  # no periodic evals: the default
+
+
+def test_equal_flops_gives_a_cheaper_block_more_steps(corpus, tmp_path):
+    cfg = base(corpus, tmp_path / "cache")
+    del cfg["max_steps"]
+    per_step = default_budget("flops", [Entry.parse("pre-ln")], cfg) / 300  # pre-ln's FLOPs per step
+    cfg["max_flops"] = 4.9 * per_step  # 5 steps of pre-ln; sas, 4% cheaper per token, needs 6
+    out = tmp_path / "cmp"
+    compare(["pre-ln", "sas"], out, base=cfg, log=lambda *_: None)
+    summaries = {a: json.loads((out / "runs" / f"{a}-seed0" / "summary.json").read_text())
+                 for a in ("pre-ln", "sas")}
+    tokens_per_step = 4 * 32
+    # the default budget is what the trainer counts for the baseline: 300 steps of its FLOPs
+    assert per_step == summaries["pre-ln"]["flops_per_token"] * tokens_per_step
+    assert summaries["sas"]["flops_per_token"] < summaries["pre-ln"]["flops_per_token"]
+    assert summaries["pre-ln"]["step"] == 5 and summaries["sas"]["step"] > 5
+    for s in summaries.values():  # equal FLOPs, to within one step's worth
+        assert s["flops"] == s["step"] * tokens_per_step * s["flops_per_token"]
+        assert cfg["max_flops"] <= s["flops"] < cfg["max_flops"] + s["flops_per_token"] * tokens_per_step
+
+
+def test_grids_carry_the_papers_budgets_and_build(tmp_path):
+    assert {n: g.budget for n, g in GRIDS.items()} == {
+        "simplifying-fig5": "time", "simplifying-table1": "time", "resformer-fig7": "steps",
+        "bov-table1": "flops"}
     for name, grid in GRIDS.items():
+        assert grid.budget in BUDGETS
+        run_configs(list(grid.entries), 1, tmp_path, {"max_steps": 1, **grid.train})  # valid TrainConfigs
         for entry in grid.entries:
-            cfg = blocklab.ModelConfig.from_preset(entry.arch, "tiny", **entry.model)
+            cfg = blocklab.ModelConfig.from_preset(entry.arch, "tiny", **entry_model(entry, "tiny"))
             with torch.device("meta"):
                 blocklab.Transformer(cfg)
         assert grid.description and len({e.label for e in grid.entries}) == len(grid.entries), name
+    # Bank of Values Table 1 row 3: V_1 in every layer, where layer 0's own value is V_1
+    row3 = next(e for e in GRIDS["bov-table1"].entries if e.label.startswith("3 "))
+    for size in ("tiny", "nanochat-d12"):
+        cfg = blocklab.ModelConfig.from_preset(row3.arch, size, **entry_model(row3, size))
+        with torch.device("meta"):
+            model = blocklab.Transformer(cfg)
+        assert [b.attn.values.target for b in model.blocks] == [False] + [True] * (cfg.n_layers - 1)
+    assert "ResFormer + NeuTRENO" in GRIDS["resformer-fig7"].description  # named as not expressible
 
 
 def test_cli_compare_rejects_two_budgets(capsys):
@@ -129,3 +267,37 @@ def test_cli_compare_rejects_two_budgets(capsys):
 
     assert main(["compare", "--steps", "3", "--time", "5"]) == 2
     assert "one budget" in capsys.readouterr().err
+    # a wall-clock grid has no machine-independent default: it names the flag to pass, before training
+    assert main(["compare", "--grid", "simplifying-fig5"]) == 2
+    assert "--time SECONDS" in capsys.readouterr().err
+
+
+def test_kv_cache_is_measured_on_the_meta_device():
+    for arch, size in (("pre-ln", "tiny"), ("pre-ln+svformer", "tiny"), ("sas-p+bov", "tiny"),
+                       ("pre-ln+bov", "nanochat-d24")):  # d24: 3 GB of weights, were it built for real
+        cfg = blocklab.ModelConfig.from_preset(arch, size)
+        measured = report_module.kv_cache_bytes_per_token(cfg.to_dict())
+        assert measured == cache_bytes_per_token(cfg)["per_token"], arch
+        if size == "tiny":  # the same cache, allocated on the CPU
+            real = blocklab.Transformer(cfg).new_cache(1, cfg.context_length, dtype=torch.bfloat16)
+            assert measured == real.nbytes / cfg.context_length
+    encoder = blocklab.ModelConfig.from_preset("pre-ln", "tiny", causal=False)
+    assert math.isnan(report_module.kv_cache_bytes_per_token(encoder.to_dict()))
+
+
+def test_wall_clock_curve_reads_the_validation_rows(tmp_path):
+    rows = [{"kind": "train", "step": 5, "tokens": 50, "loss": 3.0, "wall_time": 2.5},
+            {"kind": "val", "step": 7, "tokens": 70, "val_loss": 2.9, "wall_time": 3.5},  # eval_every 7
+            {"kind": "train", "step": 10, "tokens": 100, "loss": 2.8, "wall_time": 5.0},
+            {"kind": "val", "step": 14, "tokens": 140, "val_loss": 2.7, "wall_time": 7.25},
+            {"kind": "train", "step": 15, "tokens": 150, "loss": 2.6, "wall_time": 8.0},
+            {"kind": "val", "step": 15, "tokens": 150, "val_loss": 2.6},  # an older run: the train row's
+            {"kind": "val", "step": 21, "tokens": 210, "val_loss": 2.5}]  # ... and none at step 21
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = {"metrics": read_metrics(path)}
+    xs, ys = report_module._val_curves(run, "wall_time")
+    assert xs[:3] == [3.5, 7.25, 8.0] and math.isnan(xs[3])
+    assert ys == [2.9, 2.7, 2.6, 2.5]
+    assert report_module._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
+

@@ -344,6 +344,19 @@ def test_bytes_per_token_hand_count(tmp_path: Path, cache: Path):
     assert n_tokens < 11 and bpe.bytes_per_token["train"] == pytest.approx(9 / n_tokens)
 
 
+def test_token_bytes_sum_to_the_text_bytes(code_dir: Path, cache: Path):
+    byte = byte_tokenizer().token_bytes
+    assert byte[:256].tolist() == [1] * 256 and byte[EOS] == byte[MASK] == 0  # separators carry no text
+    data = prepare_data(DataConfig(source=str(code_dir), vocab_size=300, val_fraction=0.3,
+                                   cache_dir=str(cache)))
+    table = data.tokenizer.token_bytes
+    for text in ["déf f(x):\n    return 'é' * 3\n", (code_dir / "pkg1/mod_04.py").read_text(), "中文 ok"]:
+        ids = data.tokenizer.encode(text)
+        assert table[ids].sum() == len(text.encode("utf-8"))
+    for split in ("train", "val"):  # summed over a shard: the split's bytes in the manifest
+        assert table[np.asarray(data.split(split))].sum() == data.manifest["splits"][split]["bytes"]
+
+
 def test_bits_per_byte_closed_form():
     assert bits_per_byte(math.log(256), 1.0) == pytest.approx(8.0)  # uniform over bytes: 8 bits
     assert bits_per_byte(3 * math.log(2), 1.5) == pytest.approx(2.0)

@@ -55,14 +55,16 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from blocklab.training import TrainConfig, TrainingError, train
+    from blocklab.training import TrainingError, train
+    from blocklab.training.config import resolve_config
 
     config, overrides = None, list(args.overrides)
     if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
         config = overrides.pop(0)
     if args.out:
         overrides.append(f"out_dir={args.out}")
-    cfg = TrainConfig.load(config, overrides)
+    # on --resume, DIR/config.yaml is the base: `blocklab train --resume --out DIR` needs nothing else
+    cfg = resolve_config(config, overrides, resume=args.resume)
     try:
         result = train(cfg, resume=args.resume)
     except TrainingError as err:
@@ -70,80 +72,88 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise SystemExit(1) from None
     s = result.summary
     bpb = f", val bits/byte {s['val_bpb']:.3f}" if s["val_bpb"] is not None else ""
-    print(f"{result.run_dir}: {s['step']} steps, {s['tokens']:,} tokens in {s['train_time']:.0f} s "
-          f"({s['tokens_per_s']:,.0f} tokens/s); val loss {s['val_loss']:.4f}{bpb}")
+    speed = f" ({s['tokens_per_s']:,.0f} tokens/s)" if s["tokens_per_s"] else ""
+    print(f"{result.run_dir}: {s['step']} steps, {s['tokens']:,} tokens in {s['train_time']:.0f} s"
+          f"{speed}; val loss {s['val_loss']:.4f}{bpb}")
 
 
 DEFAULT_ARCHS = "pre-ln,sas,sas-p,resformer,svformer,bov"
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from blocklab.compare import BUDGETS, GRIDS, Entry, compare
+    from blocklab.compare import BUDGETS, DEFAULT_STEPS, GRIDS, Entry, compare, default_budget
     from blocklab.training.config import _set_dotted, _split_override
 
     if args.list_grids:
         for name, grid in GRIDS.items():
-            print(f"{name:<20} {grid.description}: {', '.join(e.label for e in grid.entries)}")
+            print(f"{name:<20} [equal {grid.budget}] {grid.description}: "
+                  f"{', '.join(e.label for e in grid.entries)}")
         return
     base: dict = {"size": args.size, "batch_size": args.batch_size, "seq_len": args.seq_len,
                   "eval_every": args.eval_every, "progress": not args.quiet}
+    kind = "steps"
     if args.grid:
         if args.grid not in GRIDS:
             raise ConfigError(f"--grid {args.grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
         grid = GRIDS[args.grid]
-        entries, base = list(grid.entries), {**base, **grid.train}
+        entries, base, kind = list(grid.entries), {**base, **grid.train}, grid.budget
     else:
         entries = [Entry.parse(a.strip()) for a in args.archs.split(",") if a.strip()]
+    for key, value in map(_split_override, args.overrides):
+        _set_dotted(base, key, value)
     chosen = [(name, getattr(args, name)) for name in BUDGETS if getattr(args, name) is not None]
     if len(chosen) > 1:
         raise ConfigError(f"give one budget, got {', '.join('--' + n for n, _ in chosen)}: the runs are "
                           "equal in exactly one of steps, tokens, FLOPs or wall-clock time.")
-    name, value = chosen[0] if chosen else ("steps", 300)
-    base[BUDGETS[name]] = value
-    for key, value in map(_split_override, args.overrides):
-        _set_dotted(base, key, value)
+    if chosen:
+        kind, value = chosen[0]
+        base[BUDGETS[kind]] = value
+    elif not any(base.get(f) is not None for f in BUDGETS.values()):  # nor a max_*=... override
+        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 300 steps
+        value = default_budget(kind, entries, base)
+        if value is None:
+            raise ConfigError(f"--grid {args.grid} compares at equal wall-clock time, as the paper does, "
+                              "and no default fits every machine: give the seconds per run with --time "
+                              f"SECONDS, or --steps N for equal steps ({DEFAULT_STEPS} by default).")
+        base[BUDGETS[kind]] = value
     report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh)
     print(f"report: {report} (and {report.with_suffix('.html')})")
     print(report.read_text().split("\n\n")[2])  # the table
 
 
-def _diagnose_run(run_dir: str, batches: int, layers, heads, device: str):
-    from blocklab.analysis import diagnose
-    from blocklab.data import Batches, prepare_data
-    from blocklab.training import load_run
-
-    run = load_run(run_dir, device=device)
-    data = prepare_data(run.config.data)  # cached: the run's own tokenised held-out split
-    val = Batches(data, "val", batch_size=8, seq_len=run.config.seq_len, seed=run.config.seed)
-    ids = (b["input_ids"] for b in val.validation(8, max_batches=batches))
-    return run, diagnose(run.model, ids, layers=layers, heads=heads, max_batches=batches)
-
-
 def cmd_diagnose(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from blocklab.analysis import compare_reports, write_report
+    from blocklab.analysis import compare_reports, diagnose_run
+    from blocklab.data import load_tokenizer
+    from blocklab.training import TrainConfig
 
     def ints(text):
         return [int(i) for i in text.split(",")] if text else None
 
-    layers, heads = ints(args.layers), ints(args.heads)
-    if args.compare:
-        a, b = args.compare
-        run_a, res_a = _diagnose_run(a, args.batches, layers, heads, args.device)
-        run_b, res_b = _diagnose_run(b, args.batches, layers, heads, args.device)
-        if run_a.tokenizer.hash != run_b.tokenizer.hash:
-            raise ConfigError(f"--compare needs two runs with the same tokenizer: {a} and {b} differ.")
-        out = Path(args.out or "diagnostics-compare")
-        labels = (run_a.config.arch, run_b.config.arch) if run_a.config.arch != run_b.config.arch else (a, b)
-        compare_reports(res_a, res_b, out, labels=labels)
-    else:
-        if not args.run:
-            raise ConfigError("blocklab diagnose needs --run DIR, or --compare RUN_A RUN_B.")
-        _, results = _diagnose_run(args.run, args.batches, layers, heads, args.device)
-        out = Path(args.out or Path(args.run) / "diagnostics")
-        metrics = Path(args.run) / "metrics.jsonl"
-        write_report(results, out, metrics_path=metrics if metrics.is_file() else None)
+    options = dict(batches=args.batches, layers=ints(args.layers), heads=ints(args.heads), device=args.device,
+                   map_tokens=args.map_tokens, start=args.start)
+    try:
+        if args.compare:
+            a, b = args.compare
+            lengths = [TrainConfig.load(Path(r) / "config.yaml").seq_len for r in (a, b)]
+            if lengths[0] != lengths[1]:  # entropy, importance and similarity all depend on T
+                raise ConfigError(f"--compare needs two runs with the same seq_len, since entropy, "
+                                  f"importance and similarity depend on it: {a} has {lengths[0]}, {b} has "
+                                  f"{lengths[1]}.")
+            if load_tokenizer(a).hash != load_tokenizer(b).hash:
+                raise ConfigError(f"--compare needs two runs with the same tokenizer: {a} and {b} differ.")
+            res_a, res_b = diagnose_run(a, **options), diagnose_run(b, **options)
+            out = Path(args.out or "diagnostics-compare")
+            arch_a, arch_b = (TrainConfig.load(Path(r) / "config.yaml").arch for r in (a, b))
+            compare_reports(res_a, res_b, out, labels=(arch_a, arch_b) if arch_a != arch_b else (a, b))
+        else:
+            if not args.run:
+                raise ConfigError("blocklab diagnose needs --run DIR, or --compare RUN_A RUN_B.")
+            out = Path(args.out or Path(args.run) / "diagnostics")
+            diagnose_run(args.run, out, **options)
+    except (FileNotFoundError, ValueError) as err:  # a missing run or a bad option: a usage error
+        raise ConfigError(str(err)) from None
     print(f"diagnostics written to {out}")
 
 
@@ -213,13 +223,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", default="tiny")
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--out", default="runs/compare")
-    p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; the default, 300 steps")
+    p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
+                   "300 steps, or a grid's own budget kind (see --list-grids) at what the first "
+                   "architecture spends in 300 steps")
     p.add_argument("--tokens", type=int, help="equal tokens per run")
     p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
     p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=50, help="steps between validations and checkpoints")
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
@@ -233,6 +245,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", type=int, default=4, help="held-out batches of 8 sequences")
     p.add_argument("--layers", help="layers whose attention maps are drawn, e.g. 0,3 (default all)")
     p.add_argument("--heads", help="heads to draw, e.g. 0,1 (default the mean over heads)")
+    p.add_argument("--map-tokens", type=int, default=64,
+                   help="attention maps show the first N queries and keys (default 64)")
+    p.add_argument("--start", choices=("window", "document", "separator"), default="window",
+                   help="where windows start: every seq_len tokens (default), at a document's first token, "
+                   "or at the end-of-text separator before a document, so that the first token is the same "
+                   "start token in every sequence (Value Residual App. A.2)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_diagnose)
     p = sub.add_parser("export", help="export a run: config.json, model.safetensors, tokenizer.json")

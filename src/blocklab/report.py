@@ -1,7 +1,7 @@
 """The comparison report: a table of measured figures and plots, as markdown and as one HTML file.
 
 Everything in the table is read from the runs (`summary.json`, `metrics.jsonl`) or measured on the
-built model (KV-cache bytes from a real cache where the model provides one); nothing is assumed.
+built model (KV-cache bytes from the model's own cache); nothing is assumed.
 """
 
 from __future__ import annotations
@@ -20,37 +20,33 @@ from blocklab.model import Transformer
 from blocklab.training import TrainConfig
 from blocklab.training.metrics import read_metrics
 
-PLOT_SCALARS = ("alpha", "beta", "gamma", "mlp_branch", "mlp_skip", "attn_branch", "w_v.skip", "w_v.resid",
-                "lambda1", "lambda2", "coef")
-
 
 # -- gathering --------------------------------------------------------------------------------------------
 def _load_run(cfg: TrainConfig) -> dict[str, Any]:
     run = Path(cfg.out_dir)
-    return {"summary": json.loads((run / "summary.json").read_text()),
+    return {"dir": run, "summary": json.loads((run / "summary.json").read_text()),
             "metrics": read_metrics(run / "metrics.jsonl"),
             "model_config": json.loads((run / "model_config.json").read_text())}
 
 
-def kv_cache_bytes_per_token(model_cfg: dict[str, Any], dtype: torch.dtype = torch.bfloat16
-                             ) -> tuple[float, str]:
-    """Bytes per token of one sequence's KV cache, measured from a real cache when the model has one."""
+def kv_cache_bytes_per_token(model_cfg: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> float:
+    """Bytes per token of one sequence's KV cache at full context, measured from the model's cache.
+
+    The model and its cache (`Transformer.new_cache`, laid out from the value paths) are built on
+    the meta device: the storage sizes are those of the real tensors, with no memory allocated, so
+    this costs nothing at any size. KVCache.nbytes / context_length equals
+    `blocklab.model.cache.cache_bytes_per_token(cfg)["per_token"]` (tests/test_cache.py). NaN for
+    an encoder, which has no cache.
+    """
     from blocklab.config import ModelConfig
 
     cfg = ModelConfig.from_dict(model_cfg)
     if not cfg.causal:
-        return float("nan"), "encoder: no cache"
-    model = Transformer(cfg)
-    if hasattr(model, "new_cache"):
-        length = cfg.context_length
-        cache = model.new_cache(1, length, dtype=dtype)
-        return cache.nbytes / length, "measured"
-    width = torch.finfo(dtype).bits // 8
-    total = 0
-    for block in model.blocks:
-        values = block.attn.values
-        total += cfg.kv_dim * width * (values.owns_keys + values.caches_values)
-    return total, "analytic"
+        return float("nan")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    cache = model.new_cache(1, cfg.context_length, dtype=dtype, device="meta")
+    return cache.nbytes / cfg.context_length
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -65,7 +61,7 @@ def _rows(entries, runs_by_label) -> list[dict[str, Any]]:
     for entry in entries:
         runs = runs_by_label[entry.label]
         s0 = runs[0]["summary"]
-        kv, how = kv_cache_bytes_per_token(runs[0]["model_config"])
+        kv = kv_cache_bytes_per_token(runs[0]["model_config"])
         rows.append({
             "label": entry.label, "arch": entry.arch, "seeds": len(runs), "params": s0["params"],
             "flops_per_token": s0["flops_per_token"], "steps": s0["step"], "tokens": s0["tokens"],
@@ -73,16 +69,25 @@ def _rows(entries, runs_by_label) -> list[dict[str, Any]]:
             "peak_memory_mib": _mean_std([r["summary"]["peak_memory_mib"] for r in runs]),
             "val_loss": _mean_std([r["summary"]["val_loss"] for r in runs]),
             "val_bpb": _mean_std([r["summary"]["val_bpb"] for r in runs]),
-            "kv_bytes_per_token": kv, "kv_how": how, "device": s0["device"],
+            "kv_bytes_per_token": kv, "device": s0["device"],
         })
     return rows
 
 
 # -- plots -------------------------------------------------------------------------------------------------
 def _val_curves(run: dict, x: str) -> tuple[list[float], list[float]]:
-    train_time = {r["step"]: r.get("wall_time", 0.0) for r in run["metrics"] if r["kind"] == "train"}
+    """Validation loss against step, tokens or training wall-clock (evaluation time excluded).
+
+    A validation row carries its own wall_time; runs written before it did are looked up in the
+    train row of the same step, which exists only where the step is a multiple of log_every (NaN
+    elsewhere, and the point is not drawn).
+    """
+    train_time = {r["step"]: r.get("wall_time", math.nan) for r in run["metrics"] if r["kind"] == "train"}
     vals = [r for r in run["metrics"] if r["kind"] == "val"]
-    xs = [r[x] if x != "wall_time" else train_time.get(r["step"], float("nan")) for r in vals]
+    if x == "wall_time":
+        xs = [r["wall_time"] if "wall_time" in r else train_time.get(r["step"], math.nan) for r in vals]
+    else:
+        xs = [r[x] for r in vals]
     return xs, [r["val_loss"] for r in vals]
 
 
@@ -149,41 +154,15 @@ def _plot_relative(entries, runs_by_label, out: Path) -> Path:
     return path
 
 
-def _scalar_kind(name: str) -> str | None:
-    for kind in PLOT_SCALARS:
-        if name.endswith("." + kind):
-            return kind
-    return None
-
-
 def _plot_scalars(label: str, run: dict, out: Path) -> Path | None:
-    """Learned scalars (mean over heads) against step, one panel per kind, one line per layer."""
-    import matplotlib.pyplot as plt
+    """The learned scalars of the run's seed 0 (blocklab.analysis.plot_scalars: SAS gains per head,
+    beta_V / alpha_V, ResFormer lambdas, BoV gamma_v, DenseFormer weights); None when it has none."""
+    from blocklab.analysis import plot_scalars, scalar_series
 
-    rows = [r for r in run["metrics"] if r["kind"] == "train" and r.get("scalars")]
-    names = sorted({n for r in rows for n in r["scalars"] if _scalar_kind(n)})
-    kinds = sorted({_scalar_kind(n) for n in names}, key=PLOT_SCALARS.index)
-    if not kinds:
+    if not scalar_series(run["metrics"])["panels"]:
         return None
-    cols = min(3, len(kinds))
-    fig, axes = plt.subplots(math.ceil(len(kinds) / cols), cols, figsize=(4.2 * cols, 3.0 *
-                             math.ceil(len(kinds) / cols)), squeeze=False)
-    for ax, kind in zip(axes.flat, kinds, strict=False):
-        for name in (n for n in names if _scalar_kind(n) == kind):
-            pts = [(r["step"], statistics.fmean(r["scalars"][name])) for r in rows if name in r["scalars"]]
-            layer = name.split(".")[1] if name.startswith("blocks.") else name
-            ax.plot(*zip(*pts, strict=True), label=layer)
-        ax.set_title(kind, fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, title="layer", title_fontsize=6)
-    for ax in list(axes.flat)[len(kinds):]:
-        ax.axis("off")
-    fig.suptitle(f"learned scalars: {label}", fontsize=10)
-    fig.tight_layout()
     path = out / f"scalars_{''.join(c if c.isalnum() else '_' for c in label)}.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plot_scalars(run["dir"] / "metrics.jsonl", path, title=f"Learned scalars over training: {label}, seed 0")
     return path
 
 
@@ -201,7 +180,7 @@ def _table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     body = []
     for r in rows:
         p = r["params"]
-        kv = "-" if math.isnan(r["kv_bytes_per_token"]) else f"{r['kv_bytes_per_token']:,.0f} ({r['kv_how']})"
+        kv = "-" if math.isnan(r["kv_bytes_per_token"]) else f"{r['kv_bytes_per_token']:,.0f}"
         lookups = p["embedding"] + p["value_tables"]
         body.append([r["label"], f"{p['total'] / 1e6:.3f}M", f"{lookups / 1e6:.3f}M",
                      f"{p['non_embedding'] / 1e6:.3f}M", f"{r['flops_per_token'] / 1e6:.2f}M",
@@ -225,7 +204,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path) -> Path:
     if len(entries) > 1:
         images.append(_plot_relative(entries, runs_by_label, out))
     for entry in entries:
-        path = _plot_scalars(entry.label, runs_by_label[entry.label][0], out)
+        path = _plot_scalars(entry.label, runs_by_label[entry.label][0], out)  # seed 0
         if path is not None:
             images.append(path)
     (out / "results.json").write_text(json.dumps(rows, indent=2))
@@ -233,13 +212,26 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path) -> Path:
     cfg0 = configs[0]
     budget = {k: getattr(cfg0, k) for k in ("max_steps", "max_tokens", "max_flops", "max_time")
               if getattr(cfg0, k) is not None}
+    last_val = [r for r in runs_by_label[entries[0].label][0]["metrics"] if r["kind"] == "val"][-1]
+    if "val_tokens" in last_val:  # the trainer counts the targets it scored
+        count = f"{last_val['val_tokens']:,} target tokens"
+    else:
+        count = f"at most {(cfg0.eval_batches or 0) * cfg0.batch_size * cfg0.seq_len:,} tokens"
+    if cfg0.eval_batches is None:
+        scored = "the whole held-out split"
+    else:
+        scored = (f"the first {cfg0.eval_batches} batches of {cfg0.batch_size} windows of {cfg0.seq_len} "
+                  f"tokens of the held-out split ({count}; eval_batches=None scores all of it)")
     intro = (f"Size preset `{cfg0.size}`, data `{cfg0.data.source}` (tokenizer `{cfg0.data.tokenizer}`), "
              f"batch {cfg0.batch_size} x {cfg0.seq_len} tokens, budget {budget}, "
              f"{rows[0]['seeds']} seed(s) per architecture, device {rows[0]['device']}. "
-             "Validation loss and bits per byte are on the held-out files, after the last step. "
+             "Validation loss (nats per token) and bits per byte are scored after the last step on "
+             f"{scored}, the same windows for every run; bits per byte divide the summed loss, in bits, "
+             "by the UTF-8 bytes of the tokens scored. "
              "Tokens/s and peak memory are measured during training (peak RSS of the process on CPU, "
-             "which includes the data; max allocated on CUDA). KV-cache bytes per token are for one "
-             "sequence in bf16.")
+             "which includes the data; max allocated on CUDA). KV-cache bytes per token are measured from "
+             "the model's own cache layout (KVCache.nbytes of one sequence at full context, bf16, divided "
+             "by the context length). The learned-scalar plots show seed 0.")
     head, body = _table(rows)
     md = ["# blocklab compare", "", intro, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

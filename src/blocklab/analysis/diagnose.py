@@ -123,6 +123,19 @@ def _uniform_entropy(attn: nn.Module, t: int) -> float:
     return float(stats.importance_entropy(ops.centering_matrix(t, t, attn.causal, attn.window)))
 
 
+def uniform_importance(attn: nn.Module, t: int) -> dict[str, float]:
+    """The token importance a' (Eq. 11) of the first token, and the mean of the others, under uniform
+    attention over the keys the mask allows: the level that does not yet mean a sink.
+
+    Causal, no window: query i (1-based) gives 1/i to each of keys 1..i, so a_j = (1/T) sum_{i=j}^T 1/i
+    = (H_T - H_{j-1}) / T with H_n = sum_{k<=n} 1/k. The a_j already sum to 1 (each row does), so
+    a'_1 = H_T / T (about (ln T + 0.577) / T) and the other tokens average (1 - H_T / T) / (T - 1).
+    Bidirectional: 1/T for every token. A sliding window is computed from its mask matrix C.
+    """
+    a = stats.token_importance(ops.centering_matrix(t, t, attn.causal, attn.window, dtype=torch.float64))
+    return {"first_token": float(a[0]), "other_tokens": float(a[1:].mean())}
+
+
 def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None = None,
              heads: Sequence[int] | None = None, max_batches: int | None = 4,
              map_tokens: int = 64) -> dict[str, Any]:
@@ -138,7 +151,10 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
     ``entropy`` {mean, per_head, max, uniform_attention}: importance entropy, Eq. (11); max = log T,
     uniform_attention = the entropy of uniform attention under each layer's mask;
     ``importance``, ``value_norm``, ``hidden_norm`` {first_token, other_tokens, per_position}:
-    token importance a', ||v||_2 and ||h||_2 (Fig. 2, Fig. 19); ``similarity``: Eq. (13) of the
+    token importance a', ||v||_2 and ||h||_2 (Fig. 2, Fig. 19), and for importance also
+    ``uniform_attention`` {first_token, other_tokens}: a' under uniform attention under each
+    layer's mask (`uniform_importance`: H_T / T for the first token under a causal mask);
+    ``similarity``: Eq. (13) of the
     block outputs; ``spectrum`` {eigenvalues, normalized, max}: Eq. (12) of the values;
     ``attention_maps``: a list of {layer, head, kind, form, size, values} averaged over sequences,
     kind "softmax" (A) or "matrix" (alpha I + beta A [- gamma C]); ``meta`` and ``notes``.
@@ -168,6 +184,7 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
         raise ValueError("diagnose got no batches: give at least one LongTensor (B, T) of token ids")
 
     layer_ids = range(n_layers)
+    uniform = [uniform_importance(b.attn, sums.seq_len) for b in model.blocks]
     per_head = [sums.mean("entropy", i) for i in layer_ids]
     eigenvalues = [sums.mean("eigenvalues", i) for i in layer_ids]
     notes = [f"layer {i}: its value path attends over extra keys ({type(b.attn.values).__name__}); the "
@@ -181,7 +198,8 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
         "entropy": {"mean": [float(h.mean()) for h in per_head], "per_head": [h.tolist() for h in per_head],
                     "max": math.log(sums.seq_len),
                     "uniform_attention": [_uniform_entropy(b.attn, sums.seq_len) for b in model.blocks]},
-        "importance": _position_stats([sums.mean("importance", i) for i in layer_ids]),
+        "importance": {**_position_stats([sums.mean("importance", i) for i in layer_ids]),
+                       "uniform_attention": {k: [u[k] for u in uniform] for k in uniform[0]}},
         "value_norm": _position_stats([sums.mean("value_norm", i) for i in layer_ids]),
         "hidden_norm": _position_stats([sums.mean("hidden_norm", i) for i in layer_ids]),
         "similarity": [float(sums.mean("similarity", i)) for i in layer_ids],

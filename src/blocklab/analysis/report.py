@@ -92,6 +92,9 @@ def _plot_first_token(r: dict[str, Any], path: Path) -> Path:
                              strict=True):
         ax.plot(layers, r[key]["first_token"], "o-", label="first token")
         ax.plot(layers, r[key]["other_tokens"], "s--", label="mean of the others")
+        uniform = r[key].get("uniform_attention")  # absent from diagnostics.json of older versions
+        if uniform:
+            ax.plot(layers, uniform["first_token"], ":", color="0.3", label="first token, uniform attention")
         ax.set_yscale("log" if key == "importance" else "linear")
         _per_layer(ax, name, name)
         ax.legend()
@@ -171,11 +174,13 @@ def _plot_maps(maps: list[dict[str, Any]], kind: str, path: Path) -> Path | None
 
 
 # -- learned scalars ----------------------------------------------------------------------------------
-def plot_scalars(metrics_path: str | Path, out_path: str | Path) -> dict[str, Any]:
-    """Plot every learned scalar of a run against step, one panel per kind, one line per layer.
+def plot_scalars(metrics_path: str | Path, out_path: str | Path, title: str | None = None) -> dict[str, Any]:
+    """Plot every learned scalar of a run against step, one panel per kind, one line per layer
+    (per layer and head in the per-head panels).
 
     Reads the train records of `metrics_path` (metrics.jsonl); returns the series it plotted
-    (`scalars.scalar_series`). Raises ValueError when the run logged no scalars.
+    (`scalars.scalar_series`). `title` replaces the figure's title. Raises ValueError when the run
+    logged no scalars.
     """
     series = scalar_series(read_metrics(metrics_path))
     panels = series["panels"]
@@ -183,7 +188,7 @@ def plot_scalars(metrics_path: str | Path, out_path: str | Path) -> dict[str, An
         raise ValueError(f"{metrics_path} has no train records with learned scalars to plot")
     fig, axes = _figure(len(panels))
     steps = np.asarray(series["steps"])
-    for ax, (title, panel) in zip(axes, panels.items(), strict=True):
+    for ax, (name, panel) in zip(axes, panels.items(), strict=True):
         colors = _layer_colors(len(panel["lines"]))
         for (label, line), color in zip(panel["lines"].items(), colors, strict=True):
             line = np.asarray(line, dtype=float)
@@ -191,10 +196,10 @@ def plot_scalars(metrics_path: str | Path, out_path: str | Path) -> dict[str, An
             if label in panel["bands"]:
                 band = np.asarray(panel["bands"][label], dtype=float)
                 ax.fill_between(steps, line - band, line + band, color=color, alpha=0.2)
-        ax.set(title=title, xlabel="step")
+        ax.set(title=name, xlabel="step")
         if len(panel["lines"]) <= 12:
             ax.legend(fontsize="small", ncols=2)
-    fig.suptitle("Learned scalars over training (Simplifying Figs. 4, 16-19)")
+    fig.suptitle(title or "Learned scalars over training (Simplifying Figs. 4, 16-19)")
     _save(fig, Path(out_path))
     return series
 
@@ -284,13 +289,19 @@ def compare_reports(results_a: dict[str, Any] | str | Path, results_b: dict[str,
                     out_dir: str | Path, labels: tuple[str, str] = ("A", "B")) -> list[Path]:
     """Overlay two diagnose() results per layer, as Value Residual Fig. 1 (right) and Fig. 2 do.
 
-    Each result is a dict, a diagnostics.json or a folder holding one. Writes compare.png (entropy,
-    similarity, the first token's importance and norms with the other tokens' mean dashed, the
-    largest eigenvalue), compare.json (the series) and compare.md (a table); returns the files.
+    Each result is a dict, a diagnostics.json or a folder holding one; both must be diagnosed on
+    the same sequence length (ValueError otherwise). Writes compare.png (entropy with log T and each
+    run's uniform-attention entropy, similarity, the first token's importance and norms with the
+    other tokens' mean dashed, the largest eigenvalue), compare.json (the series) and compare.md (a
+    table); returns the files.
     """
     runs = [_load(results_a), _load(results_b)]
     if len(labels) != 2:
         raise ValueError(f"labels must name the two runs; got {labels!r}")
+    lengths = [run["meta"]["seq_len"] for run in runs]
+    if lengths[0] != lengths[1]:  # entropy (max log T), importance and similarity all depend on T
+        raise ValueError(f"cannot overlay runs diagnosed on different sequence lengths ({lengths[0]} and "
+                         f"{lengths[1]} tokens): entropy, importance and similarity depend on T")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = _figure(len(COMPARED))
@@ -300,8 +311,11 @@ def compare_reports(results_a: dict[str, Any] | str | Path, results_b: dict[str,
             if key in OTHERS:
                 ax.plot(_layers(run), OTHERS[key](run), "s--", color=color, alpha=0.6,
                         label=f"{label}, other tokens")
-            if key == "entropy":
-                ax.axhline(run["entropy"]["max"], ls=":", color=color)
+            if key == "entropy":  # the reference: uniform attention under this run's masks
+                ax.plot(_layers(run), run["entropy"]["uniform_attention"], ":", color=color,
+                        label=f"{label}, uniform attention")
+        if key == "entropy":
+            ax.axhline(runs[0]["entropy"]["max"], ls="--", color="0.3", label="log T")
         ax.set_yscale("log" if key == "importance_first" else "linear")
         _per_layer(ax, "", title)
         ax.legend(fontsize="small")

@@ -5,7 +5,7 @@ The trainer logs every trainable gain under its parameter name without ``.gain``
 papers plot them:
 
 - shaped attention alpha, beta, gamma per head (Simplifying Figs. 16-18: mean over heads with a
-  band of one standard deviation);
+  band of one standard deviation, and a second panel with one line per layer and head);
 - beta_FF and the other block gains (Fig. 19);
 - the "residual-skip" ratios beta_V / alpha_V and beta_P / alpha_P of the Eq. (6)
   reparameterisation (Simplifying Fig. 4, which shows they go to 0 except in the first layer);
@@ -60,7 +60,8 @@ def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     Returns {"steps": [...], "panels": {title: {"lines": {label: [...]}, "bands": {label: [...]}}}}
     with one value per step (NaN where a record lacks the scalar); "bands" holds the standard
-    deviation over heads of the head-wise gains.
+    deviation over heads of the head-wise gains, whose "..., per head" panels have a line "L{i}.h{j}"
+    for head j of layer i.
     """
     rows = [r for r in records if r.get("kind", "train") == "train" and r.get("scalars")]
     steps = [r["step"] for r in rows]
@@ -94,6 +95,8 @@ def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
         if suffix in HEADWISE:
             stats = [_mean_std(v) if v else (nan, nan) for v in series]
             add(title, layer, [m for m, _ in stats], [s for _, s in stats])
+            for h in range(max((len(v) for v in series), default=0)):
+                add(f"{title}, per head", f"{layer}.h{h}", [v[h] if h < len(v) else nan for v in series])
             continue
         width = max((len(v) for v in series), default=0)
         for j in range(width):  # vectors that are not per head: one line per entry

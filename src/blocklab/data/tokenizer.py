@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -79,6 +80,28 @@ class Tokenizer:
     def ids_are_bytes(self) -> bool:
         """True for the byte tokenizer (id = byte value), whose encoding then skips `tokenizers`."""
         return self.hash == byte_tokenizer(self.eos_token, self.mask_token).hash
+
+    @cached_property
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes of text each token id stands for (int64, one per id); 0 for special tokens.
+
+        A split's tokens sum to the split's bytes (separators carry no text), so bits per byte can
+        use the bytes of exactly the tokens scored. In a byte-level vocabulary every alphabet
+        symbol is one byte; other tokenizers are measured by decoding each token alone.
+        """
+        byte_level = "ByteLevel" in json.dumps(json.loads(self.to_str()).get("decoder"))
+        alphabet = set(byte_symbols())
+        special = set(self.special_ids)
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            token = self.hf.id_to_token(i)
+            if i in special or token is None:
+                continue
+            if byte_level and all(c in alphabet for c in token):
+                out[i] = len(token)
+            else:
+                out[i] = len(self.hf.decode([i]).encode("utf-8"))
+        return out
 
     def encode(self, text: str) -> list[int]:
         if self.ids_are_bytes:

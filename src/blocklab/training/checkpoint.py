@@ -4,7 +4,8 @@ A checkpoint is a directory ``checkpoints/step_000123/`` holding ``model.safeten
 ``optimizer.pt`` (tensors and plain containers only: it loads with ``weights_only=True``, so
 loading never unpickles arbitrary objects) and ``state.json``. It is written into a temporary
 sibling directory and renamed into place, so a crash mid-write never leaves a half checkpoint
-where a resume would look, and older checkpoints are pruned only after the new one exists.
+where a resume would look, and older checkpoints are pruned only after the new one exists. A step
+saved again moves its old copy aside first and deletes it only once the new one is in place.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class TrainState:
     tokens: int = 0
     flops: float = 0.0
     train_time: float = 0.0  # seconds of training so far, over every resume
+    # compile=true: the first step after each start compiles; it counts in train_time (the time
+    # budget is wall-clock) but not in tokens/s, which measures the compiled model
+    warmup_time: float = 0.0
+    warmup_tokens: int = 0
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -101,9 +106,19 @@ def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_state
     save_weights(weights, tmp / "model.safetensors")
     torch.save({"optimizers": optim_states, "rng": rng_state()}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta}, indent=2))
-    if final.exists():  # the same step saved again (e.g. a resumed run that ends where it began)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if final.exists():  # the same step saved again: set the old copy aside until the new one is in place
+        aside = final.with_name(f".old-{final.name}-{os.getpid()}")
+        if aside.exists():
+            shutil.rmtree(aside)
+        final.rename(aside)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            aside.rename(final)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -117,14 +132,18 @@ def read_state(path: str | Path) -> tuple[TrainState, dict[str, Any]]:
 def load_weights(path: str | Path, model: nn.Module) -> None:
     """Load a checkpoint's `model.safetensors` into `model`; every tensor must match by name and shape."""
     weights = load_weights_file(Path(path) / "model.safetensors")
-    expected = model.state_dict()
+    check_weights(weights, model.state_dict(), path)
+    model.load_state_dict(weights)
+
+
+def check_weights(weights: dict[str, Tensor], expected: dict[str, Tensor], path: str | Path) -> None:
+    """Raise ValueError unless `weights` has exactly the names and shapes of `expected`."""
     missing, unexpected = set(expected) - set(weights), set(weights) - set(expected)
-    wrong = [n for n in set(expected) & set(weights) if expected[n].shape != weights[n].shape]
+    wrong = [n for n in set(expected) & set(weights) if tuple(expected[n].shape) != tuple(weights[n].shape)]
     if missing or unexpected or wrong:
         raise ValueError(f"checkpoint {str(path)!r} does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}, other shapes {sorted(wrong)}. Was it written "
                          "by a different architecture or model config?")
-    model.load_state_dict(weights)
 
 
 def load_optimizer_state(path: str | Path) -> dict[str, Any]:

@@ -30,6 +30,10 @@ BUDGET_FIELDS = ("max_steps", "max_tokens", "max_flops", "max_time")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "float32", "bfloat16")
 PARALLELISMS = ("auto", "ddp", "fsdp")
+# What a resumed run may change: the budget (extending a run) and how it is watched and stored. The
+# rest fixes the steps already taken (data, model, optimiser, batch, schedule so far, precision).
+RESUMABLE = frozenset({*BUDGET_FIELDS, "eval_every", "log_every", "ckpt_every", "keep_checkpoints",
+                       "progress", "tensorboard", "overwrite", "out_dir", "data.cache_dir"})
 
 
 @dataclass
@@ -66,6 +70,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile each block separately
     parallel: str = "auto"  # under torchrun: ddp, or fsdp (FSDP2 fully_shard per block)
     out_dir: str = "runs/run"
+    overwrite: bool = False  # a new run into an out_dir holding a run first removes that run's files
 
     def __post_init__(self) -> None:
         if isinstance(self.init_from, os.PathLike):
@@ -101,21 +106,72 @@ class TrainConfig:
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
         """Read a YAML file (or start from defaults), then apply ``key=value`` overrides."""
-        data: dict[str, Any] = {}
-        if path is not None:
-            path = Path(path)
-            if not path.is_file() and (RECIPES / f"{path}.yaml").is_file():
-                path = RECIPES / f"{path}.yaml"  # a shipped recipe, e.g. "crammed-bert"
-            if not path.is_file():
-                raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
-                                  f"recipe ({', '.join(list_recipes())}).")
-            data = yaml.safe_load(path.read_text()) or {}
-            if not isinstance(data, dict):
-                raise ConfigError(f"training config {str(path)!r} must hold a YAML mapping of fields.")
-        pairs = overrides.items() if isinstance(overrides, dict) else map(_split_override, overrides or [])
-        for key, value in pairs:
+        data = read_yaml(path) if path is not None else {}
+        for key, value in _pairs(overrides):
             _set_dotted(data, key, value)
         return cls.from_dict(data)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The fields of a YAML training config or of a shipped recipe (e.g. "crammed-bert")."""
+    path = Path(path)
+    if not path.is_file() and (RECIPES / f"{path}.yaml").is_file():
+        path = RECIPES / f"{path}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
+                          f"recipe ({', '.join(list_recipes())}).")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"training config {str(path)!r} must hold a YAML mapping of fields.")
+    return data
+
+
+def resolve_config(config: TrainConfig | dict | str | Path | None = None,
+                   overrides: list[str] | dict | None = None, resume: bool = False) -> TrainConfig:
+    """The config of a run: `config` (a TrainConfig, a dict, a YAML path or None for the defaults),
+    then `overrides`. With `resume`, the run's own ``out_dir/config.yaml`` comes first, so
+    ``blocklab train --resume --out DIR`` needs nothing else; the Trainer then refuses changes
+    outside RESUMABLE."""
+    data: dict[str, Any] = {}
+    if isinstance(config, TrainConfig):
+        config = config.to_dict()
+    if isinstance(config, dict):
+        for key, value in config.items():
+            _set_dotted(data, key, value)
+    elif config is not None:
+        data = read_yaml(config)
+    pairs = list(_pairs(overrides))
+    if resume:
+        out_dir = dict(pairs).get("out_dir", data.get("out_dir", TrainConfig.out_dir))
+        saved = Path(out_dir) / "config.yaml"
+        if saved.is_file():
+            data = {**read_yaml(saved), **data}  # given fields replace saved ones whole
+    for key, value in pairs:
+        _set_dotted(data, key, value)
+    return TrainConfig.from_dict(data)
+
+
+def check_resumable(saved: TrainConfig, cfg: TrainConfig, run_dir: Path) -> None:
+    """Refuse a resume whose config differs from the saved one outside RESUMABLE."""
+    old, new = flat(saved.to_dict()), flat(cfg.to_dict())
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE)
+    if changed:
+        changes = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+        raise ConfigError(f"cannot resume {str(run_dir)!r} with changed settings ({changes}): they would "
+                          "change the steps already taken, so the run would no longer be one curve. A "
+                          "resume may change only the budget (max_*), eval_every, log_every, ckpt_every, "
+                          "keep_checkpoints, progress and tensorboard; train a new out_dir for the rest.")
+
+
+def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections as dotted keys (``optim.lr``), values as YAML would store them."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):  # an empty section adds no key
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = _plain(value)
+    return out
 
 
 
@@ -132,6 +188,10 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def _pairs(overrides: list[str] | dict | None):
+    return overrides.items() if isinstance(overrides, dict) else map(_split_override, overrides or [])
 
 
 def _split_override(text: str) -> tuple[str, Any]:
@@ -189,6 +249,14 @@ def _validate(cfg: TrainConfig) -> None:
             _fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
     if not isinstance(cfg.model, dict):
         _fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
+    if not isinstance(cfg.overwrite, bool):
+        _fail("overwrite", cfg.overwrite, "it must be true or false.")
+    if cfg.tensorboard:
+        try:  # now, not after data preparation
+            import tensorboard  # noqa: F401
+        except ImportError:
+            _fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
+                                                  "'blocklab[tensorboard]', or set tensorboard=false.")
     cfg.model_config(vocab_size=256)  # names a bad arch, size or model field now, not after data prep
     _validate_init(cfg)
 

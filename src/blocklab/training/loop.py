@@ -4,13 +4,14 @@ One run = one directory: ``config.yaml`` (the TrainConfig), ``model_config.json`
 ModelConfig), ``tokenizer.json``, ``data_manifest.json``, ``metrics.jsonl``, ``checkpoints/`` and,
 when it finishes, ``summary.json``. Batches are a pure function of (seed, step), so a resumed run
 continues on exactly the batches (and, on CPU, exactly the loss curve) of an uninterrupted one.
+A new run never writes into a directory that holds one (``overwrite=true`` replaces it); a resume
+takes the run's own config.yaml and may change only `config.RESUMABLE`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -27,10 +28,10 @@ from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
 from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
-from blocklab.training import distributed
+from blocklab.training import distributed, init_from, memory, rundir
 from blocklab.training.budget import Budget
-from blocklab.training.config import TrainConfig
-from blocklab.training.metrics import MetricsLogger, learned_scalars
+from blocklab.training.config import TrainConfig, resolve_config
+from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
 from blocklab.training.schedules import lr_factor
 
@@ -71,19 +72,24 @@ def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: Batches, batch_size: int, max_batches: int | None,
-             device: torch.device, autocast) -> float:
-    """Mean validation loss over the held-out split (token-weighted)."""
+             device: torch.device, autocast, token_bytes: Tensor | None = None) -> dict[str, float]:
+    """Validation over the first `max_batches` batches of the held-out split: the token-weighted mean
+    loss, the number of target tokens scored and the UTF-8 bytes they stand for (`token_bytes[id]`)."""
     was_training = model.training
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64, device=device)
+    total = torch.zeros(3, dtype=torch.float64, device=device)
     for batch in batches.validation(batch_size, max_batches):
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast:
             loss = lm_loss(model, batch)
-        n = (batch["labels"] != -100).sum()
-        total += torch.stack([loss.double() * n, n.double()])
-    model.train(was_training)  # every rank evaluates the whole split (FSDP needs all ranks anyway)
-    return (total[0] / total[1].clamp_min(1)).item()
+        targets = batch["labels"][batch["labels"] != -100]
+        total[0] += loss.double() * targets.numel()
+        total[1] += targets.numel()
+        if token_bytes is not None:
+            total[2] += token_bytes[targets].sum()
+    model.train(was_training)
+    loss_sum, tokens, n_bytes = total.tolist()
+    return {"loss": loss_sum / max(tokens, 1), "tokens": int(tokens), "bytes": int(n_bytes)}
 
 
 def _set_lr(optimizers, factor: float) -> None:
@@ -92,99 +98,45 @@ def _set_lr(optimizers, factor: float) -> None:
             group["lr"] = group["base_lr"] * factor
 
 
-def _peak_memory_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
-
-
-def _check_resume(run_dir: Path, model_cfg: ModelConfig, tokenizer_hash: str) -> None:
-    saved_cfg = json.loads((run_dir / "model_config.json").read_text())
-    if saved_cfg != json.loads(json.dumps(model_cfg.to_dict())):
-        diff = {k: (saved_cfg.get(k), v) for k, v in model_cfg.to_dict().items() if saved_cfg.get(k) != v}
-        raise TrainingError(f"cannot resume {str(run_dir)!r}: the model config differs from the checkpoint's "
-                            f"(field: (saved, now)) {diff}. Start a new out_dir or restore the config.")
-    saved_tok = json.loads((run_dir / "data_manifest.json").read_text()).get("tokenizer_hash")
-    if saved_tok != tokenizer_hash:
-        raise TrainingError(f"cannot resume {str(run_dir)!r}: the tokenizer differs from the run's "
-                            f"(saved hash {saved_tok}, now {tokenizer_hash}).")
+def _check_resume(checkpoint: Path, model_cfg: ModelConfig, tokenizer_hash: str) -> None:
+    """The checkpoint's own record (state.json) of the model config and tokenizer it was trained with."""
+    _, meta = ckpt.read_state(checkpoint)
+    saved_tok = meta.get("tokenizer_hash")
+    if saved_tok is not None and saved_tok != tokenizer_hash:
+        raise TrainingError(f"cannot resume from {str(checkpoint)!r}: the tokenizer differs from the one "
+                            f"it was trained with (saved hash {saved_tok[:12]}..., now "
+                            f"{tokenizer_hash[:12]}...). "
+                            "Restore data.tokenizer (or its tokenizer.json), or start a new out_dir.")
+    saved_cfg, now = meta.get("model_config"), json.loads(json.dumps(model_cfg.to_dict()))
+    if saved_cfg is not None and saved_cfg != now:
+        diff = {k: (saved_cfg.get(k), v) for k, v in now.items() if saved_cfg.get(k) != v}
+        raise TrainingError(f"cannot resume from {str(checkpoint)!r}: the model config differs from the "
+                            f"checkpoint's (field: (saved, now)) {diff}. Start a new out_dir or restore "
+                            "the config.")
 
 
 def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = False,
           **overrides: Any) -> RunResult:
     """Train one model. `config` is a TrainConfig, a dict, a YAML path or None (defaults);
     keyword overrides use TrainConfig field names, with dotted names for sections given as a dict,
-    e.g. ``train(max_steps=100, **{"optim.lr": 3e-4})``."""
-    if isinstance(config, TrainConfig):
-        cfg = TrainConfig.load(None, {**config.to_dict(), **overrides}) if overrides else config
-    elif isinstance(config, dict):
-        cfg = TrainConfig.load(None, {**config, **overrides})
-    else:
-        cfg = TrainConfig.load(config, overrides)
-    return Trainer(cfg, resume=resume).run()
-
-
-def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
-    """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory or a
-    `blocklab.interop.save_pretrained` export), retrofitted with the value path `cfg.retrofit`
-    (`blocklab.interop.retrofit`: ResFormer's mix starts at the baseline where the formula allows,
-    a low-cost use of value residuals per Value Residual Learning), and the source's tokenizer.json
-    (None when an export has none)."""
-    from blocklab.interop import load_pretrained, retrofit
-    from blocklab.training.runs import load_run
-
-    src = Path(cfg.init_from)
-    try:
-        if (src / "model_config.json").is_file():
-            model = load_run(src).model
-        elif (src / "config.json").is_file():
-            model = load_pretrained(src)
-        else:
-            raise FileNotFoundError(f"TrainConfig.init_from = {cfg.init_from!r} is not allowed: it is "
-                                    "neither a run directory (model_config.json) nor a save_pretrained "
-                                    "export (config.json).")
-    except FileNotFoundError as err:  # a usage error, reported without a traceback
-        raise ConfigError(str(err)) from None
-    model = model.float().train()
-    if cfg.retrofit:
-        model = retrofit(model, cfg.retrofit)
-    tok = src / "tokenizer.json"
-    return model, tok if tok.is_file() else None
-
-
-def _check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, tokenizer) -> None:
-    """The source must fit the data: its tokenizer, vocabulary, objective and context length."""
-    from blocklab.data import load_tokenizer
-
-    where = f"init_from = {cfg.init_from!r}"
-    if source_tok is not None:
-        if load_tokenizer(source_tok, tokenizer.eos_token, tokenizer.mask_token).hash != tokenizer.hash:
-            raise ConfigError(f"data.tokenizer = {cfg.data.tokenizer!r} differs from the tokenizer of "
-                              f"{where}; leave data.tokenizer at 'bpe' (then {str(source_tok)!r} is used) "
-                              "or give that file.")
-    elif cfg.data.tokenizer == "bpe":
-        raise ConfigError(f"{where} has no tokenizer.json: set data.tokenizer to the model's tokenizer "
-                          "(byte or a tokenizer.json path) rather than training a new BPE.")
-    m = model.cfg
-    if tokenizer.vocab_size > m.vocab_size:
-        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model of {where} only "
-                          f"{m.vocab_size}.")
-    if m.causal != (cfg.data.objective == "clm"):
-        raise ConfigError(f"data.objective = {cfg.data.objective!r} does not fit the model of {where} "
-                          f"(causal = {m.causal}); use {'clm' if m.causal else 'mlm'}.")
-    if cfg.seq_len > m.context_length:
-        raise ConfigError(f"seq_len = {cfg.seq_len} is longer than the context length {m.context_length} "
-                          f"of the model of {where}.")
+    e.g. ``train(max_steps=100, **{"optim.lr": 3e-4})``. With ``resume=True`` the run's saved
+    config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it."""
+    return Trainer(resolve_config(config, overrides, resume), resume=resume).run()
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig, resume: bool = False):
-        init = load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
+        init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
         if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
             cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.out_dir)
+        # where a resume starts; resume without a checkpoint starts from step 0
+        self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
+        if self.checkpoint is not None:
+            rundir.check_resume_config(self.run_dir, cfg)
+        elif not resume:
+            rundir.check_new_run_dir(self.run_dir, cfg.overwrite)
         torch.manual_seed(cfg.seed)
         device_probe = torch.device("cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available()
                                     else "cpu")
@@ -192,6 +144,7 @@ class Trainer:
         self.device = resolve_device(cfg.device, self.env)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        memory.reset_peak_memory(self.device)  # summary.json reports this run's peak, not the process's
         self.autocast = autocast_for(cfg.precision, self.device)
         rows = self.env.world_size * cfg.grad_accum
         if cfg.batch_size % rows:
@@ -201,15 +154,22 @@ class Trainer:
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
             self.data = prepare_data(cfg.data)
+            stats = self.data.stats  # one line with the counts; data_manifest.json lists the files
+            counts = ((stats["skipped_count"], "files that are not UTF-8 text"),
+                      (stats["bad_records"], "unreadable JSONL records"))
+            skipped = [f"{n} {what}" for n, what in counts if n]
+            if skipped:
+                print(f"blocklab: skipped {' and '.join(skipped)} (see data_manifest.json)", file=sys.stderr)
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
         self.train_batches = Batches(self.data, "train", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
         self.val_batches = Batches(self.data, "val", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
+        self.token_bytes = torch.as_tensor(self.data.tokenizer.token_bytes, device=self.device)
 
         torch.manual_seed(cfg.seed)
         if init is not None:  # continued pretraining: the source's (retrofitted) config and weights
-            _check_init(cfg, init[0], init[1], self.data.tokenizer)
+            init_from.check_init(cfg, init[0], init[1], self.data.tokenizer)
             self.model = init[0].to(self.device)
             self.model_cfg = self.model.cfg
         else:
@@ -218,8 +178,7 @@ class Trainer:
         self.counts = count_parameters(self.model)
         self.flops_per_token = flops_per_token(self.model)
         if cfg.compile:
-            for block in self.model.blocks:
-                block.compile()
+            self.model.compile_blocks()
         self.wrapped = distributed.wrap(self.model, self.env, cfg.parallel, self.device)
         self.optimizers = build_optimizers(self.model, cfg.optim)  # after FSDP swaps in sharded params
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
@@ -228,24 +187,31 @@ class Trainer:
 
     # -- run directory -------------------------------------------------------------------------------
     def _prepare_run_dir(self) -> None:
-        resuming = self.resume and ckpt.latest_checkpoint(self.run_dir) is not None
-        if resuming:
-            _check_resume(self.run_dir, self.model_cfg, self.data.tokenizer.hash)
-        elif self.env.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        if self.checkpoint is not None:
+            _check_resume(self.checkpoint, self.model_cfg, self.data.tokenizer.hash)
+        if not self.env.is_main:
+            return
+        if self.checkpoint is None and self.cfg.overwrite:
+            rundir.clear_run(self.run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())  # on resume: the new budget, cadence
+        if self.checkpoint is None:
             (self.run_dir / "model_config.json").write_text(self.model_cfg.to_json())
             (self.run_dir / "data_manifest.json").write_text(
                 json.dumps({**self.data.manifest, "tokenizer_hash": self.data.tokenizer.hash}, indent=2))
             self.data.tokenizer.save(self.run_dir)
 
     def _restore(self) -> None:
-        path = ckpt.latest_checkpoint(self.run_dir)
-        weights = ckpt.load_weights_file(path / "model.safetensors")
-        blob = ckpt.load_optimizer_state(path)
-        distributed.load_full_states(self.wrapped, self.optimizers, weights, blob["optimizers"])
-        ckpt.set_rng_state(blob["rng"])
-        self.state, _ = ckpt.read_state(path)
+        path = self.checkpoint
+        try:
+            weights = ckpt.load_weights_file(path / "model.safetensors")
+            ckpt.check_weights(weights, distributed.unwrap(self.wrapped).state_dict(), path)
+            blob = ckpt.load_optimizer_state(path)
+            distributed.load_full_states(self.wrapped, self.optimizers, weights, blob["optimizers"])
+            ckpt.set_rng_state(blob["rng"])
+            self.state, _ = ckpt.read_state(path)
+        except Exception as err:  # any unreadable or mismatched checkpoint: a message, not a traceback
+            raise TrainingError(f"cannot resume from {str(path)!r}: {err}") from err
 
     def _save(self) -> None:
         weights, optim_states = distributed.full_states(self.wrapped, self.optimizers)
@@ -263,6 +229,13 @@ class Trainer:
                                            world_size=accum * env.world_size)
             yield micro, {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
+    def _stop(self, what: str) -> TrainingError:
+        last = ckpt.latest_checkpoint(self.run_dir)
+        return TrainingError(
+            f"{what} at step {self.state.step + 1}; stopping before the update, without saving this state. "
+            f"The last good checkpoint is {str(last) if last else 'none (none was saved yet)'}. "
+            "Try a lower optim.lr, gradient clipping (optim.grad_clip) or float32 precision.")
+
     def _step(self) -> tuple[float, float]:
         model, accum = self.wrapped, self.cfg.grad_accum
         loss_sum = torch.zeros((), device=self.device)
@@ -274,34 +247,43 @@ class Trainer:
             loss_sum += loss.detach()
         loss = distributed.mean_across(loss_sum, self.env).item()
         if not math.isfinite(loss):
-            last = ckpt.latest_checkpoint(self.run_dir)
-            raise TrainingError(
-                f"the training loss became {loss} at step {self.state.step}; stopping without saving this "
-                f"state. The last good checkpoint is {str(last) if last else 'none (none was saved yet)'}. "
-                "Try a lower optim.lr, gradient clipping (optim.grad_clip) or float32 precision.")
+            raise self._stop(f"the training loss became {loss}")
         params = [p for p in model.parameters() if p.grad is not None]
         clip = self.cfg.optim.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf"))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
+        if not math.isfinite(grad_norm):  # a finite loss can still give inf/nan gradients
+            raise self._stop(f"the gradient norm became {grad_norm} (the loss was {loss:.4g})")
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
-        return loss, float(grad_norm)
+        return loss, grad_norm
 
     def _validate(self, logger: MetricsLogger | None) -> dict[str, float]:
-        loss = evaluate(self.wrapped, self.val_batches, self.cfg.batch_size // self.env.world_size,
-                        self.cfg.eval_batches, self.device, self.autocast)
-        bpb = bits_per_byte(loss, self.data.bytes_per_token["val"]) if self.model_cfg.causal else None
-        row = {"kind": "val", "step": self.state.step, "tokens": self.state.tokens, "val_loss": loss,
-               "val_bpb": bpb}
+        # every rank scores the same batches of the global batch size: the result does not depend on
+        # the number of processes (and FSDP needs every rank in every forward anyway)
+        res = evaluate(self.wrapped, self.val_batches, self.cfg.batch_size, self.cfg.eval_batches,
+                       self.device, self.autocast, self.token_bytes)
+        bpb = None
+        if self.model_cfg.causal and res["bytes"]:  # bytes of the targets scored, not the split's average
+            bpb = bits_per_byte(res["loss"], res["bytes"] / res["tokens"])
+        row = {"kind": "val", "step": self.state.step, "tokens": self.state.tokens,
+               "wall_time": self.state.train_time, "val_loss": res["loss"], "val_bpb": bpb,
+               "val_tokens": res["tokens"], "val_bytes": res["bytes"]}
         if logger is not None:
             logger.log(row)
         return row
+
+    def _logged_val(self, step: int) -> dict[str, Any] | None:
+        """The validation row already logged at `step` (a finished run resumed), if any."""
+        path = self.run_dir / "metrics.jsonl"
+        rows = read_metrics(path, "val") if path.is_file() else []
+        return next((r for r in reversed(rows) if r["step"] == step), None)
 
     def run(self) -> RunResult:
         cfg, env = self.cfg, self.env
         try:
             self._prepare_run_dir()
-            resumed = self.resume and ckpt.latest_checkpoint(self.run_dir) is not None
+            resumed = self.checkpoint is not None
             if resumed:
                 self._restore()
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
@@ -310,7 +292,7 @@ class Trainer:
                 logger.log({"kind": "train", "step": 0, "tokens": 0, "scalars": learned_scalars(self.model)})
             if cfg.init_from and not resumed:  # the starting point's validation loss (step 0)
                 self._validate(logger)
-            val = self._loop(logger)
+            val = self._loop(logger, resumed)
             summary = self._summary(val)
             if env.is_main:
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -319,13 +301,22 @@ class Trainer:
         finally:
             distributed.teardown(env)
 
-    def _loop(self, logger: MetricsLogger | None) -> dict[str, float]:
-        cfg, state, budget = self.cfg, self.state, self.budget
-        show = cfg.progress and self.env.is_main
+    def _progress_bar(self):
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=budget.total_steps, initial=state.step, disable=not show, unit="step",
-                   dynamic_ncols=True, file=sys.stderr)
+        show = self.cfg.progress and self.env.is_main
+        common = dict(disable=not show, dynamic_ncols=True, file=sys.stderr)
+        if self.budget.total_steps is None:  # a wall-clock budget: seconds of training, so tqdm has an ETA
+            return tqdm(total=self.budget.max_time, initial=self.state.train_time, unit="s",
+                        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}{postfix}]",
+                        **common)
+        return tqdm(total=self.budget.total_steps, initial=self.state.step, unit="step", **common)
+
+    def _loop(self, logger: MetricsLogger | None, resumed: bool) -> dict[str, float]:
+        cfg, state, budget = self.cfg, self.state, self.budget
+        bar = self._progress_bar()
+        timed = budget.total_steps is None
+        first_step = state.step
         val: dict[str, float] | None = None
         window_tokens, window_start = 0, time.perf_counter()
         self.wrapped.train()
@@ -335,20 +326,29 @@ class Trainer:
             _set_lr(self.optimizers, factor)
             start = time.perf_counter()
             loss, grad_norm = self._step()
-            state.train_time += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            state.train_time += seconds
             state.step += 1
             state.tokens += self.tokens_per_step
             state.flops += self.flops_per_token * self.tokens_per_step
-            window_tokens += self.tokens_per_step
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}")
+            if cfg.compile and state.step == first_step + 1:  # compiling: in the budget, not in tokens/s
+                state.warmup_time += seconds
+                state.warmup_tokens += self.tokens_per_step
+                window_start = time.perf_counter()
+            else:
+                window_tokens += self.tokens_per_step
+            bar.update(min(state.train_time, budget.max_time) - bar.n if timed else 1)
+            bar.set_postfix({"step": state.step, "loss": f"{loss:.3f}"} if timed else {"loss": f"{loss:.3f}"})
             done = self._done()  # a collective: every rank calls it exactly once per step
             if logger is not None and (state.step % cfg.log_every == 0 or done):
                 now = time.perf_counter()
-                logger.log({"kind": "train", "step": state.step, "tokens": state.tokens, "loss": loss,
-                            "lr": cfg.optim.lr * factor, "grad_norm": grad_norm,
-                            "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                            "wall_time": state.train_time, "scalars": learned_scalars(self.model)})
+                row = {"kind": "train", "step": state.step, "tokens": state.tokens, "loss": loss,
+                       "lr": cfg.optim.lr * factor, "grad_norm": grad_norm,
+                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                       "wall_time": state.train_time, "scalars": learned_scalars(self.model)}
+                if not window_tokens:  # only the compile warm-up step in this window
+                    del row["tokens_per_s"]
+                logger.log(row)
                 window_tokens, window_start = 0, now
             if cfg.eval_every and state.step % cfg.eval_every == 0 and not done:
                 val = self._validate(logger)
@@ -356,9 +356,13 @@ class Trainer:
             if cfg.ckpt_every and state.step % cfg.ckpt_every == 0 and not done:
                 self._save()
         bar.close()
+        trained = state.step > first_step
+        if not trained and resumed:  # a finished run resumed: its final row and checkpoint exist
+            val = self._logged_val(state.step)
         if val is None or val["step"] != state.step:
             val = self._validate(logger)
-        self._save()
+        if trained or not resumed:
+            self._save()
         return val
 
     def _done(self) -> bool:
@@ -367,13 +371,14 @@ class Trainer:
 
     def _summary(self, val: dict[str, float]) -> dict[str, Any]:
         s = self.state
+        tokens, seconds = s.tokens - s.warmup_tokens, s.train_time - s.warmup_time  # without compiling
         return {
             "arch": self.cfg.arch, "size": self.cfg.size, "seed": self.cfg.seed,
             "params": {"total": self.counts.total, "embedding": self.counts.embedding,
                        "value_tables": self.counts.value_tables, "non_embedding": self.counts.non_embedding},
             "flops_per_token": self.flops_per_token, **asdict(s),
-            "tokens_per_s": s.tokens / s.train_time if s.train_time else None,
-            "peak_memory_mib": _peak_memory_mib(self.device), "device": str(self.device),
+            "tokens_per_s": tokens / seconds if tokens and seconds > 0 else None,
+            "peak_memory_mib": memory.peak_memory_mib(self.device), "device": str(self.device),
             "world_size": self.env.world_size,
             "val_loss": val["val_loss"], "val_bpb": val["val_bpb"],
         }

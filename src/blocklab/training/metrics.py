@@ -2,7 +2,9 @@
 
 Training lines: ``{"kind": "train", "step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s",
 "wall_time", "scalars": {name: [floats]}}``; validation lines: ``{"kind": "val", "step", "tokens",
-"val_loss", "val_bpb"}``. Scalar names are the names of the trainable gains without their
+"wall_time", "val_loss", "val_bpb", "val_tokens", "val_bytes"}`` (``tokens`` and ``wall_time`` as in
+training lines: trained so far; ``val_bpb`` divides by the UTF-8 bytes of the ``val_tokens`` target
+tokens scored, ``val_bytes``). Scalar names are the names of the trainable gains without their
 ``.gain`` suffix (``blocks.0.attn.alpha`` per head, ``blocks.2.attn.values.coef`` for BoV's gamma_v).
 """
 

@@ -1,0 +1,63 @@
+"""Continued pretraining: start a run from a saved model (`TrainConfig.init_from`), optionally
+retrofitted with a value path (`TrainConfig.retrofit`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blocklab.config import ConfigError
+from blocklab.model import Transformer
+from blocklab.training.config import TrainConfig
+
+
+def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
+    """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory or a
+    `blocklab.interop.save_pretrained` export), retrofitted with the value path `cfg.retrofit`
+    (`blocklab.interop.retrofit`: ResFormer's mix starts at the baseline where the formula allows,
+    a low-cost use of value residuals per Value Residual Learning), and the source's tokenizer.json
+    (None when an export has none)."""
+    from blocklab.interop import load_pretrained, retrofit
+    from blocklab.training.runs import load_run
+
+    src = Path(cfg.init_from)
+    try:
+        if (src / "model_config.json").is_file():
+            model = load_run(src).model
+        elif (src / "config.json").is_file():
+            model = load_pretrained(src)
+        else:
+            raise FileNotFoundError(f"TrainConfig.init_from = {cfg.init_from!r} is not allowed: it is "
+                                    "neither a run directory (model_config.json) nor a save_pretrained "
+                                    "export (config.json).")
+    except FileNotFoundError as err:  # a usage error, reported without a traceback
+        raise ConfigError(str(err)) from None
+    model = model.float().train()
+    if cfg.retrofit:
+        model = retrofit(model, cfg.retrofit)
+    tok = src / "tokenizer.json"
+    return model, tok if tok.is_file() else None
+
+
+def check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, tokenizer) -> None:
+    """The source must fit the data: its tokenizer, vocabulary, objective and context length."""
+    from blocklab.data import load_tokenizer
+
+    where = f"init_from = {cfg.init_from!r}"
+    if source_tok is not None:
+        if load_tokenizer(source_tok, tokenizer.eos_token, tokenizer.mask_token).hash != tokenizer.hash:
+            raise ConfigError(f"data.tokenizer = {cfg.data.tokenizer!r} differs from the tokenizer of "
+                              f"{where}; leave data.tokenizer at 'bpe' (then {str(source_tok)!r} is used) "
+                              "or give that file.")
+    elif cfg.data.tokenizer == "bpe":
+        raise ConfigError(f"{where} has no tokenizer.json: set data.tokenizer to the model's tokenizer "
+                          "(byte or a tokenizer.json path) rather than training a new BPE.")
+    m = model.cfg
+    if tokenizer.vocab_size > m.vocab_size:
+        raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model of {where} only "
+                          f"{m.vocab_size}.")
+    if m.causal != (cfg.data.objective == "clm"):
+        raise ConfigError(f"data.objective = {cfg.data.objective!r} does not fit the model of {where} "
+                          f"(causal = {m.causal}); use {'clm' if m.causal else 'mlm'}.")
+    if cfg.seq_len > m.context_length:
+        raise ConfigError(f"seq_len = {cfg.seq_len} is longer than the context length {m.context_length} "
+                          f"of the model of {where}.")

@@ -1,0 +1,45 @@
+"""The run directory's rules: a new run never writes over a saved one, and a resume keeps its config."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from blocklab.config import ConfigError
+from blocklab.training.config import TrainConfig, check_resumable, read_yaml
+
+
+def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A new run must not write over a saved one (its metrics, configs and checkpoints)."""
+    if overwrite or not ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
+        return
+    raise ConfigError(f"out_dir {str(run_dir)!r} already holds a run (checkpoints/ or metrics.jsonl). Pass "
+                      "--resume (resume=True) to continue it, choose another out_dir, or set overwrite=true "
+                      "to delete it and start again.")
+
+
+# what a run writes into its directory (and blocklab diagnose beside it); overwrite=true removes these
+RUN_FILES = ("config.yaml", "model_config.json", "tokenizer.json", "data_manifest.json", "metrics.jsonl",
+             "summary.json", "checkpoints", "tensorboard", "diagnostics")
+
+
+def clear_run(run_dir: Path) -> None:
+    # only the run's own entries: an out_dir such as "." may hold other files
+    for name in RUN_FILES:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return  # the checkpoint's model config and tokenizer are still checked
+    try:
+        saved = TrainConfig.from_dict(read_yaml(path))
+    except (ConfigError, TypeError, ValueError) as err:
+        raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml cannot be read "
+                          f"({err}).") from None
+    check_resumable(saved, cfg, run_dir)
