@@ -10,7 +10,17 @@ import torch
 
 import blocklab
 from blocklab import report as report_module
-from blocklab.compare import BUDGETS, GRIDS, Entry, compare, default_budget, entry_model, run_configs
+from blocklab.compare import (
+    BUDGETS,
+    DEFAULT_STEPS,
+    GRIDS,
+    TINY_LR,
+    Entry,
+    compare,
+    default_budget,
+    entry_model,
+    run_configs,
+)
 from blocklab.config import ConfigError
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.training import TrainConfig, loop
@@ -110,24 +120,30 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     assert "Learned scalars over training: sas-p+bov, seed 0" in titles
     assert "first 2 batches of 4 windows of 32 tokens" in text
     last_val = read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "val")[-1]
-    if "val_tokens" in last_val:  # the exact count, once the trainer logs it
-        assert f"({last_val['val_tokens']:,} target tokens;" in text
+    assert f"({last_val['val_tokens']:,} target tokens;" in text  # the exact count scored
     assert "measured from the model's own cache" in text
+
+
+def interrupt_at_step_call(monkeypatch, n: int):
+    """Make the n-th training step of this test (counted across runs) raise KeyboardInterrupt, as a
+    user's Ctrl-C would; returns the real step function to restore."""
+    real_step = loop.Trainer._step
+    calls = {"n": 0}
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "_step", step)
+    return real_step
 
 
 def test_interrupted_compare_resumes(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     cfg = base(corpus, tmp_path / "cache", steps=6)
-    real_step = loop.Trainer._step
-    calls = {"n": 0}
-
-    def dies_in_second_run(self):
-        calls["n"] += 1
-        if calls["n"] == 6 + 5:  # step 5 of the second run; its last checkpoint is step 4
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(loop.Trainer, "_step", dies_in_second_run)
+    real_step = interrupt_at_step_call(monkeypatch, 6 + 5)  # step 5 of the second run; last checkpoint 4
     with pytest.raises(KeyboardInterrupt):
         compare(["pre-ln", "resformer"], out, base=cfg, log=lambda *_: None)
     first = out / "runs" / "pre-ln-seed0" / "summary.json"
@@ -167,16 +183,7 @@ def test_reuse_survives_settings_that_do_not_change_results(corpus, tmp_path):
 def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     cfg = base(corpus, tmp_path / "cache", steps=6)
-    real_step = loop.Trainer._step
-    calls = {"n": 0}
-
-    def dies_at_step_4(self):
-        calls["n"] += 1
-        if calls["n"] == 4:  # the last checkpoint is step 2
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(loop.Trainer, "_step", dies_at_step_4)
+    real_step = interrupt_at_step_call(monkeypatch, 4)  # the last checkpoint is step 2
     with pytest.raises(KeyboardInterrupt):
         compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
     monkeypatch.setattr(loop.Trainer, "_step", real_step)
@@ -224,14 +231,14 @@ def test_checkpoints_follow_the_eval_cadence(tmp_path):
 def test_equal_flops_gives_a_cheaper_block_more_steps(corpus, tmp_path):
     cfg = base(corpus, tmp_path / "cache")
     del cfg["max_steps"]
-    per_step = default_budget("flops", [Entry.parse("pre-ln")], cfg) / 300  # pre-ln's FLOPs per step
+    per_step = default_budget("flops", [Entry.parse("pre-ln")], cfg) / DEFAULT_STEPS  # pre-ln's per step
     cfg["max_flops"] = 4.9 * per_step  # 5 steps of pre-ln; sas, 4% cheaper per token, needs 6
     out = tmp_path / "cmp"
     compare(["pre-ln", "sas"], out, base=cfg, log=lambda *_: None)
     summaries = {a: json.loads((out / "runs" / f"{a}-seed0" / "summary.json").read_text())
                  for a in ("pre-ln", "sas")}
     tokens_per_step = 4 * 32
-    # the default budget is what the trainer counts for the baseline: 300 steps of its FLOPs
+    # the default budget is what the trainer counts for the baseline: DEFAULT_STEPS steps of its FLOPs
     assert per_step == summaries["pre-ln"]["flops_per_token"] * tokens_per_step
     assert summaries["sas"]["flops_per_token"] < summaries["pre-ln"]["flops_per_token"]
     assert summaries["pre-ln"]["step"] == 5 and summaries["sas"]["step"] > 5
@@ -270,6 +277,22 @@ def test_cli_compare_rejects_two_budgets(capsys):
     # a wall-clock grid has no machine-independent default: it names the flag to pass, before training
     assert main(["compare", "--grid", "simplifying-fig5"]) == 2
     assert "--time SECONDS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, expected", [([], TINY_LR), (["--lr", "5e-4"], 5e-4),
+                                             (["--lr", "5e-4", "optim.lr=2e-3"], 2e-3)])
+def test_cli_compare_learning_rate(corpus, tmp_path, flags, expected):
+    """The main job trains at TINY_LR at size tiny unless --lr (or an optim.lr override, which wins) says
+    otherwise; the run's saved config records the rate it trained with."""
+    from blocklab.cli import main
+
+    tiny = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", f"data.source={corpus}",
+            "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}", "eval_batches=1"]
+    out = tmp_path / "cmp"
+    assert main(["compare", "--archs", "pre-ln", "--steps", "2", "--batch-size", "2", "--seq-len", "16",
+                 "--eval-every", "1", "--quiet", "--out", str(out), *flags, *tiny]) == 0
+    saved = TrainConfig.load(out / "runs" / "pre-ln-seed0" / "config.yaml")
+    assert saved.optim.lr == expected
 
 
 def test_kv_cache_is_measured_on_the_meta_device():

@@ -81,7 +81,7 @@ DEFAULT_ARCHS = "pre-ln,sas,sas-p,resformer,svformer,bov"
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from blocklab.compare import BUDGETS, DEFAULT_STEPS, GRIDS, Entry, compare, default_budget
+    from blocklab.compare import BUDGETS, DEFAULT_STEPS, GRIDS, TINY_LR, Entry, compare, default_budget
     from blocklab.training.config import _set_dotted, _split_override
 
     if args.list_grids:
@@ -99,7 +99,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
         entries, base, kind = list(grid.entries), {**base, **grid.train}, grid.budget
     else:
         entries = [Entry.parse(a.strip()) for a in args.archs.split(",") if a.strip()]
-    for key, value in map(_split_override, args.overrides):
+    lr = args.lr if args.lr is not None else (TINY_LR if args.size == "tiny" else None)
+    if lr is not None:
+        _set_dotted(base, "optim.lr", lr)
+    for key, value in map(_split_override, args.overrides):  # an optim.lr=... override wins
         _set_dotted(base, key, value)
     chosen = [(name, getattr(args, name)) for name in BUDGETS if getattr(args, name) is not None]
     if len(chosen) > 1:
@@ -109,7 +112,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         kind, value = chosen[0]
         base[BUDGETS[kind]] = value
     elif not any(base.get(f) is not None for f in BUDGETS.values()):  # nor a max_*=... override
-        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 300 steps
+        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 400 steps
         value = default_budget(kind, entries, base)
         if value is None:
             raise ConfigError(f"--grid {args.grid} compares at equal wall-clock time, as the paper does, "
@@ -224,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=1)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
-                   "300 steps, or a grid's own budget kind (see --list-grids) at what the first "
-                   "architecture spends in 300 steps")
+                   "400 steps, or a grid's own budget kind (see --list-grids) at what the first "
+                   "architecture spends in 400 steps")
+    p.add_argument("--lr", type=float, help="peak learning rate of every run (default: 3e-3 at size tiny, "
+                   "where 1e-3 leaves every model on the unigram plateau; else the TrainConfig default 1e-3)")
     p.add_argument("--tokens", type=int, help="equal tokens per run")
     p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
     p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")
