@@ -144,7 +144,6 @@ class Trainer:
         self.device = resolve_device(cfg.device, self.env)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        memory.reset_peak_memory(self.device)  # summary.json reports this run's peak, not the process's
         self.autocast = autocast_for(cfg.precision, self.device)
         rows = self.env.world_size * cfg.grad_accum
         if cfg.batch_size % rows:
@@ -167,6 +166,9 @@ class Trainer:
         self.val_batches = Batches(self.data, "val", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
         self.token_bytes = torch.as_tensor(self.data.tokenizer.token_bytes, device=self.device)
 
+        # summary.json reports this run's peak from here on: the model and its training, not the
+        # process's lifetime nor the one-off tokenisation of a cold cache
+        memory.reset_peak_memory(self.device)
         torch.manual_seed(cfg.seed)
         if init is not None:  # continued pretraining: the source's (retrofitted) config and weights
             init_from.check_init(cfg, init[0], init[1], self.data.tokenizer)
