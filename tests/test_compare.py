@@ -324,3 +324,29 @@ def test_wall_clock_curve_reads_the_validation_rows(tmp_path):
     assert ys == [2.9, 2.7, 2.6, 2.5]
     assert report_module._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
 
+
+
+def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
+    """The relative-loss plot leaves out the baseline; its lines must still match the validation plots'."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    labels = ["pre-ln", "sas", "bov"]
+
+    def run(offset):
+        train = [{"kind": "train", "step": s, "loss": 5.0 + offset - s / 100, "wall_time": s / 10}
+                 for s in range(1, 5)]
+        val = [{"kind": "val", "step": s, "val_loss": 5.0 + offset, "tokens": s * 64, "wall_time": s / 10}
+               for s in (2, 4)]
+        return {"metrics": train + val}
+
+    runs = {label: [run(k / 10)] for k, label in enumerate(labels)}
+    entries = [Entry.parse(label) for label in labels]
+    report_module._plot_validation(entries, runs, tmp_path)
+    report_module._plot_relative(entries, runs, tmp_path)
+    colours = [{line.get_label(): line.get_color() for line in fig.axes[0].get_lines()
+                if not line.get_label().startswith("_")} for fig in figures]
+    for plot in colours[1:]:
+        assert all(plot[label] == colours[0][label] for label in plot), colours
+    assert set(colours[-1]) == {"sas", "bov"}  # the relative plot: every entry but the baseline

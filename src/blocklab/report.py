@@ -99,18 +99,23 @@ def _ema(values: list[float], beta: float = 0.9) -> list[float]:
     return out
 
 
+def _colour(k: int) -> str:
+    """The k-th architecture's colour, the same in every plot (the relative plot leaves out the baseline)."""
+    return f"C{k % 10}"
+
+
 def _plot_validation(entries, runs_by_label, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
     for x, xlabel in (("step", "step"), ("tokens", "tokens"), ("wall_time", "training wall-clock (s)")):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for entry in entries:
+        for k, entry in enumerate(entries):
             curves = [_val_curves(run, x) for run in runs_by_label[entry.label]]
             xs = curves[0][0]
             n = min(len(c[1]) for c in curves)
             ys = [statistics.fmean(c[1][i] for c in curves) for i in range(n)]
-            ax.plot(xs[:n], ys, marker="o", markersize=3, label=entry.label)
+            ax.plot(xs[:n], ys, marker="o", markersize=3, label=entry.label, color=_colour(k))
         ax.set_xlabel(xlabel)
         ax.set_ylabel("validation loss (nats/token)")
         ax.grid(alpha=0.3)
@@ -137,11 +142,11 @@ def _plot_relative(entries, runs_by_label, out: Path) -> Path:
     base_steps, base = curve(entries[0].label)
     base_at = dict(zip(base_steps, base, strict=False))
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for entry in entries[1:]:
+    for k, entry in enumerate(entries[1:], start=1):
         steps, losses = curve(entry.label)
         pairs = [(s, loss - base_at[s]) for s, loss in zip(steps, losses, strict=False) if s in base_at]
         if pairs:
-            ax.plot(*zip(*pairs, strict=False), label=entry.label)
+            ax.plot(*zip(*pairs, strict=False), label=entry.label, color=_colour(k))
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("step")
     ax.set_ylabel(f"smoothed training loss - {entries[0].label}")
