@@ -118,7 +118,8 @@ def main() -> None:
     rows = []
     for size in sizes:
         rows += bench_size(size, args.device, args.threads, warmup, repeats, steps[size])
-    print("## Value paths: parameters, FLOPs per token, KV-cache bytes per token (bf16, the layout KVCache.nbytes holds)\n")
+    print("## Value paths: parameters, FLOPs per token, KV-cache bytes per token "
+          "(bf16, the layout KVCache.nbytes holds)\n")
     print(static_table(rows) + "\n")
     batches = ", ".join(f"{s} {BATCH[s]} x context, {steps[s]} step(s) per repeat" for s in sizes)
     print(f"## Value paths: training step ({batches}), median of {repeats} round-robin repeats "
