@@ -20,6 +20,7 @@ from blocklab.config import ConfigError, ModelConfig
 from blocklab.presets import split_arch
 from blocklab.training import TrainConfig, train
 from blocklab.training.checkpoint import latest_checkpoint
+from blocklab.training.config import changed_fields
 
 BUDGETS = {"steps": "max_steps", "tokens": "max_tokens", "flops": "max_flops", "time": "max_time"}
 DEFAULT_STEPS = 400  # the default budget: what the first (baseline) architecture spends in 400 steps
@@ -37,8 +38,8 @@ TINY_LR = 3e-3
 # shards are cached; out_dir is where the run lives (a compare directory may be moved) and overwrite
 # whether a new run may replace one there. Everything else counts, eval_every and eval_batches
 # included: they decide which validation losses are recorded.
-NOT_RESULTS = {"progress", "tensorboard", "log_every", "ckpt_every", "keep_checkpoints", "data.cache_dir",
-               "out_dir", "overwrite"}
+NOT_RESULTS = frozenset({"progress", "tensorboard", "log_every", "ckpt_every", "keep_checkpoints",
+                         "data.cache_dir", "out_dir", "overwrite"})
 
 
 @dataclass(frozen=True)
@@ -190,16 +191,6 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-+." else "_" for c in label)
 
 
-def _flat(data: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
 def _check_saved_config(cfg: TrainConfig, what: str) -> None:
     """Refuse to reuse or resume a run whose saved config differs in a field that changes results."""
     run = Path(cfg.out_dir)
@@ -208,10 +199,8 @@ def _check_saved_config(cfg: TrainConfig, what: str) -> None:
     except (ConfigError, OSError, TypeError, yaml.YAMLError) as err:
         raise ConfigError(f"{run} holds {what} run whose config.yaml cannot be read ({err}); use another "
                           "--out, or --fresh to retrain it.") from None
-    old, new = _flat(yaml.safe_load(saved.to_yaml())), _flat(yaml.safe_load(cfg.to_yaml()))
-    differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in NOT_RESULTS)
-    if differ:
-        changes = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in differ)
+    changes = changed_fields(saved, cfg, NOT_RESULTS)
+    if changes:
         raise ConfigError(f"{run} holds {what} run with a different config ({changes}); use another --out, "
                           "or --fresh to retrain it.")
 

@@ -151,12 +151,18 @@ def resolve_config(config: TrainConfig | dict | str | Path | None = None,
     return TrainConfig.from_dict(data)
 
 
+def changed_fields(old: TrainConfig, new: TrainConfig, ignore: frozenset[str] = frozenset()) -> str:
+    """The dotted fields that differ between two configs, outside `ignore`, as "key: old -> new, ..."
+    ("" when none do)."""
+    a, b = flat(old.to_dict()), flat(new.to_dict())
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
+    return ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys)
+
+
 def check_resumable(saved: TrainConfig, cfg: TrainConfig, run_dir: Path) -> None:
     """Refuse a resume whose config differs from the saved one outside RESUMABLE."""
-    old, new = flat(saved.to_dict()), flat(cfg.to_dict())
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in RESUMABLE)
-    if changed:
-        changes = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+    changes = changed_fields(saved, cfg, RESUMABLE)
+    if changes:
         raise ConfigError(f"cannot resume {str(run_dir)!r} with changed settings ({changes}): they would "
                           "change the steps already taken, so the run would no longer be one curve. A "
                           "resume may change only the budget (max_*), eval_every, log_every, ckpt_every, "
