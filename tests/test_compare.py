@@ -295,7 +295,7 @@ def test_cli_compare_learning_rate(corpus, tmp_path, flags, expected):
     assert saved.optim.lr == expected
 
 
-def test_kv_cache_is_measured_on_the_meta_device():
+def test_report_kv_bytes_equal_a_real_cache_without_building_the_model():
     for arch, size in (("pre-ln", "tiny"), ("pre-ln+svformer", "tiny"), ("sas-p+bov", "tiny"),
                        ("pre-ln+bov", "nanochat-d24")):  # d24: 3 GB of weights, were it built for real
         cfg = blocklab.ModelConfig.from_preset(arch, size)

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from blocklab.model import Transformer
 from blocklab.training import TrainConfig
 from blocklab.training.metrics import read_metrics
 
@@ -30,23 +29,16 @@ def _load_run(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def kv_cache_bytes_per_token(model_cfg: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> float:
-    """Bytes per token of one sequence's KV cache at full context, measured from the model's cache.
-
-    The model and its cache (`Transformer.new_cache`, laid out from the value paths) are built on
-    the meta device: the storage sizes are those of the real tensors, with no memory allocated, so
-    this costs nothing at any size. KVCache.nbytes / context_length equals
-    `blocklab.model.cache.cache_bytes_per_token(cfg)["per_token"]` (tests/test_cache.py). NaN for
-    an encoder, which has no cache.
-    """
+    """Bytes per token of one sequence's KV cache at full context: the model's cache layout
+    (`cache_bytes_per_token`, equal to `KVCache.nbytes` of a real cache; tests/test_cache.py),
+    built from the value paths on the meta device. NaN for an encoder, which has no cache."""
     from blocklab.config import ModelConfig
+    from blocklab.model.cache import cache_bytes_per_token
 
     cfg = ModelConfig.from_dict(model_cfg)
     if not cfg.causal:
         return float("nan")
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    cache = model.new_cache(1, cfg.context_length, dtype=dtype, device="meta")
-    return cache.nbytes / cfg.context_length
+    return cache_bytes_per_token(cfg, dtype.itemsize)["per_token"]
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
