@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
                    "400 steps, or a grid's own budget kind (see --list-grids) at what the first "
                    "architecture spends in 400 steps")
     p.add_argument("--lr", type=float, help="peak learning rate of every run (default: 3e-3 at size tiny, "
-                   "where 1e-3 leaves every model on the unigram plateau; else the TrainConfig default 1e-3)")
+                   "where 1e-3 left every model but BoV on the unigram plateau after 300 steps; "
+                   "else the TrainConfig default 1e-3)")
     p.add_argument("--tokens", type=int, help="equal tokens per run")
     p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
     p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")

@@ -25,9 +25,10 @@ from blocklab.training.config import changed_fields
 BUDGETS = {"steps": "max_steps", "tokens": "max_tokens", "flops": "max_flops", "time": "max_time"}
 DEFAULT_STEPS = 400  # the default budget: what the first (baseline) architecture spends in 400 steps
 # The main job's peak learning rate at size "tiny" (blocklab compare without --lr). Measured on the
-# embedded corpus, 400 steps of 16 x 128 tokens: at 1e-3 (the paper's rate at 18 layers and batch 128)
-# every architecture still sits on the unigram plateau (val loss ~6.59 for all but BoV); at 1e-2
-# pre-ln leaves it but SAS and SAS-P do not; at 3e-3 all of them do. Other sizes keep 1e-3.
+# embedded corpus, batches of 16 x 128 tokens: at 1e-3 (the paper's rate at 18 layers and batch 128)
+# every architecture but BoV still sat on the unigram plateau after 300 steps (val loss 6.59); at
+# 1e-2 pre-ln left it but SAS and SAS-P had not after 400; at 3e-3 all of them had by 400 steps.
+# Other sizes keep 1e-3.
 TINY_LR = 3e-3
 
 # TrainConfig fields that change how a run is watched or stored, not what it computes, so a finished
