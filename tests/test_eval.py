@@ -278,7 +278,10 @@ def test_trained_run_prefers_its_own_text_and_cli_writes_the_report(clm_run, tmp
     printed = capsys.readouterr().out
     assert "CORE" in printed and "junk3" in printed
     saved = json.loads(out.read_text())["multiple_choice"]
-    assert saved["tasks"] == pytest.approx(report["tasks"]) and saved["core"] == pytest.approx(report["core"])
+    assert len(saved["tasks"]) == len(report["tasks"])
+    for got, want in zip(saved["tasks"], report["tasks"], strict=True):  # approx takes no list of dicts
+        assert got == pytest.approx(want)
+    assert saved["core"] == pytest.approx(report["core"])
     # --baseline sets r per task; same-stem files in two folders are told apart by their folder
     twins = [_mc_files(tmp_path / d)[0] for d in ("x", "y")]
     assert main(["eval", "--run", str(clm_run), "--mc", ",".join(map(str, twins)),
