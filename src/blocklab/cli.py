@@ -124,6 +124,28 @@ def cmd_compare(args: argparse.Namespace) -> None:
     print(report.read_text().split("\n\n")[2])  # the table
 
 
+def cmd_reproduce(args: argparse.Namespace) -> None:
+    from blocklab.claims import select
+    from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduction_report import write_reproduction
+
+    def names(text):
+        return [n.strip() for n in text.split(",") if n.strip()] if text else None
+
+    claims = select(names(args.claims), names(args.paper), quick=args.quick)
+    if args.list:
+        for c in claims:
+            print(f"{c.id:<30} {c.paper:<15} {c.where:<20} {c.statement}")
+        print("\nscales: " + "; ".join(f"{k}: {v.description}" for k, v in SCALES.items()))
+        return
+    scale = args.scale or ("quick" if args.quick else "cpu")
+    rep = reproduce(claims, scale, args.out, train=not args.no_train)
+    path = write_reproduction(rep, args.out)
+    print(f"report: {path} (and {path.with_suffix('.html')})")
+    for r in rep.results:
+        print(f"  {r.verdict:<13} {r.claim.id}")
+
+
 def cmd_diagnose(args: argparse.Namespace) -> None:
     from pathlib import Path
 
@@ -241,6 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
+                       description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
+                       "by seed, and write OUT/reproduction.md and .html: per claim the paper's result next "
+                       "to ours, the per-seed differences with a 95% t-interval, plots and a verdict.")
+    p.add_argument("--claims", help="comma-separated claim ids (default: all; see --list)")
+    p.add_argument("--paper", help="only the claims of these papers: simplifying, value-residual, "
+                   "bank-of-values")
+    p.add_argument("--quick", action="store_true",
+                   help="the claims tagged quick at scale quick: about 15 minutes on a 2-core CPU")
+    p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p (default: cpu, or quick)")
+    p.add_argument("--out", default="runs/reproduce")
+    p.add_argument("--no-train", action="store_true",
+                   help="only read runs that exist (a missing one is an error)")
+    p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
+    p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("diagnose", help="the papers' diagnostics of a trained run (entropy, norms, spectra)",
                        description="Attention-concentration entropy, value and hidden-state norms, token "
                        "similarity, value spectra, attention maps and learned scalars of a run, on its "

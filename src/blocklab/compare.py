@@ -115,10 +115,11 @@ GRIDS: dict[str, Grid] = {
 }
 
 
-def _merge(base: dict, extra: dict) -> dict:
+def merge(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, merging the data, optim and model sections key by key."""
     out = dict(base)
     for key, value in extra.items():
-        out[key] = _merge(out.get(key, {}), value) if isinstance(value, dict) and key in ("data", "optim",
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) and key in ("data", "optim",
                                                                                           "model") else value
     return out
 
@@ -157,29 +158,29 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
     for entry in entries:
         model = entry_model(entry, base.get("size", TrainConfig.size), base.get("model", {}))
         for seed in range(seeds):
-            fields = _merge(base, {"arch": entry.arch, "seed": seed, "model": model,
+            fields = merge(base, {"arch": entry.arch, "seed": seed, "model": model,
                                    "out_dir": str(out / "runs" / f"{_slug(entry.label)}-seed{seed}")})
             configs.append((entry, TrainConfig.from_dict(fields)))
     return configs
 
 
-def default_budget(kind: str, entries: list[Entry], base: dict[str, Any]) -> float | None:
-    """The amount of budget `kind` that the first entry (the baseline) spends in DEFAULT_STEPS steps:
-    DEFAULT_STEPS steps, DEFAULT_STEPS x batch x seq_len tokens, or those tokens times its analytic
-    FLOPs per token, so the default follows the size. None for wall-clock time, which depends on
-    the machine."""
+def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps: int = DEFAULT_STEPS
+                   ) -> float | None:
+    """The amount of budget `kind` that the first entry (the baseline) spends in `steps` steps:
+    `steps` steps, steps x batch x seq_len tokens, or those tokens times its analytic FLOPs per
+    token, so the default follows the size. None for wall-clock time, which depends on the machine."""
     if kind not in BUDGETS:
         raise ConfigError(f"budget {kind!r} is not allowed: choose one of {', '.join(BUDGETS)}.")
     if kind == "time":
         return None
     if kind == "steps":
-        return DEFAULT_STEPS
+        return steps
     from blocklab.accounting import flops_per_token
     from blocklab.data import prepare_data
     from blocklab.model import Transformer
 
-    cfg = run_configs(entries[:1], 1, Path("unused"), {**base, "max_steps": DEFAULT_STEPS})[0][1]
-    tokens = DEFAULT_STEPS * cfg.batch_size * cfg.seq_len
+    cfg = run_configs(entries[:1], 1, Path("unused"), {**base, "max_steps": steps})[0][1]
+    tokens = steps * cfg.batch_size * cfg.seq_len
     if kind == "tokens":
         return tokens
     vocab = prepare_data(cfg.data).tokenizer.vocab_size  # cached: the runs prepare the same data
@@ -206,19 +207,9 @@ def _check_saved_config(cfg: TrainConfig, what: str) -> None:
                           "or --fresh to retrain it.")
 
 
-def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
-            base: dict[str, Any] | None = None, fresh: bool = False, log=print) -> Path:
-    """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`."""
-    from blocklab.report import write_report
-
-    entries = [Entry.parse(e) if isinstance(e, str) else e for e in entries]
-    labels = [e.label for e in entries]
-    if len(set(labels)) != len(labels):
-        raise ConfigError(f"compare got the same architecture twice: {labels}")
-    out = Path(out)
-    if fresh and out.exists():
-        shutil.rmtree(out / "runs", ignore_errors=True)
-    configs = run_configs(entries, seeds, out, base or {})
+def train_all(configs: list[tuple[Entry, TrainConfig]], log=print) -> None:
+    """Train every config in order: a finished run is reused and an unfinished one resumed, each after
+    checking that its saved config matches (a run store shared by compare and reproduce)."""
     for i, (_, cfg) in enumerate(configs, 1):
         run = Path(cfg.out_dir)
         finished = (run / "summary.json").is_file()
@@ -233,4 +224,20 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             continue
         log(f"[{i}/{len(configs)}] {name}: {'resuming' if resume else 'training'}")
         train(cfg, resume=resume)
+
+
+def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
+            base: dict[str, Any] | None = None, fresh: bool = False, log=print) -> Path:
+    """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`."""
+    from blocklab.report import write_report
+
+    entries = [Entry.parse(e) if isinstance(e, str) else e for e in entries]
+    labels = [e.label for e in entries]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"compare got the same architecture twice: {labels}")
+    out = Path(out)
+    if fresh and out.exists():
+        shutil.rmtree(out / "runs", ignore_errors=True)
+    configs = run_configs(entries, seeds, out, base or {})
+    train_all(configs, log)
     return write_report(configs, out)

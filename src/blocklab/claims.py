@@ -1,0 +1,244 @@
+"""The papers' claims as data: what each one says, what it compares, how it is measured.
+
+A claim is one sentence of a paper with its figure or table, and one or more `Check`s. A check is
+a measured relation between a metric of one architecture and of a baseline (paired by seed), a
+metric compared with a formula, or a metric of one architecture alone against zero. Its setting
+names the group of runs it reads (`blocklab.reproduce.SETTINGS`): equal steps, equal FLOPs, or a
+longer sequence at the same tokens per step. `blocklab reproduce` trains what the chosen claims
+need and gives each check a verdict (`blocklab.evidence`); a claim is reproduced when all of its
+checks are.
+
+Metrics (`blocklab.reproduce.METRICS`): measured ones vary with the seed and get a t-interval;
+exact ones (parameters, FLOPs, cache bytes) are properties of the architecture and are compared
+directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PAPERS = {
+    "simplifying": "Simplifying Transformer Blocks (He & Hofmann, ICLR 2024)",
+    "value-residual": "Value Residual Learning (Zhou et al., ACL 2025)",
+    "bank-of-values": "Bank of Values (He, Liu et al., 2026)",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """metric(arch) - metric(baseline), per seed, stands in `relation` to 0 (or to `tolerance`).
+
+    baseline None: metric(arch) itself is compared (a slope against 0, a quantity against a formula).
+    expected: for relation "equals", the name of a formula in `blocklab.reproduce.FORMULAS`.
+    relative: compare metric(arch) / metric(baseline) - 1 instead of the difference (throughput).
+    minus_setting: a difference of differences, (arch - baseline) at `setting` minus the same at
+    `minus_setting` (SVFormer's gap at a long sequence minus its gap at a short one).
+    """
+
+    metric: str
+    arch: str
+    baseline: str | None
+    relation: str  # lower, higher, within, at_most (blocklab.evidence), or equals (exact, a formula)
+    tolerance: float = 0.0
+    setting: str = "steps"
+    expected: str | None = None
+    minus_setting: str | None = None
+    relative: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str
+    paper: str  # a key of PAPERS
+    where: str  # figure, table or section
+    statement: str  # the claim in one sentence
+    paper_result: str  # what the paper reports, with its numbers and scale
+    budget: str  # the paper's budget kind: steps, tokens, flops, time, or exact
+    checks: tuple[Check, ...]
+    notes: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)  # "quick": in `blocklab reproduce --quick`
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for c in self.checks:
+            for a in (c.baseline, c.arch):
+                if a is not None:
+                    seen.setdefault(a)
+        return tuple(seen)
+
+
+# The tolerance of "matches": a difference of final validation loss small against what separates
+# the papers' rows (Simplifying Fig. 5: the block variants end within ~0.02-0.05 nats of Pre-LN).
+MATCH_NATS = 0.03
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "sas-matches-pre-ln",
+        "simplifying",
+        "Fig. 5",
+        "SAS and SAS-P match Pre-LN's loss per step while having fewer parameters.",
+        "18-layer, 768-wide models on CodeParrot, 40K steps (batch 128 x 128): SAS and SAS-P track Pre-LN "
+        "per step within a few hundredths of a nat; 15% fewer parameters (167M to 146M incl. embeddings)",
+        "steps",
+        (
+            Check("val_loss", "sas", "pre-ln", "within", MATCH_NATS),
+            Check("val_loss", "sas-p", "pre-ln", "within", MATCH_NATS),
+            Check("params", "sas", "pre-ln", "lower"),
+            Check("params", "sas-p", "pre-ln", "lower"),
+        ),
+        tags=("quick",),
+    ),
+    Claim(
+        "v-skipinit-worse-than-sas",
+        "simplifying",
+        "Sec. 4.1, Fig. 3",
+        "Removing the attention skip with V-SkipInit alone trains worse than SAS.",
+        "V-SkipInit without the value/projection identities and shaped attention loses per step to SAS "
+        "at 18 layers (Fig. 3 vs Fig. 5)",
+        "steps",
+        (Check("val_loss", "v-skipinit", "sas", "higher"),),
+    ),
+    Claim(
+        "sas-p-throughput",
+        "simplifying",
+        "Table 1",
+        "SAS-P trains more tokens per second than Pre-LN.",
+        "Crammed BERT on one A5000-class GPU: SAS-P 16% faster per step than Pre-LN (fewer matmuls, "
+        "parallel sub-blocks). CPU timings show the fewer matmuls, not the GPU's fusion",
+        "time",
+        (
+            Check("tokens_per_s", "sas-p", "pre-ln", "higher", relative=True),
+            Check("flops_per_token", "sas-p", "pre-ln", "lower"),
+        ),
+        notes="tokens/s is measured on the machine that ran the runs, one run after another; on a "
+        "shared machine load changes between runs widen the interval.",
+        tags=("quick",),
+    ),
+    Claim(
+        "resformer-beats-pre-ln",
+        "value-residual",
+        "Fig. 6-7, Table 5",
+        "ResFormer reaches a lower loss than the vanilla Transformer at equal steps.",
+        "82M-468M Llama-like models, 20B SlimPajama tokens, 10K steps of 2M tokens: ResFormer's training "
+        "loss 0.02-0.04 below the Transformer's; equivalent to 10.4% fewer parameters",
+        "steps",
+        (Check("val_loss", "resformer", "pre-ln", "lower"),),
+        tags=("quick",),
+    ),
+    Claim(
+        "constant-lambda-2",
+        "value-residual",
+        "Table 5 (summary)",
+        "Constant-ResFormer (lambda = 2) ends at or below Identity-ResFormer (lambda = 1/2).",
+        "82M model: Identity-ResFormer 2.712, Constant-ResFormer (lambda = 2) 2.700 validation loss",
+        "steps",
+        (Check("val_loss", "resformer-constant", "resformer", "at_most", 0.0),),
+    ),
+    Claim(
+        "learned-lambda-deeper",
+        "value-residual",
+        "Fig. 10 (summary)",
+        "Learnable-ResFormer learns larger weights on V_1 in deeper layers.",
+        "82M model: the learned lambda on V_1 grows with depth, matching Sparse-ResFormer's pattern "
+        "(V_1 only in the last layers)",
+        "steps",
+        (Check("lambda_v1_slope", "resformer-learnable", None, "higher"),),
+        notes="metric: the least-squares slope of the final lambda_{n,1} over the layers n >= 1.",
+    ),
+    Claim(
+        "resformer-deep-entropy",
+        "value-residual",
+        "Fig. 1, Eq. 11",
+        "ResFormer raises the token-importance entropy of deep layers (less attention concentration).",
+        "82M model, 1,000 sequences: the Transformer's deep layers concentrate attention on few tokens "
+        "(low entropy); ResFormer's keep it higher",
+        "steps",
+        (Check("deep_entropy", "resformer", "pre-ln", "higher"),),
+        notes="metric: the importance entropy (Eq. 11), averaged over the deeper half of the layers, on "
+        "32 held-out windows of the run's sequence length.",
+    ),
+    Claim(
+        "svformer-kv-cache",
+        "value-residual",
+        "Sec. 3.3",
+        "SVFormer's KV cache is (L + 1) / 2L of the Transformer's: all layers share V_1.",
+        "'reducing the KV cache by nearly 50%'",
+        "exact",
+        (Check("kv_bytes_per_token", "svformer", "pre-ln", "equals", expected="(L+1)/2L"),),
+        tags=("quick",),
+    ),
+    Claim(
+        "svformer-longer-sequences",
+        "value-residual",
+        "Fig. 14",
+        "SVFormer's loss gap to the Transformer shrinks when the training sequence is longer.",
+        "82M model, batch 2M tokens, sequences 512 to 64K: SVFormer is always overtaken by the "
+        "Transformer, but later and by less the longer the sequence",
+        "tokens",
+        (Check("val_loss", "svformer", "pre-ln", "lower", setting="seq-long", minus_setting="steps"),),
+        notes="the check is (SVFormer - Pre-LN) at 4x the sequence length (same tokens per step) minus "
+        "(SVFormer - Pre-LN) at the scale's sequence length: negative when the gap shrinks.",
+    ),
+    Claim(
+        "denseformer-neutreno-between",
+        "value-residual",
+        "Fig. 7 (right)",
+        "DenseFormer and NeuTRENO improve on the Transformer but stay above ResFormer.",
+        "82M model: relative training loss ResFormer < NeuTRENO, DenseFormer < Transformer",
+        "steps",
+        (
+            Check("val_loss", "denseformer", "pre-ln", "lower"),
+            Check("val_loss", "denseformer", "resformer", "higher"),
+            Check("val_loss", "neutreno", "pre-ln", "lower"),
+            Check("val_loss", "neutreno", "resformer", "higher"),
+        ),
+    ),
+    Claim(
+        "bov-beats-pre-ln",
+        "bank-of-values",
+        "Table 1, Sec. 4",
+        "Bank of Values reaches a lower loss than standard attention at equal FLOPs, with fewer FLOPs "
+        "per token and no value cache in its table layers.",
+        "nanochat d12 (135M), 1.5e18 FLOPs (1.97B tokens for the baseline): BoV 0.845 BPB against 0.854",
+        "flops",
+        (
+            Check("val_loss", "bov", "pre-ln", "lower", setting="flops"),
+            Check("flops_per_token", "bov", "pre-ln", "lower"),
+            Check("table_layer_value_bytes", "bov", None, "equals", expected="0"),
+        ),
+        tags=("quick",),
+    ),
+    Claim(
+        "x0-value-close-to-bov",
+        "bank-of-values",
+        "Table 1 rows 8-9, Sec. 4",
+        "Computing deep values from x0 W_V matches the Bank of Values table, which learns those values "
+        "directly.",
+        "nanochat d12: x0 W_V in the last third 0.845-0.847 BPB, BoV 0.845",
+        "flops",
+        (Check("val_loss", "x0-value", "bov", "within", MATCH_NATS, setting="flops"),),
+    ),
+)
+
+CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
+
+
+def select(ids: list[str] | None = None, papers: list[str] | None = None, quick: bool = False) -> list[Claim]:
+    """The claims named by id, or of the named papers, or tagged quick; all of them by default."""
+    from blocklab.config import ConfigError
+
+    for name in ids or []:
+        if name not in CLAIMS_BY_ID:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(CLAIMS_BY_ID), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"unknown claim {name!r}.{hint} Known: {', '.join(CLAIMS_BY_ID)}.")
+    for name in papers or []:
+        if name not in PAPERS:
+            raise ConfigError(f"unknown paper {name!r}: choose one of {', '.join(PAPERS)}.")
+    chosen = [c for c in CLAIMS if (not ids or c.id in ids) and (not papers or c.paper in papers)]
+    if quick:
+        chosen = [c for c in chosen if "quick" in c.tags]
+    return chosen

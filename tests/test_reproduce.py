@@ -1,0 +1,237 @@
+"""The claim registry, the reproduction plan, and `blocklab reproduce` end to end on a tiny scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from blocklab.accounting import flops_per_token
+from blocklab.claims import CLAIMS, PAPERS, select
+from blocklab.cli import main
+from blocklab.compare import NOT_RESULTS
+from blocklab.config import ConfigError, ModelConfig
+from blocklab.evidence import RELATIONS
+from blocklab.model import Transformer
+from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
+from blocklab.reproduction_report import write_reproduction
+from blocklab.training.config import changed_fields
+from blocklab.training.metrics import read_metrics
+
+
+def test_every_claim_is_well_formed_and_its_architectures_build():
+    assert len({c.id for c in CLAIMS}) == len(CLAIMS)
+    assert select(quick=True), "the quick reproduction needs claims"
+    for claim in CLAIMS:
+        assert claim.paper in PAPERS and claim.statement and claim.paper_result and claim.checks
+        for check in claim.checks:
+            assert check.metric in METRICS and check.relation in RELATIONS, check
+            assert check.setting in SETTINGS and check.minus_setting in (None, *SETTINGS), check
+            if check.relation == "equals":
+                assert check.expected in FORMULAS, check
+            else:
+                assert (check.baseline is None) == (check.metric == "lambda_v1_slope"), check
+            if METRICS[check.metric].exact:
+                assert check.relation in ("lower", "higher", "equals"), check
+        for arch in claim.archs:
+            for scale in ("cpu", "cpu-deep"):
+                fields = {**SCALES[scale].model, "vocab_size": 4096}
+                with torch.device("meta"):
+                    Transformer(ModelConfig.from_preset(arch, SCALES[scale].size, **fields))
+
+
+def test_select_by_id_and_paper_and_bad_names():
+    assert [c.id for c in select(["svformer-kv-cache"])] == ["svformer-kv-cache"]
+    assert {c.paper for c in select(papers=["bank-of-values"])} == {"bank-of-values"}
+    with pytest.raises(ConfigError, match="Did you mean svformer-kv-cache"):
+        select(["svformer-kv-cach"])
+    with pytest.raises(ConfigError, match="unknown paper"):
+        select(papers=["attention-is-all"])
+
+
+def test_settings_keep_tokens_per_step_and_equal_flops(tmp_path):
+    scale = SCALES["cpu"]
+    steps, long = scale.base("steps"), scale.base("seq-long")
+    assert steps["batch_size"] * steps["seq_len"] == long["batch_size"] * long["seq_len"]
+    assert long["seq_len"] == 4 * steps["seq_len"] and long["max_steps"] == steps["max_steps"]
+    flops = scale.base("flops")["max_flops"]
+    with torch.device("meta"):  # by hand: pre-ln's FLOPs per token x tokens of `steps` steps
+        fpt = flops_per_token(
+            Transformer(ModelConfig.from_preset("pre-ln", "tiny", vocab_size=4096, context_length=128))
+        )
+    assert flops == pytest.approx(fpt * scale.steps * scale.batch_size * scale.seq_len, rel=1e-12)
+    with pytest.raises(ConfigError, match="setting"):
+        scale.base("wall-clock")
+
+
+def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
+    """One run store: `blocklab compare --out OUT/cpu/tiny-steps --seeds 3 --steps 400` trains exactly
+    the runs `blocklab reproduce --scale cpu --out OUT` reads, so neither trains them twice."""
+    from blocklab import compare as compare_module
+
+    captured = {}
+
+    def fake_compare(entries, out, seeds, base, fresh):
+        captured.update(entries=entries, out=out, seeds=seeds, base=base)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    out = tmp_path / "rep"
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "compare",
+                "--archs",
+                "pre-ln,resformer",
+                "--seeds",
+                "3",
+                "--steps",
+                "400",
+                "--lr",
+                "3e-3",
+                "--out",
+                str(out / "cpu" / "tiny-steps"),
+                "--quiet",
+            ]
+        )
+    from_cli = compare_module.run_configs(
+        captured["entries"], captured["seeds"], Path(captured["out"]), captured["base"]
+    )
+    planned = plan(select(["resformer-beats-pre-ln"]), SCALES["cpu"], out / "cpu")["steps"]
+    assert len(planned) == len(from_cli) == 6
+    for (_, a), (_, b) in zip(planned, from_cli, strict=True):
+        assert a.out_dir == b.out_dir
+        assert not changed_fields(a, b, NOT_RESULTS)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = ["def", "return", "self", "value", "import", "class", "for", "in", "range", "if", "else"]
+    for i in range(40):
+        idx = rng.integers(len(words), size=300)
+        (root / f"f{i}.py").write_text(
+            "\n".join(" ".join(words[j] for j in idx[k : k + 6]) for k in range(0, 300, 6))
+        )
+    return root
+
+
+def tiny_scale(corpus, cache) -> Scale:
+    return Scale(
+        "test scale",
+        "tiny",
+        5,
+        seeds=3,
+        batch_size=4,
+        seq_len=32,
+        lr=3e-3,
+        eval_every=5,
+        model={"d_model": 32, "n_layers": 4, "n_heads": 2},
+        train={
+            "eval_batches": 2,
+            "log_every": 1,
+            "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)},
+        },
+    )
+
+
+def test_reproduce_end_to_end(corpus, tmp_path):
+    scale = tiny_scale(corpus, tmp_path / "cache")
+    chosen = select(
+        ["resformer-beats-pre-ln", "svformer-kv-cache", "learned-lambda-deeper", "sas-p-throughput"]
+    )
+    out = tmp_path / "rep"
+    rep = reproduce(chosen, scale, out, log=lambda *_: None)
+    results = {r.claim.id: r for r in rep.results}
+
+    # the loss check against an independent computation from the runs' summaries, and scipy's interval
+    runs = out / "custom" / "tiny-steps" / "runs"
+
+    def summary(name, seed):
+        return json.loads((runs / f"{name}-seed{seed}" / "summary.json").read_text())
+
+    diffs = [summary("resformer", s)["val_loss"] - summary("pre-ln", s)["val_loss"] for s in range(3)]
+    check = results["resformer-beats-pre-ln"].checks[0]
+    assert check.interval.values == pytest.approx(diffs, rel=1e-12)
+    low, high = stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=stats.sem(diffs))
+    assert (check.interval.low, check.interval.high) == pytest.approx((low, high), rel=1e-9)
+    expected = "reproduced" if high < 0 else "contradicted" if low > 0 else "inconclusive"
+    assert check.verdict == expected
+
+    # throughput as a ratio per seed
+    ratios = [
+        summary("sas-p", s)["tokens_per_s"] / summary("pre-ln", s)["tokens_per_s"] - 1 for s in range(3)
+    ]
+    assert results["sas-p-throughput"].checks[0].interval.values == pytest.approx(ratios, rel=1e-12)
+
+    # SVFormer's cache by hand: pre-ln keeps K and V in all L layers, SVFormer K in all and V once
+    kv = results["svformer-kv-cache"].checks[0]
+    assert kv.value == pytest.approx((4 + 1) / (2 * 4)) and kv.verdict == "reproduced"
+
+    # the lambda slope against numpy's least-squares fit of the last logged lambda_1 per layer
+    lam_run = runs / "resformer-learnable-seed1"
+    last = [r for r in read_metrics(lam_run / "metrics.jsonl", "train")][-1]["scalars"]
+    layers = sorted(int(k.split(".")[1]) for k in last if k.endswith("attn.values.lambda1"))
+    ys = [last[f"blocks.{n}.attn.values.lambda1"][0] for n in layers]
+    slope = results["learned-lambda-deeper"].checks[0].interval.values[1]
+    assert slope == pytest.approx(np.polyfit(layers, ys, 1)[0], rel=1e-9, abs=1e-12)
+    assert len(set(ys)) > 1, "trained lambdas should have moved away from their init"
+
+    # the report: a verdict per claim, intervals, figures
+    md = write_reproduction(rep, out).read_text()
+    for r in rep.results:
+        assert f"## {r.claim.id}: {r.verdict}" in md
+    assert f"[{check.interval.low:+.4f}, {check.interval.high:+.4f}]" in md
+    assert "t-interval" in md and (out / "reproduction.html").is_file()
+    saved = json.loads((out / "reproduction.json").read_text())
+    assert [c["verdict"] for c in saved["claims"]] == [r.verdict for r in rep.results]
+    for png in (out / "custom-figures").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a second call trains nothing: every run is reused from the store
+    messages = []
+    again = reproduce(chosen, scale, out, log=messages.append)
+    trained = [m for m in messages if m.endswith(": training")]
+    assert not trained and any("reused" in m for m in messages)
+    assert [r.verdict for r in again.results] == [r.verdict for r in rep.results]
+
+
+def test_deep_entropy_reads_the_deeper_half(corpus, tmp_path, monkeypatch):
+    from blocklab import reproduce as reproduce_module
+    from blocklab.analysis import run as run_module
+
+    monkeypatch.setattr(
+        run_module,
+        "diagnose_run",
+        lambda run, batches, batch_size: {"entropy": {"mean": [9.0, 9.0, 1.0, 2.0, 6.0]}},
+    )
+    monkeypatch.setattr("blocklab.analysis.diagnose_run", run_module.diagnose_run)
+    (tmp_path / "run").mkdir()
+    assert reproduce_module.deep_entropy(tmp_path / "run") == pytest.approx(3.0)  # layers 2, 3, 4
+    saved = json.loads((tmp_path / "run" / "reproduce_metrics.json").read_text())
+    assert saved == {"deep_entropy": 3.0}
+
+
+def test_cli_reproduce_lists_and_rejects(capsys):
+    assert main(["reproduce", "--list", "--paper", "simplifying"]) == 0
+    printed = capsys.readouterr().out
+    assert "sas-matches-pre-ln" in printed and "resformer-beats" not in printed and "scales:" in printed
+    assert main(["reproduce", "--claims", "resformer-beats-pre-l"]) == 2
+    assert "Did you mean resformer-beats-pre-ln" in capsys.readouterr().err
+    assert main(["reproduce", "--claims", "svformer-kv-cache", "--scale", "huge"]) == 2
+    assert "scale 'huge' is not allowed" in capsys.readouterr().err
+
+
+def test_no_train_names_the_missing_run(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="has not finished training.*without --no-train"):
+        reproduce(
+            select(["resformer-beats-pre-ln"]),
+            tiny_scale(corpus, tmp_path / "c"),
+            tmp_path / "none",
+            train=False,
+        )
