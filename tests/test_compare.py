@@ -350,3 +350,55 @@ def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
     for plot in colours[1:]:
         assert all(plot[label] == colours[0][label] for label in plot), colours
     assert set(colours[-1]) == {"sas", "bov"}  # the relative plot: every entry but the baseline
+
+
+def test_lr_sweep_keeps_each_architectures_best_rate(corpus, tmp_path):
+    out = tmp_path / "cmp"
+    cfg = {**base(corpus, tmp_path / "cache", steps=4), "max_steps": 8}
+    messages = []
+    report = compare(["pre-ln", "resformer"], out, seeds=2, base=cfg, log=messages.append,
+                     lr_sweep=[1e-4, 3e-2], sweep_steps=3)
+    sweep = json.loads((out / "lr_sweep.json").read_text())
+    assert sweep["steps"] == 3
+    for label in ("pre-ln", "resformer"):
+        losses = {float(r): v for r, v in sweep["val_loss"][label].items()}
+        for rate, loss in losses.items():  # each sweep run: seed 0, 3 steps, its own rate
+            run = out / "lr-sweep" / "runs" / f"{label}-lr{rate:g}-seed0"
+            saved = TrainConfig.load(run / "config.yaml")
+            assert (saved.optim.lr, saved.max_steps, saved.seed) == (rate, 3, 0)
+            assert json.loads((run / "summary.json").read_text())["val_loss"] == loss
+        best = min(losses, key=losses.get)
+        for seed in range(2):
+            assert TrainConfig.load(out / "runs" / f"{label}-seed{seed}" / "config.yaml").optim.lr == best
+    text = report.read_text()
+    assert "## Learning-rate sweep" in text and text.count("(chosen)") == 2
+    again = []
+    compare(["pre-ln", "resformer"], out, seeds=2, base=cfg, log=again.append, lr_sweep=[1e-4, 3e-2],
+            sweep_steps=3)
+    assert not [m for m in again if m.endswith(": training")]
+    with pytest.raises(ConfigError, match="positive"):
+        compare(["pre-ln"], out, base=cfg, lr_sweep=[-1.0])
+
+
+def test_report_gives_paired_intervals_and_the_claims_covered(corpus, tmp_path):
+    from scipy import stats
+
+    out = tmp_path / "cmp"
+    report = compare(["pre-ln", "resformer", "sas"], out, seeds=3, base=base(corpus, tmp_path / "cache"),
+                     log=lambda *_: None).read_text()
+    loss = {(a, s): json.loads((out / "runs" / f"{a}-seed{s}" / "summary.json").read_text())["val_loss"]
+            for a in ("pre-ln", "resformer", "sas") for s in range(3)}
+    section = report.split("## Differences to pre-ln")[1].split("##")[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines() if line.startswith("| ")}
+    for arch in ("resformer", "sas"):
+        diffs = [loss[arch, s] - loss["pre-ln", s] for s in range(3)]
+        low, high = stats.t.interval(0.95, 2, loc=sum(diffs) / 3, scale=stats.sem(diffs))
+        assert f"[{low:+.4f}, {high:+.4f}]" in rows[arch]
+        reading = "lower" if high < 0 else "higher" if low > 0 else "no clear difference"
+        assert rows[arch].rstrip(" |").endswith(reading)
+    claims = report.split("## Claims these runs test")[1]
+    assert "resformer-beats-pre-ln" in claims
+    assert "sas-matches-pre-ln" not in claims  # needs sas-p too
+    one_seed = compare(["pre-ln", "resformer"], tmp_path / "one", seeds=1,
+                       base=base(corpus, tmp_path / "cache"), log=lambda *_: None).read_text()
+    assert "## Differences" not in one_seed

@@ -119,7 +119,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
                               "and no default fits every machine: give the seconds per run with --time "
                               f"SECONDS, or --steps N for equal steps ({DEFAULT_STEPS} by default).")
         base[BUDGETS[kind]] = value
-    report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh)
+    sweep = None
+    if args.lr_sweep:
+        try:
+            sweep = [float(r) for r in args.lr_sweep.split(",") if r.strip()]
+        except ValueError:
+            raise ConfigError(f"--lr-sweep {args.lr_sweep!r} is not allowed: give comma-separated learning "
+                              "rates, e.g. 1e-3,3e-3,1e-2.") from None
+    report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
+                     sweep_steps=args.sweep_steps)
     print(f"report: {report} (and {report.with_suffix('.html')})")
     print(report.read_text().split("\n\n")[2])  # the table
 
@@ -260,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--eval-every", type=int, default=50, help="steps between validations and checkpoints")
+    p.add_argument("--lr-sweep", help="comma-separated peak learning rates: each architecture trains seed 0 "
+                   "at each on a short budget and keeps the best on held-out loss for all seeds")
+    p.add_argument("--sweep-steps", type=int,
+                   help="steps of each sweep run (default: a quarter of --steps, or 100)")
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_compare)

@@ -8,8 +8,9 @@ are reused and an interrupted one resumes from its checkpoint.
 
 from __future__ import annotations
 
+import json
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,13 @@ NOT_RESULTS = frozenset({"progress", "tensorboard", "log_every", "ckpt_every", "
 
 @dataclass(frozen=True)
 class Entry:
-    """One architecture in a comparison: a label for the report, a preset name, model overrides."""
+    """One architecture in a comparison: a label for the report, a preset name, model overrides and
+    TrainConfig overrides of its own (a learning rate chosen by a sweep)."""
 
     label: str
     arch: str
     model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> Entry:
@@ -158,8 +161,9 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
     for entry in entries:
         model = entry_model(entry, base.get("size", TrainConfig.size), base.get("model", {}))
         for seed in range(seeds):
-            fields = merge(base, {"arch": entry.arch, "seed": seed, "model": model,
-                                   "out_dir": str(out / "runs" / f"{_slug(entry.label)}-seed{seed}")})
+            fields = merge(merge(base, entry.train), {
+                "arch": entry.arch, "seed": seed, "model": model,
+                "out_dir": str(out / "runs" / f"{_slug(entry.label)}-seed{seed}")})
             configs.append((entry, TrainConfig.from_dict(fields)))
     return configs
 
@@ -226,9 +230,36 @@ def train_all(configs: list[tuple[Entry, TrainConfig]], log=print) -> None:
         train(cfg, resume=resume)
 
 
+def sweep_learning_rates(entries: list[Entry], rates: list[float], out: Path, base: dict[str, Any],
+                         steps: int, log=print) -> dict[str, dict[float, float]]:
+    """Train seed 0 of every entry at every rate for `steps` steps (in `out/runs/<label>-lr<rate>-seed0`,
+    reused like any run) and return each entry's final validation loss per rate."""
+    short = {k: v for k, v in base.items() if k not in BUDGETS.values()} | {"max_steps": steps}
+    tried = [(e, rate, Entry(f"{e.label}-lr{rate:g}", e.arch, e.model,
+                             merge(e.train, {"optim": {"lr": rate}})))
+             for e in entries for rate in rates]
+    configs = run_configs([t for _, _, t in tried], 1, out, short)
+    train_all(configs, log)
+    losses: dict[str, dict[float, float]] = {e.label: {} for e in entries}
+    for (entry, rate, _), (_, cfg) in zip(tried, configs, strict=True):
+        losses[entry.label][rate] = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["val_loss"]
+    return losses
+
+
+def with_best_rates(entries: list[Entry], sweep: dict[str, dict[float, float]]) -> list[Entry]:
+    """Each entry with the learning rate of its lowest held-out loss in `sweep`."""
+    return [replace(e, train=merge(e.train, {"optim": {"lr": min(sweep[e.label], key=sweep[e.label].get)}}))
+            for e in entries]
+
+
 def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
-            base: dict[str, Any] | None = None, fresh: bool = False, log=print) -> Path:
-    """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`."""
+            base: dict[str, Any] | None = None, fresh: bool = False, log=print,
+            lr_sweep: list[float] | None = None, sweep_steps: int | None = None) -> Path:
+    """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`.
+
+    With `lr_sweep`, each entry first trains seed 0 at every rate for `sweep_steps` steps (default a
+    quarter of max_steps, else 100); the rate with the lowest held-out loss is then used for all seeds.
+    """
     from blocklab.report import write_report
 
     entries = [Entry.parse(e) if isinstance(e, str) else e for e in entries]
@@ -238,6 +269,16 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     out = Path(out)
     if fresh and out.exists():
         shutil.rmtree(out / "runs", ignore_errors=True)
-    configs = run_configs(entries, seeds, out, base or {})
+    base = base or {}
+    sweep = None
+    if lr_sweep:
+        if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
+            raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
+        steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
+        log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
+        sweep = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps, log)
+        (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
+        entries = with_best_rates(entries, sweep)
+    configs = run_configs(entries, seeds, out, base)
     train_all(configs, log)
-    return write_report(configs, out)
+    return write_report(configs, out, sweep=sweep)

@@ -163,6 +163,73 @@ def _plot_scalars(label: str, run: dict, out: Path) -> Path | None:
     return path
 
 
+# -- statistics -------------------------------------------------------------------------------------------
+def _per_seed_loss(runs: list[dict]) -> dict[int, float]:
+    return {r["summary"]["seed"]: r["summary"]["val_loss"] for r in runs}
+
+
+def _budget_setting(cfg: TrainConfig) -> str | None:
+    """The claims' setting this comparison measures: equal FLOPs, or equal steps (and tokens)."""
+    if cfg.max_flops is not None:
+        return "flops"
+    return "steps" if cfg.max_steps is not None or cfg.max_tokens is not None else None
+
+
+def statistics_rows(entries, runs_by_label) -> list[list[str]]:
+    """Each architecture's final validation loss minus the first one's, paired by seed, with its 95%
+    t-interval (blocklab.evidence); empty with fewer than two seeds."""
+    from blocklab import evidence
+
+    base = _per_seed_loss(runs_by_label[entries[0].label])
+    rows = []
+    for entry in entries[1:]:
+        diffs = evidence.paired_differences(_per_seed_loss(runs_by_label[entry.label]), base)
+        if len(diffs) < 2:
+            return []
+        iv = evidence.t_interval(diffs)
+        lower, higher = evidence.verdict(iv, "lower"), evidence.verdict(iv, "higher")
+        reading = ("lower" if lower == "reproduced" else "higher" if higher == "reproduced"
+                   else f"no clear difference{' (fewer than 3 seeds)' if iv.n < evidence.MIN_SEEDS else ''}")
+        rows.append([entry.label, ", ".join(f"{d:+.4f}" for d in diffs), f"{iv.mean:+.4f}",
+                     f"[{iv.low:+.4f}, {iv.high:+.4f}]", reading])
+    return rows
+
+
+def claim_rows(entries, runs_by_label, cfg: TrainConfig) -> list[list[str]]:
+    """The claims (blocklab.claims) whose validation-loss checks this comparison covers: every check's
+    architectures among the entries (by preset name) at this budget kind, with their verdicts."""
+    from blocklab import evidence
+    from blocklab.claims import CLAIMS
+
+    setting = _budget_setting(cfg)
+    by_arch = {e.arch: runs_by_label[e.label] for e in entries if e.label == e.arch}
+    rows = []
+    for claim in CLAIMS:
+        checks = [c for c in claim.checks if c.metric == "val_loss"]
+        if not checks or any(c.setting != setting or c.minus_setting or c.baseline not in by_arch
+                             or c.arch not in by_arch for c in checks):
+            continue
+        verdicts = []
+        for c in checks:
+            iv = evidence.t_interval(evidence.paired_differences(_per_seed_loss(by_arch[c.arch]),
+                                                                 _per_seed_loss(by_arch[c.baseline])))
+            verdicts.append(evidence.verdict(iv, c.relation, c.tolerance))
+            interval = "-" if iv.low is None else f"[{iv.low:+.4f}, {iv.high:+.4f}]"
+            expected = c.relation + (f" {c.tolerance:g}" if c.tolerance else "")
+            rows.append([claim.id, f"{c.arch} - {c.baseline}", expected, f"{iv.mean:+.4f}", interval,
+                         verdicts[-1]])
+        others = len(claim.checks) - len(checks)
+        if len(checks) > 1 or others:
+            rows.append([claim.id, "loss checks together" + (
+                f" ({others} other checks: blocklab reproduce)" if others else ""), "", "", "",
+                evidence.combine(verdicts)])
+    return rows
+
+
+STATS_HEAD = ["architecture", "val loss - first, per seed", "mean", "95% CI (t)", "reading"]
+CLAIMS_HEAD = ["claim", "check", "expected", "mean", "95% CI (t)", "verdict"]
+
+
 # -- writing ----------------------------------------------------------------------------------------------
 def _fmt(mean_std: tuple[float, float], digits: int, seeds: int) -> str:
     mean, std = mean_std
@@ -187,8 +254,50 @@ def _table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     return head, body
 
 
-def write_report(runs: list[tuple[Any, TrainConfig]], out: Path) -> Path:
-    """`runs` pairs each comparison entry (label, arch) with the TrainConfig of one of its seeds."""
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    esc = [[c.replace("|", "\\|") for c in row] for row in rows]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(r) + " |" for r in esc]
+
+
+def html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{th}</tr>{trs}</table>"
+
+
+def _sections(entries, runs_by_label, cfg0: TrainConfig, sweep) -> list[tuple[str, str, list, list]]:
+    """(title, sentence, head, rows) of the statistics, claims and learning-rate sweep sections."""
+    out = []
+    stats = statistics_rows(entries, runs_by_label) if len(entries) > 1 else []
+    if stats:
+        out.append(("Differences to " + entries[0].label,
+                    "Final validation loss minus the first architecture's, paired by seed (same batches, "
+                    "same held-out windows), with the mean and a 95% Student t-interval (assumes normal, "
+                    "independent differences). 'lower'/'higher' only where the interval excludes 0 with 3 "
+                    "or more seeds.",
+                    STATS_HEAD, stats))
+    claims = claim_rows(entries, runs_by_label, cfg0)
+    if claims:
+        out.append(("Claims these runs test",
+                    "The papers' claims (blocklab.claims) whose validation-loss checks these architectures "
+                    "and this budget cover; `blocklab reproduce` runs every check, the exact ones too.",
+                    CLAIMS_HEAD, claims))
+    if sweep:
+        rates = sorted({r for losses in sweep.values() for r in losses})
+        rows = [[label] + [f"{losses[r]:.4f}" + (" (chosen)" if r == min(losses, key=losses.get) else "")
+                           for r in rates] for label, losses in sweep.items()]
+        out.append(("Learning-rate sweep",
+                    "Final validation loss of seed 0 at each peak learning rate on the short sweep budget "
+                    "(lr_sweep.json); each architecture then trained every seed at its chosen rate.",
+                    ["architecture"] + [f"lr {r:g}" for r in rates], rows))
+    return out
+
+
+def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
+                 sweep: dict[str, dict[float, float]] | None = None) -> Path:
+    """`runs` pairs each comparison entry (label, arch) with the TrainConfig of one of its seeds;
+    `sweep` is a learning-rate sweep's held-out loss per entry and rate (compare's lr_sweep)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     entries = list({id(e): e for e, _ in runs}.values())
@@ -233,6 +342,9 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path) -> Path:
     md = ["# blocklab compare", "", intro, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     md += ["| " + " | ".join(row) + " |" for row in body]
+    sections = _sections(entries, runs_by_label, cfg0, sweep)
+    for title, sentence, sec_head, sec_rows in sections:
+        md += ["", f"## {title}", "", sentence, ""] + md_table(sec_head, sec_rows)
     md += ["", "Figures are written beside this file:", ""]
     md += [f"![{p.stem}]({p.name})" for p in images]
     (out / "report.md").write_text("\n".join(md) + "\n")
@@ -246,6 +358,9 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path) -> Path:
             "body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}figure{display:inline-block}"
             f"</style></head><body><h1>blocklab compare</h1><p>{html.escape(intro)}</p>"
-            f"<table><tr>{cells}</tr>{trs}</table>{imgs}</body></html>")
+            f"<table><tr>{cells}</tr>{trs}</table>"
+            + "".join(f"<h2>{html.escape(t)}</h2><p>{html.escape(w)}</p>{html_table(h, r)}"
+                      for t, w, h, r in sections)
+            + f"{imgs}</body></html>")
     (out / "report.html").write_text(page)
     return out / "report.md"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import evidence
+from blocklab.report import html_table, md_table
 from blocklab.reproduce import CheckResult, ClaimResult, Reproduction
 
 RELATION_WORDS = {
@@ -177,19 +178,6 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
     return path
 
 
-def _md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    esc = [[c.replace("|", "\\|") for c in row] for row in rows]
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + [
-        "| " + " | ".join(r) + " |" for r in esc
-    ]
-
-
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    trs = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{th}</tr>{trs}</table>"
-
-
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
@@ -237,7 +225,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         ", ".join(f"{n} {v}" for v, n in counts.items()) + ".",
         "",
     ]
-    md += _md_table(["claim", "paper", "where", "claim", "verdict"], summary)
+    md += md_table(["claim", "paper", "where", "claim", "verdict"], summary)
     sections_html = []
     record = []
     for r in results:
@@ -262,7 +250,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
             "*Here:*",
             "",
         ]
-        md += _md_table(HEAD, rows)
+        md += md_table(HEAD, rows)
         if c.notes:
             md += ["", f"Note: {c.notes}"]
         md += [""] + [f"![{p.stem}]({figures.name}/{p.name})" for p in images]
@@ -274,7 +262,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         sections_html.append(
             f"<h2>{html.escape(c.id)}: {html.escape(r.verdict)}</h2><p><b>{html.escape(PAPERS[c.paper])}, "
             f"{html.escape(c.where)}.</b> {html.escape(c.statement)}</p><p><i>The paper:</i> "
-            f"{html.escape(c.paper_result)}.</p>{_html_table(HEAD, rows)}"
+            f"{html.escape(c.paper_result)}.</p>{html_table(HEAD, rows)}"
             + (f"<p>Note: {html.escape(c.notes)}</p>" if c.notes else "")
             + imgs
         )
@@ -318,7 +306,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:4px 8px;"
         "text-align:left;vertical-align:top}img{max-width:100%}</style></head><body>"
         f"<h1>blocklab reproduce: {html.escape(scale_name)}</h1><p>{html.escape(method)}</p>"
-        f"<h2>Verdicts</h2>{_html_table(['claim', 'paper', 'where', 'claim', 'verdict'], summary)}"
+        f"<h2>Verdicts</h2>{html_table(['claim', 'paper', 'where', 'claim', 'verdict'], summary)}"
         + "".join(sections_html)
         + "</body></html>"
     )
