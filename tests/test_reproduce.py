@@ -235,3 +235,31 @@ def test_no_train_names_the_missing_run(corpus, tmp_path):
             tmp_path / "none",
             train=False,
         )
+
+
+def test_cli_quick_runs_the_quick_claims(corpus, tmp_path, monkeypatch, capsys):
+    from blocklab import reproduce as reproduce_module
+
+    monkeypatch.setitem(reproduce_module.SCALES, "quick", tiny_scale(corpus, tmp_path / "cache"))
+    out = tmp_path / "rep"
+    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    md = (out / "reproduction.md").read_text()
+    for claim in select(quick=True):
+        assert f"## {claim.id}: " in md and claim.id in printed
+    assert not (set(c.id for c in CLAIMS) - set(c.id for c in select(quick=True))) & set(
+        line.split(": ")[0][3:] for line in md.splitlines() if line.startswith("## "))
+
+
+@pytest.mark.slow
+def test_real_quick_reproduction(tmp_path):
+    """The real `blocklab reproduce --quick` on the embedded corpus (about 10 minutes on 2 cores)."""
+    out = tmp_path / "rep"
+    assert main(["reproduce", "--quick", "--out", str(out)]) == 0
+    saved = json.loads((out / "reproduction.json").read_text())
+    assert [c["claim"] for c in saved["claims"]] == [c.id for c in select(quick=True)]
+    for claim in saved["claims"]:
+        for check in claim["checks"]:
+            assert check["verdict"] in ("reproduced", "contradicted", "inconclusive")
+            if "values" in check:
+                assert len(check["values"]) == 3 and check["low"] <= check["mean"] <= check["high"]
