@@ -524,20 +524,32 @@ def _torchrun(n: int, args: list[str], cwd: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            "-m", "blocklab.cli", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    try:  # a collective entered by one rank only hangs: fail the test instead of stalling CI
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired as err:
+        raise AssertionError(f"torchrun with {n} processes hung: {(err.stderr or b'')[-2000:]!r}") from None
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-def test_two_processes_match_one(corpus, tmp_path, parallel):
+@pytest.mark.parametrize("arch, parallel", [("pre-ln", "ddp"), ("pre-ln", "fsdp"), ("sas-p", "ddp"),
+                                            ("sas-p", "fsdp"), ("sas-p+resformer-learnable", "fsdp")])
+def test_two_processes_match_one(corpus, tmp_path, arch, parallel):
+    """Learned gains (SAS-P's alpha/beta/gamma, ResFormer's lambdas) are logged every step: under FSDP
+    gathering them is a collective that every rank must enter (it hung when only rank 0 did)."""
     common = ["max_steps=3", "batch_size=4", "seq_len=16", "eval_every=2", "eval_batches=4", "log_every=1",
-              "progress=false",
+              "progress=false", f"arch={arch}",
               f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
               "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "optim.warmup_fraction=0",
               f"parallel={parallel}"]
     _torchrun(1, [*common, f"out_dir={tmp_path / 'one'}"], tmp_path)
     _torchrun(2, [*common, f"out_dir={tmp_path / 'two'}"], tmp_path)
     assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=2e-5)
+    scalars = [r["scalars"] for r in read_metrics(tmp_path / "two" / "metrics.jsonl", "train")]
+    if arch != "pre-ln":  # the full (gathered) gains, equal to one process's
+        one_scalars = [r["scalars"] for r in read_metrics(tmp_path / "one" / "metrics.jsonl", "train")]
+        assert scalars[-1].keys() == one_scalars[-1].keys() and scalars[-1]
+        for name, values in one_scalars[-1].items():
+            assert scalars[-1][name] == pytest.approx(values, abs=1e-4), name
     # validation scores the same windows whatever the number of processes (capped by eval_batches)
     one, two = (read_metrics(tmp_path / name / "metrics.jsonl", "val") for name in ("one", "two"))
     assert [(r["step"], r["val_tokens"]) for r in one] == [(2, 4 * 4 * 16), (3, 4 * 4 * 16)]

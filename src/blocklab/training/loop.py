@@ -290,8 +290,10 @@ class Trainer:
                 self._restore()
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
                                    cfg.tensorboard) if env.is_main else None
-            if logger is not None and not resumed:
-                logger.log({"kind": "train", "step": 0, "tokens": 0, "scalars": learned_scalars(self.model)})
+            if not resumed:
+                scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
+                if logger is not None:
+                    logger.log({"kind": "train", "step": 0, "tokens": 0, "scalars": scalars})
             if cfg.init_from and not resumed:  # the starting point's validation loss (step 0)
                 self._validate(logger)
             val = self._loop(logger, resumed)
@@ -342,12 +344,14 @@ class Trainer:
             bar.update(min(state.train_time, budget.max_time) - bar.n if timed else 1)
             bar.set_postfix({"step": state.step, "loss": f"{loss:.3f}"} if timed else {"loss": f"{loss:.3f}"})
             done = self._done()  # a collective: every rank calls it exactly once per step
-            if logger is not None and (state.step % cfg.log_every == 0 or done):
+            # gathering FSDP-sharded gains (DTensor.full_tensor) is a collective: every rank takes part
+            scalars = learned_scalars(self.model) if state.step % cfg.log_every == 0 or done else None
+            if logger is not None and scalars is not None:
                 now = time.perf_counter()
                 row = {"kind": "train", "step": state.step, "tokens": state.tokens, "loss": loss,
                        "lr": cfg.optim.lr * factor, "grad_norm": grad_norm,
                        "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                       "wall_time": state.train_time, "scalars": learned_scalars(self.model)}
+                       "wall_time": state.train_time, "scalars": scalars}
                 if not window_tokens:  # only the compile warm-up step in this window
                     del row["tokens_per_s"]
                 logger.log(row)
