@@ -148,7 +148,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         return
     scale = args.scale or ("quick" if args.quick else "cpu")
     rep = reproduce(claims, scale, args.out, train=not args.no_train)
-    path = write_reproduction(rep, args.out)
+    path = write_reproduction(rep, args.report or args.out)
     print(f"report: {path} (and {path.with_suffix('.html')})")
     for r in rep.results:
         print(f"  {r.verdict:<13} {r.claim.id}")
@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="the claims tagged quick at scale quick: about 15 minutes on a 2-core CPU")
     p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p (default: cpu, or quick)")
-    p.add_argument("--out", default="runs/reproduce")
+    p.add_argument("--out", default="runs/reproduce", help="the run store and, by default, the report")
+    p.add_argument("--report", help="write the report here instead of OUT")
     p.add_argument("--no-train", action="store_true",
                    help="only read runs that exist (a missing one is an error)")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
