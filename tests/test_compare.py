@@ -45,7 +45,8 @@ def base(corpus, cache, steps=4):
 
 
 def table_rows(report: str) -> dict[str, list[str]]:
-    lines = [line for line in report.splitlines() if line.startswith("| ")]
+    """The rows of the report's first table (the measured figures), by architecture."""
+    lines = [line for line in report.split("\n\n")[2].splitlines() if line.startswith("| ")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[1:]:

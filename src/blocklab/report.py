@@ -338,6 +338,10 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
              "which includes the data; max allocated on CUDA). KV-cache bytes per token are measured from "
              "the model's own cache layout (KVCache.nbytes of one sequence at full context, bf16, divided "
              "by the context length). The learned-scalar plots show seed 0.")
+    if rows[0]["seeds"] < 2 and len(entries) > 1:
+        intro += (" With one seed there is no interval: a difference smaller than the seed-to-seed spread "
+                  "cannot be told from noise. `--seeds 3` gives paired differences with 95% t-intervals; "
+                  "benchmarks/REPRODUCTION.md has them for the main job's setting.")
     head, body = _table(rows)
     md = ["# blocklab compare", "", intro, "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -266,7 +266,6 @@ class Measurements:
         self.runs = {
             (s, e.label, cfg.seed): Path(cfg.out_dir) for s, group in runs.items() for e, cfg in group
         }
-        self.configs = {(s, e.label): cfg for s, group in runs.items() for e, cfg in group}
 
     def per_seed(self, metric: str, setting: str, arch: str) -> dict[int, float]:
         out = {}
