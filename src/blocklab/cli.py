@@ -55,7 +55,7 @@ def cmd_presets(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from blocklab.training import TrainingError, train
+    from blocklab.training import TrainingError, distributed, train
     from blocklab.training.config import resolve_config
 
     config, overrides = None, list(args.overrides)
@@ -70,6 +70,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     except TrainingError as err:
         print(f"blocklab: error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    if distributed.launch_rank() != 0:  # one summary line per run, not one per process
+        return
     s = result.summary
     bpb = f", val bits/byte {s['val_bpb']:.3f}" if s["val_bpb"] is not None else ""
     speed = f" ({s['tokens_per_s']:,.0f} tokens/s)" if s["tokens_per_s"] else ""

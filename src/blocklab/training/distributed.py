@@ -30,6 +30,11 @@ class DistEnv:
         return self.world_size > 1
 
 
+def launch_rank() -> int:
+    """This process's rank as torchrun set it (0 when run alone), readable before and after training."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def setup(device: torch.device) -> DistEnv:
     """Join the process group torchrun describes (gloo on CPU, nccl on CUDA); no-op when run alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
