@@ -16,6 +16,16 @@ from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, list_presets
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a positive integer")
+    return value
+
+
 def _params_row(arch: str, size: str) -> dict:
     cfg = ModelConfig.from_preset(arch, size=size)
     with torch.device("meta"):
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", help="a named grid of a paper experiment instead of --archs (see --list-grids)")
     p.add_argument("--list-grids", action="store_true", help="list the named grids")
     p.add_argument("--size", default="tiny")
-    p.add_argument("--seeds", type=int, default=1)
+    p.add_argument("--seeds", type=_positive_int, default=1, help="seeds per architecture (paired by seed)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
                    "400 steps, or a grid's own budget kind (see --list-grids) at what the first "
@@ -333,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except ConfigError as err:
+    except (ConfigError, FileNotFoundError, FileExistsError) as err:  # bad input: named, no traceback
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -262,7 +262,12 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     """
     from blocklab.report import write_report
 
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"seeds = {seeds!r} is not allowed: give a positive number of seeds per "
+                          "architecture.")
     entries = [Entry.parse(e) if isinstance(e, str) else e for e in entries]
+    if not entries:
+        raise ConfigError("compare needs at least one architecture (see `blocklab presets`).")
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"compare got the same architecture twice: {labels}")

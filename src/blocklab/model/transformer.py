@@ -107,8 +107,16 @@ class Transformer(nn.Module):
 
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """The last block's output (B, T, d), before the final norm and the head."""
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, time); got {tuple(input_ids.shape)}")
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
+        if input_ids.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"input_ids must hold integer token ids (torch.long); got {input_ids.dtype}")
+        if input_ids.device.type == "cpu" and input_ids.numel():  # on CUDA the check would cost a sync
+            low, high = int(input_ids.min()), int(input_ids.max())
+            if low < 0 or high >= self.cfg.vocab_size:
+                raise ValueError(f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}); got ids from "
+                                 f"{low} to {high}")
         t = input_ids.shape[1]
         if cache is None:
             if t > self.cfg.context_length:

@@ -21,6 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from blocklab.config import ConfigError
+
 PREFIX = "step_"
 
 
@@ -49,6 +51,16 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
              and (p / "state.json").is_file()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def remove_partial_writes(run_dir: str | Path) -> list[Path]:
+    """Delete the temporary folders of checkpoint writes that were killed midway (never a complete
+    checkpoint: those are renamed into place only once written). Returns what was removed."""
+    root = Path(run_dir) / "checkpoints"
+    partial = sorted(root.glob(f".tmp-{PREFIX}*")) if root.is_dir() else []
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return partial
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -125,8 +137,16 @@ def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_state
 
 
 def read_state(path: str | Path) -> tuple[TrainState, dict[str, Any]]:
-    meta = json.loads((Path(path) / "state.json").read_text())
-    return TrainState(**meta.pop("state")), meta
+    """A checkpoint's training state and its record of the model config and tokenizer; a damaged
+    state.json (truncated, extended, edited) is a ConfigError naming the file."""
+    file = Path(path) / "state.json"
+    try:
+        meta = json.loads(file.read_text())
+        return TrainState(**meta.pop("state")), meta
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{file} is damaged ({type(err).__name__}: {err}); the checkpoint cannot be "
+                          "resumed. Remove that checkpoint folder to resume from the one before it, or "
+                          "start a new out_dir.") from None
 
 
 def load_weights(path: str | Path, model: nn.Module) -> None:

@@ -83,10 +83,15 @@ class TrainConfig:
 
     # -- derived -----------------------------------------------------------------------------------
     def model_config(self, vocab_size: int) -> ModelConfig:
-        """The resolved ModelConfig: presets, then the vocabulary and context, then `model` overrides."""
+        """The resolved ModelConfig: presets, then the vocabulary and context, then `model` overrides.
+        A `model.vocab_size` below the tokenizer's `vocab_size` is refused: ids past it have no row."""
         fields = dict(vocab_size=vocab_size, context_length=self.seq_len,
                       causal=self.data.objective == "clm")
         fields.update(self.model)
+        if fields["vocab_size"] < vocab_size:
+            raise ConfigError(f"TrainConfig.model.vocab_size = {fields['vocab_size']} is not allowed: the "
+                              f"tokenizer has {vocab_size} ids; drop model.vocab_size (it follows the "
+                              f"tokenizer) or give at least {vocab_size}.")
         return ModelConfig.from_preset(self.arch, self.size, **fields)
 
     # -- serialisation -------------------------------------------------------------------------------
@@ -120,7 +125,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
                           f"recipe ({', '.join(list_recipes())}).")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise ConfigError(f"training config {str(path)!r} is not valid YAML{at}: "
+                          f"{getattr(err, 'problem', None) or err}.") from None
     if not isinstance(data, dict):
         raise ConfigError(f"training config {str(path)!r} must hold a YAML mapping of fields.")
     return data
@@ -146,6 +157,9 @@ def resolve_config(config: TrainConfig | dict | str | Path | None = None,
         saved = Path(out_dir) / "config.yaml"
         if saved.is_file():
             data = {**read_yaml(saved), **data}  # given fields replace saved ones whole
+        elif not any(data.get(f) is not None or f in dict(pairs) for f in BUDGET_FIELDS):
+            raise ConfigError(f"--resume: {str(out_dir)!r} holds no run to continue (no config.yaml); give "
+                              "the out_dir of an earlier run, or start a new run without --resume.")
     for key, value in pairs:
         _set_dotted(data, key, value)
     return TrainConfig.from_dict(data)
@@ -250,6 +264,10 @@ def _validate(cfg: TrainConfig) -> None:
     for name, value in budgets.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             _fail(name, value, "a budget must be a positive number or None.")
+        if name in ("max_steps", "max_tokens") and not isinstance(value, int):
+            if not float(value).is_integer():
+                _fail(name, value, "steps and tokens are counted whole: give a positive integer.")
+            setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     for name, choices in (("device", DEVICES), ("precision", PRECISIONS), ("parallel", PARALLELISMS)):
         if getattr(cfg, name) not in choices:
             _fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
@@ -263,7 +281,11 @@ def _validate(cfg: TrainConfig) -> None:
         except ImportError:
             _fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
                                                   "'blocklab[tensorboard]', or set tensorboard=false.")
-    cfg.model_config(vocab_size=256)  # names a bad arch, size or model field now, not after data prep
+    model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data prep
+    if "context_length" in cfg.model and model.context_length < cfg.seq_len:
+        _fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
+                                      "lower seq_len or raise model.context_length (it follows seq_len "
+                                      "by default).")
     _validate_init(cfg)
 
 

@@ -195,6 +195,7 @@ class Trainer:
             return
         if self.checkpoint is None and self.cfg.overwrite:
             rundir.clear_run(self.run_dir)
+        ckpt.remove_partial_writes(self.run_dir)  # left by a process killed while saving
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())  # on resume: the new budget, cadence
         if self.checkpoint is None:

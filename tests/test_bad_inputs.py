@@ -1,0 +1,184 @@
+"""Bad input gets a clear error naming the culprit, before any expensive work, and changes no saved file."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import blocklab
+from blocklab.cli import main
+from blocklab.config import ConfigError
+from blocklab.training import TrainConfig
+from blocklab.training.checkpoint import latest_checkpoint, list_checkpoints
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    for i in range(30):
+        (root / f"f{i}.py").write_text("".join(f"value_{j % 9} = {i} + {j}\n" for j in range(60)))
+    return root
+
+
+def small(corpus, cache) -> list[str]:
+    return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
+            "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    out = root / "run"
+    assert main(["train", *small(corpus, root / "cache"), "max_steps=2", "--out", str(out)]) == 0
+    return out
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+BAD_TRAIN = [  # (overrides, words the message must hold)
+    (["max_steps=0.5"], ["max_steps", "0.5", "integer"]),
+    (["max_steps=2.5"], ["max_steps", "2.5", "integer"]),
+    (["max_steps=0"], ["max_steps", "positive"]),
+    (["max_steps=-3"], ["max_steps", "positive"]),
+    (["max_tokens=10.5"], ["max_tokens", "integer"]),
+    (["max_time=0"], ["max_time", "positive"]),
+    (["max_steps=2", "model.vocab_size=100"], ["model.vocab_size", "100", "258"]),
+    (["max_steps=2", "model.context_length=8"], ["seq_len", "context_length=8"]),
+    (["max_steps=2", "batch_size=0"], ["batch_size", "positive"]),
+    (["max_steps=2", "batch_size=3", "grad_accum=2"], ["batch_size", "grad_accum"]),
+    (["max_steps=2", "seq_len=0"], ["seq_len"]),
+    (["max_steps=2", "eval_every=-1"], ["eval_every"]),
+    (["max_steps=2", "device=tpu"], ["device", "tpu"]),
+    (["max_steps=2", "precision=fp8"], ["precision", "fp8"]),
+    (["max_steps=2", "parallel=zero3"], ["parallel", "zero3"]),
+    (["max_steps=2", "arch=sas-q"], ["sas-q"]),
+    (["max_steps=2", "arch=resformr"], ["resformr"]),
+    (["max_steps=2", "size=huge"], ["huge"]),
+    (["max_steps=2", "model.n_layer=3"], ["n_layer", "n_layers"]),
+    (["max_steps=2", "model.d_model=33"], ["d_model"]),
+    (["max_steps=2", "optim.lr=-1"], ["lr"]),
+    (["max_steps=2", "optim.name=sgdx"], ["sgdx"]),
+    (["max_steps=2", "optim.schedule=zigzag"], ["zigzag"]),
+    (["max_steps=2", "data.tokenizer=nope.json"], ["nope.json"]),
+    (["max_steps=2", "data.objective=rlhf"], ["rlhf"]),
+    (["max_steps=2", "bogus=1"], ["bogus"]),
+    (["max_steps=2", "retrofit=resformer"], ["retrofit", "init_from"]),
+    (["max_steps=2", "noequals"], ["noequals"]),
+    ([], ["budget"]),
+]
+
+
+@pytest.mark.parametrize("overrides, words", BAD_TRAIN, ids=[" ".join(o) or "none" for o, _ in BAD_TRAIN])
+def test_bad_train_input(overrides, words, corpus, finished_run, tmp_path, capsys):
+    before = digest(finished_run)
+    given = {o.split("=")[0] for o in overrides}
+    base = [a for a in small(corpus, tmp_path / "cache") if a.split("=")[0] not in given]
+    assert main(["train", *base, *overrides, "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error:") and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+    if "model.vocab_size=100" not in overrides:  # the tokenizer's size is known once the data is prepared
+        assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.bin")), \
+            "refused after data preparation"
+    assert not (tmp_path / "new" / "checkpoints").exists()
+    assert digest(finished_run) == before
+
+
+def test_bad_yaml_names_the_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("max_steps: 2\nmodel: [1, 2\n")
+    assert main(["train", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml" in err and "not valid YAML" in err and "line" in err
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    assert main(["train", str(tmp_path / "list.yaml")]) == 2
+    assert "mapping" in capsys.readouterr().err
+
+
+def test_resume_of_an_empty_or_missing_dir(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for d in ("empty", "missing"):
+        assert main(["train", "--resume", "--out", str(tmp_path / d)]) == 2
+        err = capsys.readouterr().err
+        assert "holds no run to continue" in err and d in err and "budget" not in err
+
+
+@pytest.mark.parametrize("damage", ["truncate", "extend", "not-a-dict"])
+def test_damaged_state_json_is_named(damage, corpus, finished_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    state = latest_checkpoint(run) / "state.json"
+    text = state.read_text()
+    damaged = {"truncate": text[: len(text) // 2], "extend": text + "}}", "not-a-dict": "[1, 2]"}
+    state.write_text(damaged[damage])
+    before = digest(run)
+    assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert str(state) in err and "damaged" in err
+    assert digest(run) == before
+
+
+def test_partial_checkpoint_writes_are_removed_on_the_next_start(corpus, finished_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    partial = run / "checkpoints" / ".tmp-step_000009-12345"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    assert main(["train", "--resume", "--out", str(run), "max_steps=3"]) == 0
+    assert not partial.exists() and [p.name for p in list_checkpoints(run)][-1] == "step_000003"
+
+
+def test_compare_and_export_refuse_bad_input(finished_run, tmp_path, capsys):
+    for args, words in ((["compare", "--seeds", "0"], ["--seeds", "'0'"]),
+                        (["compare", "--seeds", "two"], ["--seeds", "'two'"]),
+                        (["compare", "--lr-sweep", "1e-3,fast", "--steps", "1"], ["--lr-sweep", "fast"]),
+                        (["export", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "e")],
+                         ["nope", "not a blocklab run"])):
+        try:
+            code = main(args)
+        except SystemExit as stop:  # argparse's own errors exit 2 from parse_args
+            code = stop.code
+        assert code == 2, args
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and all(w in err for w in words), (args, err)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    assert main(["export", "--run", str(finished_run), "--out", str(full)]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (full / "notes.txt").read_text() == "mine"
+
+
+def test_compare_python_api_refuses_no_seeds_or_no_architectures(tmp_path):
+    from blocklab.compare import compare
+
+    with pytest.raises(ConfigError, match="seeds = 0"):
+        compare(["pre-ln"], tmp_path, seeds=0)
+    with pytest.raises(ConfigError, match="at least one architecture"):
+        compare([], tmp_path)
+
+
+def test_transformer_names_bad_token_ids():
+    model = blocklab.Transformer(blocklab.ModelConfig.from_preset("pre-ln", "tiny", vocab_size=50, d_model=32,
+                                                                  n_heads=2, n_layers=1))
+    for ids, words in ((torch.tensor([[1, 50]]), ["[0, vocab_size=50)", "50"]),
+                       (torch.tensor([[-1, 3]]), ["[0, vocab_size=50)", "-1"]),
+                       (torch.rand(1, 3), ["integer", "float32"]),
+                       (torch.tensor([1, 2]), ["(batch, time)", "(2,)"]),
+                       ([[1, 2]], ["tensor", "list"])):
+        with pytest.raises(ValueError) as err:
+            model(ids)
+        assert all(w in str(err.value) for w in words), (ids, err.value)
+    assert model(torch.tensor([[0, 49]])).shape == (1, 2, 50)
+
+
+def test_integral_float_budgets_are_accepted():
+    assert TrainConfig(max_tokens=5e6).max_tokens == 5_000_000
+    assert isinstance(TrainConfig(max_steps=200.0).max_steps, int)
