@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from blocklab.integrity import sha256
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()  # tiny vocabularies make HF warn about bos/eos ids
@@ -230,6 +232,7 @@ def test_export_round_trip(name, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
     assert config.pop("blocklab_format_version") == 1 and config.pop("dtype") == "float32"
+    assert config.pop("blocklab_sha256") == {"model.safetensors": sha256(folder / "model.safetensors")}
     assert config == json.loads(json.dumps(model.cfg.to_dict()))
     loaded = load_pretrained(folder)
     assert loaded.cfg == model.cfg

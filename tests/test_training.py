@@ -149,10 +149,11 @@ def test_saving_the_same_step_again_keeps_the_old_copy_until_the_new_one_is_in_p
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path, model.state_dict(), [opt.state_dict()], state, {"v": 2}, keep=2)
     assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_000003"]
-    assert ckpt.read_state(ckpt.latest_checkpoint(tmp_path))[1] == {"v": 1}  # the old copy, whole
+    assert ckpt.read_state(ckpt.latest_checkpoint(tmp_path))[1]["v"] == 1  # the old copy, whole
+    ckpt.verify_checkpoint(ckpt.latest_checkpoint(tmp_path))
     monkeypatch.undo()
     ckpt.save_checkpoint(tmp_path, model.state_dict(), [opt.state_dict()], state, {"v": 2}, keep=2)
-    assert ckpt.read_state(ckpt.latest_checkpoint(tmp_path))[1] == {"v": 2}
+    assert ckpt.read_state(ckpt.latest_checkpoint(tmp_path))[1]["v"] == 2
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000003"]  # no leftovers
 
 

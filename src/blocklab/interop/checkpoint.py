@@ -22,12 +22,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_model, save_model
 
+from blocklab import integrity
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.model import Transformer
 
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
+SHA_KEY = "blocklab_sha256"  # in config.json: {file: sha256} of the weights and tokenizer
 _EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME}
 
 
@@ -95,7 +97,8 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
         save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"}, force_contiguous=True)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp / TOKENIZER_NAME)
-        meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch.")}
+        meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch."),
+                SHA_KEY: integrity.record(tmp, (WEIGHTS_NAME, TOKENIZER_NAME))}
         (tmp / CONFIG_NAME).write_text(json.dumps({**model.cfg.to_dict(), **meta}, indent=2) + "\n")
         _move_into_place(tmp, folder)
     except BaseException:
@@ -104,10 +107,15 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     return folder
 
 
-def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu") -> Transformer:
-    """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`."""
+def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True
+                    ) -> Transformer:
+    """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`. With
+    `verify`, the weights and tokenizer must match the sha256 recorded in config.json."""
     folder = Path(folder)
     data = json.loads((folder / CONFIG_NAME).read_text())
+    sums = data.pop(SHA_KEY, None)
+    if verify:
+        integrity.verify(folder, sums, str(folder / CONFIG_NAME))
     version = data.pop(VERSION_KEY, None)
     if version is None:
         raise ConfigError(f"{folder / CONFIG_NAME} is not a blocklab export (no {VERSION_KEY!r}); "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from blocklab import integrity
 from blocklab.config import ConfigError
 
 PREFIX = "step_"
@@ -38,6 +40,10 @@ class TrainState:
     # budget is wall-clock) but not in tokens/s, which measures the compiled model
     warmup_time: float = 0.0
     warmup_tokens: int = 0
+
+
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt")
+RUN_FILES = ("model_config.json", "tokenizer.json")  # what a checkpoint's weights mean
 
 
 def checkpoint_dir(run_dir: Path, step: int) -> Path:
@@ -64,8 +70,29 @@ def remove_partial_writes(run_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint; a newest step folder without its state.json (deleted: a write
+    renames a folder into place only once complete) is reported, not silently passed over."""
     found = list_checkpoints(run_dir)
+    root = Path(run_dir) / "checkpoints"
+    steps = sorted((int(p.name[len(PREFIX):]), p) for p in root.glob(f"{PREFIX}*")
+                   if p.is_dir() and p.name[len(PREFIX):].isdigit()) if root.is_dir() else []
+    if steps and (not found or steps[-1][1] != found[-1]):
+        raise integrity.IntegrityError(
+            f"checkpoint {steps[-1][1]} has no state.json: it was changed after it was written. Restore it, "
+            "or remove that folder to resume from " + (f"{found[-1]}." if found else "the start."))
     return found[-1] if found else None
+
+
+def verify_checkpoint(path: str | Path, run_dir: str | Path | None = None,
+                      files: Iterable[str] = CHECKPOINT_FILES) -> None:
+    """Check a checkpoint's `files` and its run's model_config.json / tokenizer.json against the sha256
+    its state.json recorded (checkpoints written before the records pass unchecked)."""
+    path = Path(path)
+    _, meta = read_state(path)
+    where = str(path / "state.json")
+    integrity.verify(path, {k: v for k, v in meta.get("sha256", {}).items() if k in set(files)}, where)
+    if run_dir is not None:
+        integrity.verify(run_dir, meta.get("run_sha256"), where)
 
 
 def rng_state() -> dict[str, Any]:
@@ -117,7 +144,9 @@ def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_state
     tmp.mkdir(parents=True)
     save_weights(weights, tmp / "model.safetensors")
     torch.save({"optimizers": optim_states, "rng": rng_state()}, tmp / "optimizer.pt")
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta}, indent=2))
+    sums = {"sha256": integrity.record(tmp, CHECKPOINT_FILES),
+            "run_sha256": integrity.record(run_dir, RUN_FILES)}
+    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta, **sums}, indent=2))
     if final.exists():  # the same step saved again: set the old copy aside until the new one is in place
         aside = final.with_name(f".old-{final.name}-{os.getpid()}")
         if aside.exists():

@@ -206,6 +206,7 @@ class Trainer:
 
     def _restore(self) -> None:
         path = self.checkpoint
+        ckpt.verify_checkpoint(path, self.run_dir)  # weights, optimizer, model config, tokenizer
         try:
             weights = ckpt.load_weights_file(path / "model.safetensors")
             ckpt.check_weights(weights, distributed.unwrap(self.wrapped).state_dict(), path)

@@ -23,8 +23,11 @@ class LoadedRun:
     checkpoint: Path
 
 
-def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu") -> LoadedRun:
-    """The model of a run's latest (or the given) checkpoint in eval mode, with the run's tokenizer."""
+def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu",
+             verify: bool = True) -> LoadedRun:
+    """The model of a run's latest (or the given) checkpoint in eval mode, with the run's tokenizer.
+    With `verify`, the weights, model_config.json and tokenizer.json must match the sha256 the
+    checkpoint recorded (blocklab.integrity)."""
     run = Path(run_dir)
     if not (run / "model_config.json").is_file():
         raise FileNotFoundError(f"{str(run)!r} is not a blocklab run directory (no model_config.json); "
@@ -32,6 +35,8 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
     path = Path(checkpoint) if checkpoint is not None else ckpt.latest_checkpoint(run)
     if path is None:
         raise FileNotFoundError(f"run {str(run)!r} has no checkpoint yet.")
+    if verify:
+        ckpt.verify_checkpoint(path, run, files=("model.safetensors",))
     model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
     ckpt.load_weights(path, model)
     config = TrainConfig.load(run / "config.yaml") if (run / "config.yaml").is_file() else None

@@ -1,0 +1,109 @@
+"""Checksummed runs and exports: a changed file is refused by name, not loaded as the trained model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from blocklab.cli import main
+from blocklab.integrity import IntegrityError, sha256
+from blocklab.interop import load_pretrained, save_pretrained
+from blocklab.training import load_run
+from blocklab.training.checkpoint import latest_checkpoint
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("integrity")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        (corpus / f"f{i}.py").write_text("".join(f"name_{j % 7} = {i} * {j}\n" for j in range(60)))
+    out = root / "run"
+    assert main(["train", f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={root / 'cache'}",
+                 "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16",
+                 "progress=false", "max_steps=2", "--out", str(out)]) == 0
+    return out
+
+
+def copy(run, tmp_path):
+    shutil.copytree(run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def flip_byte(path, at=-5):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_checkpoint_records_the_sha256_of_its_files_and_the_run(run):
+    meta = json.loads((latest_checkpoint(run) / "state.json").read_text())
+    ck = latest_checkpoint(run)
+    assert meta["sha256"] == {"model.safetensors": sha256(ck / "model.safetensors"),
+                              "optimizer.pt": sha256(ck / "optimizer.pt")}
+    assert meta["run_sha256"] == {"model_config.json": sha256(run / "model_config.json"),
+                                  "tokenizer.json": sha256(run / "tokenizer.json")}
+
+
+@pytest.mark.parametrize("target", ["model.safetensors", "optimizer.pt", "model_config.json",
+                                    "tokenizer.json"])
+def test_resume_refuses_a_changed_file_by_name(target, run, tmp_path, capsys):
+    r = copy(run, tmp_path)
+    path = (latest_checkpoint(r) / target) if target.endswith((".safetensors", ".pt")) else r / target
+    if target == "model_config.json":  # an edit that still parses: ReLU weights read as GELU
+        cfg = json.loads(path.read_text())
+        cfg["mlp_act"] = "gelu" if cfg["mlp_act"] != "gelu" else "relu"
+        path.write_text(json.dumps(cfg))
+    elif target == "tokenizer.json":
+        path.write_text(path.read_text().replace('"type"', '"type" ', 1))
+    else:
+        flip_byte(path)
+    assert main(["train", "--resume", "--out", str(r), "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "changed since it was saved" in err
+    if target != "optimizer.pt":  # loading a model reads the weights, the config and the tokenizer
+        with pytest.raises(IntegrityError, match=target):
+            load_run(r)
+        assert main(["generate", "--run", str(r), "--prompt", "name", "--max-new-tokens", "2"]) == 2
+        assert target in capsys.readouterr().err
+    else:
+        load_run(r)
+
+
+def test_a_deleted_state_json_is_reported_not_skipped(run, tmp_path):
+    r = copy(run, tmp_path)
+    newest = latest_checkpoint(r)
+    (newest / "state.json").unlink()
+    with pytest.raises(IntegrityError, match=f"{newest.name} has no state.json"):
+        latest_checkpoint(r)
+    with pytest.raises(IntegrityError):
+        load_run(r)
+
+
+def test_unrecorded_checkpoints_still_load_and_verify_false_escapes(run, tmp_path):
+    r = copy(run, tmp_path)
+    state = latest_checkpoint(r) / "state.json"
+    meta = json.loads(state.read_text())
+    del meta["sha256"], meta["run_sha256"]  # as written before the records existed
+    state.write_text(json.dumps(meta))
+    flip_byte(latest_checkpoint(r) / "model.safetensors", at=-1)
+    load_run(r)
+    r2 = copy(run, tmp_path / "b")
+    flip_byte(latest_checkpoint(r2) / "model.safetensors", at=-1)
+    load_run(r2, verify=False)
+
+
+def test_export_records_and_verifies(run, tmp_path):
+    loaded = load_run(run)
+    folder = save_pretrained(loaded.model, tmp_path / "export", tokenizer=run / "tokenizer.json")
+    sums = json.loads((folder / "config.json").read_text())["blocklab_sha256"]
+    assert sums == {"model.safetensors": sha256(folder / "model.safetensors"),
+                    "tokenizer.json": sha256(folder / "tokenizer.json")}
+    load_pretrained(folder)
+    flip_byte(folder / "model.safetensors", at=-1)
+    with pytest.raises(IntegrityError, match="model.safetensors"):
+        load_pretrained(folder)
+    load_pretrained(folder, verify=False)
