@@ -458,3 +458,28 @@ def test_validation_covers_the_split(code_dir: Path, cache: Path):
     assert scored.tolist() == list(range(len(val)))
     labels = torch.cat([x["labels"] for x in mlm.validation(4)])
     assert (labels[-1, : first_new[-1]] == -100).all() and (labels != -100).any()
+
+
+def test_bpe_training_cuts_only_long_lines():
+    """A line without spaces costs BPE training the square of its length; lines over
+    BPE_TRAIN_PIECE characters are cut, and a corpus without them trains exactly as before."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    from blocklab.data.tokenizer import BPE_TRAIN_PIECE, _byte_level, _pieces, train_bpe
+
+    short = ["def f(x):\n    return x + 1\n\n\n  # comment\n", "class A:\n\tpass\n"] * 20
+    assert list(_pieces(short)) == short  # whole texts, untouched
+    long_line = "ab" * (BPE_TRAIN_PIECE * 3)
+    mixed = ["x = 1\ny = 2\n" + long_line + "\nz = 3\n"]
+    pieces = list(_pieces(mixed))
+    assert "".join(pieces) == mixed[0] and max(map(len, pieces)) <= BPE_TRAIN_PIECE
+    assert pieces[0] == "x = 1\ny = 2\n" and pieces[-1] == "z = 3\n"
+    # the same tokenizer as training on the raw texts when no line is long
+    direct = _byte_level(HFTokenizer(models.BPE()))
+    direct.train_from_iterator(short, trainer=trainers.BpeTrainer(
+        vocab_size=300, min_frequency=2, special_tokens=["<|endoftext|>", "<|mask|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    assert train_bpe(short, 300).hf.to_str() == direct.to_str()
+    tok = train_bpe(["".join(chr(97 + (i * 7) % 11) for i in range(200_000))], 400)  # minutes uncut
+    assert tok.vocab_size > 258
