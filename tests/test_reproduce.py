@@ -75,7 +75,7 @@ def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
 
     captured = {}
 
-    def fake_compare(entries, out, seeds, base, fresh):
+    def fake_compare(entries, out, seeds, base, fresh, **_):
         captured.update(entries=entries, out=out, seeds=seeds, base=base)
         raise SystemExit(0)
 
