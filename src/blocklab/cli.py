@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paper", help="only the claims of these papers: simplifying, value-residual, "
                    "bank-of-values")
     p.add_argument("--quick", action="store_true",
-                   help="the claims tagged quick at scale quick: about 15 minutes on a 2-core CPU")
+                   help="the claims tagged quick at scale quick: about 13 minutes on a 2-core CPU")
     p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p (default: cpu, or quick)")
     p.add_argument("--out", default="runs/reproduce", help="the run store and, by default, the report")
     p.add_argument("--report", help="write the report here instead of OUT")

@@ -78,8 +78,8 @@ SETTINGS = ("steps", "flops", "seq-long")
 
 SCALES: dict[str, Scale] = {
     "quick": Scale(
-        "size tiny (4 layers, d 128), 120 steps of 16 x 128 tokens, 3 seeds: about 14 minutes on a "
-        "2-core CPU. A check of the pipeline: at 120 steps every model but BoV still sits on the "
+        "size tiny (4 layers, d 128), 120 steps of 16 x 128 tokens, 3 seeds: 13 minutes on a 2-core "
+        "CPU. A check of the pipeline: at 120 steps every model, BoV included, still sits on the "
         "unigram plateau, so a loss 'match' there is trivial and says nothing about the papers; see "
         "the cpu scale (benchmarks/REPRODUCTION.md)",
         "tiny",
