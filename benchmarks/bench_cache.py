@@ -59,7 +59,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 # -- models ----------------------------------------------------------------------------------------
-def variants(size: dict, context: int) -> dict[str, tuple[str, dict]]:
+def variants(size: dict) -> dict[str, tuple[str, dict]]:
     """name -> (arch, overrides): block presets, value paths on pre-ln, GQA and sliding windows."""
     out = {b: (b, {}) for b in BLOCK_PRESETS}
     out.update({f"pre-ln+{v}": (f"pre-ln+{v}", {}) for v in VALUE_PATHS if v != "standard"})
@@ -101,7 +101,7 @@ class OurDecoder:
 
 
 class HFDecoder:
-    def __init__(self, model, length: int, new: int, vocab: int, device):
+    def __init__(self, model, length: int, _new: int, vocab: int, device):  # OurDecoder's signature
         from transformers import DynamicCache
 
         cfg = model.config
@@ -290,7 +290,7 @@ def main() -> None:
 
     start = time.time()
     torch.manual_seed(0)
-    configs = variants(size, context)
+    configs = variants(size)
     models = {}
     for name, (arch, overrides) in configs.items():
         models[name] = blocklab.Transformer(make_cfg(arch, size, context, **overrides)).to(device).eval()

@@ -247,7 +247,7 @@ def _write_jsonl(path, records):
 def test_scalar_series_groups_as_the_papers_plot_them(tmp_path):
     scalars = {"blocks.0.attn.alpha": [1.0, 2.0, 3.0], "blocks.0.attn.values.w_v.skip": [2.0],
                "blocks.0.attn.values.w_v.resid": [0.5], "blocks.1.attn.values.lambda1": [0.7],
-               "blocks.2.attn.values.coef": [1.2], "blocks.0.attn.values.dwa": [0.1, 0.9],
+               "blocks.2.attn.values.coef": [1.2], "value_shared.dwa.0": [0.1, 0.9],
                "value_shared.scale": [4.0]}
     records = [{"kind": "train", "step": 10, "loss": 3.0, "scalars": scalars},
                {"kind": "val", "step": 10, "val_loss": 3.1, "val_bpb": 1.0},

@@ -131,13 +131,13 @@ def test_prompt_of_one_token_and_cache_shorter_than_context():
 
 
 def test_value_path_hooks_see_the_current_tokens_while_decoding():
-    """Forward hooks on block.attn.values get (q, k, v, carry) for the new tokens only, equal to the
+    """Forward hooks on block.attn.values get (LayerValues, carry) for the new tokens only, equal to the
     full pass's at the same positions (the contract other tools rely on)."""
     model = build("pre-ln+svformer", seed=7, window_size=3, window_pattern="SL")
     ids = ids_of(2, 10, seed=6)
     seen: dict[int, list] = {}
     hooks = [b.attn.values.register_forward_hook(
-        lambda mod, args, out, i=i: seen.setdefault(i, []).append(out[2].detach()))
+        lambda mod, args, out, i=i: seen.setdefault(i, []).append(out[0].v.detach()))
         for i, b in enumerate(model.blocks)]
     with torch.no_grad():
         model(ids)
@@ -182,7 +182,7 @@ def test_a_low_precision_cache_stays_close():
     (1, 9, True, None), (3, 9, True, None), (9, 9, True, None), (1, 9, True, 4), (4, 9, True, 3),
     (2, 5, True, 7), (1, 9, False, None), (3, 9, False, 2), (4, 4, True, 1)])
 def test_decoding_centering_term_equals_masked_mean(t_q, t_k, causal, window):
-    """ops.masked_mean_of_last (two reductions) and ops.shaped_attention_decode (GQA heads repeated
+    """ops.masked_mean_of_last (two reductions) and ops.shaped_attention (GQA heads repeated
     after the mean) against the prefix-sum forms used in training, in float64."""
     g = torch.Generator().manual_seed(t_q * 10 + t_k)
     v = torch.randn(2, 2, t_k, 5, generator=g, dtype=torch.float64)
@@ -192,24 +192,24 @@ def test_decoding_centering_term_equals_masked_mean(t_q, t_k, causal, window):
     k = torch.randn(2, 2, t_k, 5, generator=g, dtype=torch.float64)
     alpha, beta = torch.tensor([0.5, 1.0, 1.5, 2.0], dtype=torch.float64), 0.7  # head-wise and scalar
     for gamma in (torch.tensor([0.3, -0.2, 1.1, 0.9], dtype=torch.float64), None):
-        torch.testing.assert_close(ops.shaped_attention_decode(q, k, v, alpha, beta, gamma, causal, window),
+        torch.testing.assert_close(ops.shaped_attention(q, k, v, alpha, beta, gamma, causal, window),
                                    ops.shaped_attention(q, k, v, alpha, beta, gamma, causal, window),
                                    rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("t_q, t_k", [(1, 9), (3, 9), (1, 1), (4, 6)])
 def test_running_sum_centering_term_equals_the_full_equation(t_q, t_k):
-    """ops.shaped_attention_decode with the running sum of the T_k - T_q earlier values (float64)
+    """ops.shaped_attention with the running sum of the T_k - T_q earlier values (float64)
     against ops.shaped_attention over every key; a window cannot use a running sum."""
     g = torch.Generator().manual_seed(t_q * 10 + t_k)
     q = torch.randn(2, 4, t_q, 5, generator=g, dtype=torch.float64)
     k, v = (torch.randn(2, 2, t_k, 5, generator=g, dtype=torch.float64) for _ in range(2))
     alpha, beta, gamma = (torch.rand(4, generator=g, dtype=torch.float64) + 0.2 for _ in range(3))
     past_sum = v[..., :t_k - t_q, :].sum(dim=-2, keepdim=True)
-    torch.testing.assert_close(ops.shaped_attention_decode(q, k, v, alpha, beta, gamma, past_sum=past_sum),
+    torch.testing.assert_close(ops.shaped_attention(q, k, v, alpha, beta, gamma, past_sum=past_sum),
                                ops.shaped_attention(q, k, v, alpha, beta, gamma), rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="no window"):
-        ops.shaped_attention_decode(q, k, v, alpha, beta, gamma, window=3, past_sum=past_sum)
+        ops.shaped_attention(q, k, v, alpha, beta, gamma, window=3, past_sum=past_sum)
 
 
 @pytest.mark.parametrize("arch", ["sas-p", "shaped+bov", "sas+svformer"])

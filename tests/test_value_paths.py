@@ -10,6 +10,7 @@ batch independence, gradients, the initial equivalences the papers state, and co
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -65,7 +66,7 @@ def capture_values(model, ids) -> dict[int, torch.Tensor]:
     """The value tensor (B, T, kv_dim) each layer's value path hands to attention."""
     values: dict[int, torch.Tensor] = {}
     hooks = [block.attn.values.register_forward_hook(
-        lambda mod, args, out, i=i: values.__setitem__(i, out[2].detach()))
+        lambda mod, args, out, i=i: values.__setitem__(i, out[0].v.detach()))
         for i, block in enumerate(model.blocks)]
     try:
         model(ids)
@@ -200,7 +201,7 @@ def _share_weights(src: torch.nn.Module, dst: torch.nn.Module, allowed_missing: 
 @pytest.mark.parametrize("variant, counterpart, new", [
     ("resformer-learnable", "resformer", ("lambda1.gain", "lambda2.gain")),
     ("resformer-dense", "resformer", ("lambdas.gain",)),
-    ("denseformer", "pre-ln", ("dwa.gain",)),
+    ("denseformer", "pre-ln", tuple(f"dwa.{i}.gain" for i in range(12))),
 ])
 def test_learned_weights_start_at_the_fixed_variant(variant, counterpart, new):
     """Learnable-ResFormer and Dense-ResFormer start as Identity-ResFormer; DenseFormer as the baseline."""
@@ -238,7 +239,7 @@ def test_default_gains_initialisation():
     assert [n for n in bov if n.endswith("coef.gain")] == coefs
     assert all(bov[f"blocks.{i}.attn.values.coef.gain"].item() == 1.0 for i in (4, 5))
     dwa = dict(build("pre-ln+denseformer", perturb=False).named_parameters())
-    assert dwa["blocks.2.attn.values.dwa.gain"].tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert dwa["value_shared.dwa.2.gain"].tolist() == [0.0, 0.0, 0.0, 1.0]
     dense = dict(build("pre-ln+resformer-dense", perturb=False).named_parameters())
     assert dense["blocks.3.attn.values.lambdas.gain"].tolist() == [0.5, 0.0, 0.0, 0.5]
 
@@ -394,7 +395,7 @@ EXPECTED_TRAINABLE = {
     "resformer-learnable": ("lambda1.gain", "lambda2.gain"),
     "resformer-learnable-plus": ("value_shared.scale.gain", "value_shared.logits.gain", "lambda2.gain"),
     "resformer-dense": ("lambdas.gain",),
-    "denseformer": ("dwa.gain",),
+    "denseformer": ("dwa.1.gain",),
     "bov": ("value_table", "coef.gain"),
     "x0-value": ("coef.gain",),
     "v1-value": ("coef.gain",),
@@ -664,14 +665,14 @@ def test_list_presets_names_every_value_path():
     assert set(blocklab.list_presets()["value_paths"]) == set(VALUE_PATHS)
 
 
-def test_compile_blocks_compiles_every_layer_of_a_12_layer_denseformer():
-    """DenseFormer's history grows per layer, so the shared Block.forward needs one compiled version
-    per layer: 12 > dynamo's default limit of 8, past which blocks silently run eagerly.
+def test_compile_blocks_compiles_every_layer_of_a_12_layer_dense_resformer():
+    """Dense-ResFormer's earlier values grow per layer, so the shared Block.forward needs one compiled
+    version per layer: 12 > dynamo's default limit of 8, past which blocks silently run eagerly.
 
     fail_on_recompile_limit_hit turns that fallback into an error; the frame counters show every
     block ran as a compiled frame. The eager backend keeps the test fast (the limit is dynamo's).
     """
-    model = build("pre-ln+denseformer", n_layers=12, seed=2)
+    model = build("pre-ln+resformer-dense", n_layers=12, seed=2)
     ids = random_ids(2, 9)
     with torch.no_grad():
         expected = model(ids)
@@ -680,7 +681,7 @@ def test_compile_blocks_compiles_every_layer_of_a_12_layer_denseformer():
     limits = dict(recompile_limit=8, accumulated_recompile_limit=256, fail_on_recompile_limit_hit=True)
     try:
         with torch._dynamo.config.patch(**limits):  # the defaults, whatever earlier tests set
-            plain = build("pre-ln+denseformer", n_layers=12, seed=2)
+            plain = build("pre-ln+resformer-dense", n_layers=12, seed=2)
             torch._dynamo.reset()
             for block in plain.blocks:  # what compile_blocks replaces: it hits the limit
                 block.compile(backend="eager")
@@ -730,3 +731,17 @@ def test_resformer_sparse_default_is_last_three_layers_with_lambda_5():
         expected = 5.0 * values[0] + values[i] if i >= 5 else values[i]
         torch.testing.assert_close(mixed[i], expected, rtol=0, atol=1e-13)
     assert not math.isclose(float((values[7] - mixed[7]).abs().max()), 0.0)
+
+
+def test_denseformer_weights_saved_under_the_old_block_names_still_load():
+    """Runs written before the depth weights moved to the model level named them
+    blocks.<i>.attn.values.dwa.gain; a strict load reads them into value_shared.dwa.<i>.gain."""
+    model = build("pre-ln+denseformer", seed=4)
+    old = {re.sub(r"^value_shared\.dwa\.(\d+)\.gain$", r"blocks.\1.attn.values.dwa.gain", k): v
+           for k, v in model.state_dict().items()}
+    assert "blocks.2.attn.values.dwa.gain" in old and not any(k.startswith("value_shared") for k in old)
+    fresh = build("pre-ln+denseformer", seed=9)
+    fresh.load_state_dict(old)  # strict: every key is placed
+    ids = random_ids(2, 9)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(ids), model(ids), rtol=0, atol=0)

@@ -253,7 +253,7 @@ def dense_average(n: int, x: Tensor, params: Params, state: dict, o: dict) -> Te
     if (n + 1) % p:
         return x
     sources = [j for j in range(n + 2) if j % k == (n + 1) % k]
-    w = params(f"blocks.{n}.attn.values.dwa.gain")
+    w = params(f"value_shared.dwa.{n}.gain")
     assert w.numel() == len(sources)
     return sum(w[i] * state["history"][j] for i, j in enumerate(sources))
 

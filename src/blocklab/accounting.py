@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from blocklab.model.linear_maps import ReparamLinear
+from blocklab.model.value_paths import is_value_table
 
 
 @dataclass
@@ -34,10 +35,6 @@ class ParameterCounts:
         return self.total - self.embedding - self.value_tables
 
 
-def _is_value_table(name: str) -> bool:
-    return ".value_table" in name or name.startswith("value_table")
-
-
 def count_parameters(model: nn.Module) -> ParameterCounts:
     total = embedding = tables = 0
     for name, p in model.named_parameters():
@@ -45,7 +42,7 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
         total += n
         if name.startswith(("tok_emb.", "pos_emb.")):
             embedding += n
-        elif _is_value_table(name):
+        elif is_value_table(name):
             tables += n
     return ParameterCounts(total, embedding, tables)
 

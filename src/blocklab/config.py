@@ -8,46 +8,19 @@ combination of orthogonal fields rather than a special-cased class.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value that blocklab cannot build; the message says what is allowed."""
-
-
-NORMS = ("layernorm", "rmsnorm", "none")
-NORM_LAYERS = ("all", "first")
-POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLP_ACTS = ("relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu")  # gelu_tanh: GPT-2
-BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
-ATTN_MATRICES = ("softmax", "skipinit", "shaped")
-LINEAR_FORMS = ("linear", "identity", "reparam")
-REPARAM_INITS = ("identity", "orthogonal")
-REPARAM_TIES = ("none", "all-tied", "ll-tied")
+from blocklab.configbase import ConfigBase, check_fields, config_dataclass, floats_from_strings
+from blocklab.errors import ConfigError
+from blocklab.presets import resolve
+from blocklab.validation import validate
 
 
-def reject_unknown_fields(cls: type) -> type:
-    """Make `cls(unknown=...)` raise ConfigError naming close fields, as from_dict does, not TypeError."""
-    init = cls.__init__
-
-    @functools.wraps(init)
-    def checked_init(self, *args: Any, **kwargs: Any) -> None:
-        check_fields(cls, kwargs)
-        init(self, *args, **kwargs)
-
-    cls.__init__ = checked_init
-    return cls
-
-
-@reject_unknown_fields
-@dataclass
-class ModelConfig:
+@config_dataclass
+class ModelConfig(ConfigBase):
     # -- sizes ---------------------------------------------------------------------------------
     vocab_size: int = 50257
     d_model: int = 768
@@ -107,8 +80,6 @@ class ModelConfig:
     value_path_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from blocklab.validation import validate
-
         validate(self)
 
     # -- derived sizes -------------------------------------------------------------------------
@@ -146,24 +117,10 @@ class ModelConfig:
         `arch` is a block preset, optionally joined with a value path: ``"sas-p"``,
         ``"pre-ln+resformer"``.
         """
-        from blocklab.presets import resolve
-
         fields = resolve(arch, size)
         check_fields(ModelConfig, overrides)
         fields.update(overrides)
         return cls(**fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        check_fields(cls, data)
-        return cls(**floats_from_strings(cls, data))
-
-    def replace(self, **changes: Any) -> ModelConfig:
-        check_fields(ModelConfig, changes)
-        return dataclasses.replace(self, **changes)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -184,28 +141,6 @@ class ModelConfig:
         return cls.from_dict(json.loads(text))
 
 
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ModelConfig))
+FIELD_NAMES = tuple(ModelConfig.__dataclass_fields__)
 
-
-def floats_from_strings(cls: type, data: dict[str, Any]) -> dict[str, Any]:
-    """PyYAML (YAML 1.1) reads `1e-5` as a string; read such strings in `cls`'s float fields as floats."""
-    out = dict(data)
-    for f in dataclasses.fields(cls):
-        value = out.get(f.name)
-        if str(f.type).startswith("float") and isinstance(value, str):
-            try:
-                out[f.name] = float(value)
-            except ValueError:
-                pass  # validation names the field
-    return out
-
-
-def check_fields(cls: type, data: dict[str, Any]) -> None:
-    """Raise ConfigError for a key that is not a field of the dataclass `cls`, suggesting close names."""
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"unknown {cls.__name__} field {key!r}.{hint} "
-                              f"Known fields: {', '.join(names)}.")
+__all__ = ["ConfigError", "ModelConfig", "check_fields", "floats_from_strings"]

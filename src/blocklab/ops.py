@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def _query_positions(t_q: int, t_k: int, device: torch.device) -> Tensor:
+def _query_positions(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
     return torch.arange(t_k - t_q, t_k, device=device)
 
 
@@ -100,7 +100,7 @@ def masked_mean(v: Tensor, t_q: int, causal: bool = True, window: int | None = N
     return (total / count).to(v.dtype)
 
 
-def _per_head(gain: Tensor | float, like: Tensor) -> Tensor | float:
+def _per_head(gain: Tensor | float) -> Tensor | float:
     if isinstance(gain, Tensor) and gain.numel() > 1:
         return gain.reshape(1, -1, 1, 1)
     return gain
@@ -108,24 +108,6 @@ def _per_head(gain: Tensor | float, like: Tensor) -> Tensor | float:
 
 def expand_kv(x: Tensor, n_heads: int) -> Tensor:
     return x if x.shape[-3] == n_heads else x.repeat_interleave(n_heads // x.shape[-3], dim=-3)
-
-
-def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
-                     gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
-                     scale: float | None = None) -> Tensor:
-    """Shaped attention (alpha I + beta A - gamma C) V, Simplifying Transformer Blocks Eq. (5).
-
-    With gamma=None it is the Value-SkipInit matrix alpha I + beta A of Eq. (4). alpha, beta and
-    gamma are scalars or have shape (H,) (head-wise scalars, Eq. 13). This fast path never builds a
-    T x T attention matrix: beta * SDPA(q, k, v) + alpha * v - gamma * mean_mask(v).
-    """
-    n_heads, t_q = q.shape[-3], q.shape[-2]
-    out = _per_head(beta, q) * attention(q, k, v, causal, window, scale)
-    v_full = expand_kv(v, n_heads)
-    out = out + _per_head(alpha, q) * v_full[..., -t_q:, :]
-    if gamma is not None:
-        out = out - _per_head(gamma, q) * masked_mean(v_full, t_q, causal, window)
-    return out
 
 
 def masked_mean_of_last(v: Tensor, t_q: int, causal: bool = True, window: int | None = None) -> Tensor:
@@ -165,29 +147,69 @@ def running_mean(past_sum: Tensor, chunk: Tensor, past: int) -> Tensor:
     return (sums / count).to(chunk.dtype)
 
 
-def shaped_attention_decode(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
-                            gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
-                            scale: float | None = None, past_sum: Tensor | None = None) -> Tensor:
-    """`shaped_attention`, (alpha I + beta A - gamma C) V of Eq. (5), for T_q < T_k (a KV cache).
+def centered_values(v: Tensor, t_q: int, causal: bool = True, window: int | None = None,
+                    past_sum: Tensor | None = None) -> Tensor:
+    """C V of Eq. (5) for the last t_q of the T_k keys of v (B, H_kv, T_k, D), without forming C.
 
-    The same equation, with C V taken over the key/value heads before they are repeated for
-    grouped-query attention. With `past_sum`, the running sum (B, H_kv, 1, D) of the T_k - T_q
-    cached values (causal, no window), C V comes from `running_mean` in O(T_q); otherwise from
-    `masked_mean_of_last`, whose extra pass covers only a window's keys when the layer has one.
+    A full block of queries (t_q == T_k) takes `masked_mean`. A shorter block (decoding with a
+    cache) takes `running_mean` of `past_sum`, the running sum (B, H_kv, 1, D) of the T_k - t_q
+    earlier values, when the layer keeps one (causal, no window), else `masked_mean_of_last`.
     """
-    n_heads, t_q = q.shape[-3], q.shape[-2]
-    out = _per_head(beta, q) * attention(q, k, v, causal, window, scale)
-    out = out + _per_head(alpha, q) * expand_kv(v[..., -t_q:, :], n_heads)
-    if gamma is not None:
-        if past_sum is None:
-            mean = masked_mean_of_last(v, t_q, causal, window)
-        elif causal and window is None:
-            mean = running_mean(past_sum, v[..., -t_q:, :], v.shape[-2] - t_q)
-        else:
+    t_k = v.shape[-2]
+    if past_sum is not None:
+        if not causal or window is not None:
             raise ValueError("past_sum is a running sum over every earlier position: it serves only a "
                              "causal attention with no window.")
-        out = out - _per_head(gamma, q) * expand_kv(mean, n_heads)
+        return running_mean(past_sum, v[..., -t_q:, :], t_k - t_q)
+    if t_q == t_k:
+        return masked_mean(v, t_q, causal, window)
+    return masked_mean_of_last(v, t_q, causal, window)
+
+
+def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
+                     gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
+                     scale: float | None = None, past_sum: Tensor | None = None) -> Tensor:
+    """Shaped attention (alpha I + beta A - gamma C) V, Simplifying Transformer Blocks Eq. (5).
+
+    With gamma=None it is the Value-SkipInit matrix alpha I + beta A of Eq. (4). alpha, beta and
+    gamma are scalars or have shape (H,) (head-wise scalars, Eq. 13). It never builds a T x T
+    matrix: beta SDPA(q, k, v) + alpha v - gamma C V, the last two on the key/value heads before
+    they are repeated for grouped-query attention. The queries are the last T_q positions of the
+    T_k keys (T_q < T_k while decoding with a cache; `past_sum`: see `centered_values`).
+    """
+    n_heads, t_q = q.shape[-3], q.shape[-2]
+    out = _per_head(beta) * attention(q, k, v, causal, window, scale)
+    out = out + _per_head(alpha) * expand_kv(v[..., -t_q:, :], n_heads)
+    if gamma is not None:
+        mean = centered_values(v, t_q, causal, window, past_sum)
+        out = out - _per_head(gamma) * expand_kv(mean, n_heads)
     return out
+
+
+def cross_layer_attention(q: Tensor, k: Tensor, v: Tensor, other_k: Tensor, other_v: Tensor,
+                          causal: bool = True, window: int | None = None) -> Tensor:
+    """softmax(Q [K; K_m]^T / sqrt(d)) [V; V_m]: attention over the keys and values of this layer and
+    of another layer m at the same positions, each half under the same mask (Value Residual Eq. 2).
+    """
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    mask = attention_mask(t_q, t_k, causal, window, q.device)
+    if mask is not None:
+        mask = torch.cat((mask, mask), dim=-1)
+    keys, values = torch.cat((k, other_k), dim=-2), torch.cat((v, other_v), dim=-2)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                          enable_gqa=keys.shape[-3] != q.shape[-3])
+
+
+def split_heads(x: Tensor, head_dim: int) -> Tensor:
+    """(B, T, H * head_dim) -> (B, H, T, head_dim)."""
+    b, t, _ = x.shape
+    return x.view(b, t, -1, head_dim).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, D) -> (B, T, H * D)."""
+    b, _, t, _ = x.shape
+    return x.transpose(1, 2).reshape(b, t, -1)
 
 
 def attention_probs(q: Tensor, k: Tensor, causal: bool = True, window: int | None = None,
@@ -222,10 +244,10 @@ def shaped_attention_matrix(q: Tensor, k: Tensor, alpha: Tensor | float, beta: T
     t_q, t_k = q.shape[-2], k.shape[-2]
     probs = attention_probs(q, k, causal, window, scale)
     eye = torch.eye(t_k, device=q.device, dtype=probs.dtype)[t_k - t_q:]
-    out = _per_head(beta, q) * probs + _per_head(alpha, q) * eye
+    out = _per_head(beta) * probs + _per_head(alpha) * eye
     if gamma is not None:
         c = centering_matrix(t_q, t_k, causal, window, q.device, probs.dtype)
-        out = out - _per_head(gamma, q) * c
+        out = out - _per_head(gamma) * c
     return out
 
 

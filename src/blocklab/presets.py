@@ -6,10 +6,12 @@ An architecture name is a block preset, optionally joined with a value path by `
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
+from blocklab.model.value_paths import VALUE_PATHS
 
 
 @dataclass(frozen=True)
@@ -107,19 +109,15 @@ SIZE_PRESETS: dict[str, Preset] = {
 }
 
 
-def _unknown(kind: str, name: str, known: dict) -> ConfigError:
-    import difflib
-
-    close = difflib.get_close_matches(name, list(known), n=3)
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    return ConfigError(f"unknown {kind} preset {name!r}.{hint} Known: {', '.join(known)}. "
-                       "See blocklab.list_presets().")
+def _unknown(kind: str, name: str, known: list[str], hint: str = "") -> ConfigError:
+    close = difflib.get_close_matches(name, known, n=3)
+    suggestion = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(f"unknown {kind} {name!r}.{suggestion} Known: {', '.join(known)}.{hint} "
+                       "`blocklab presets` lists them with descriptions.")
 
 
 def split_arch(arch: str) -> tuple[str, str | None]:
     """``"sas-p+bov"`` -> ("sas-p", "bov"); ``"resformer"`` -> ("pre-ln", "resformer")."""
-    from blocklab.model.value_paths import VALUE_PATHS
-
     block, _, value_path = arch.partition("+")
     if not value_path and block not in BLOCK_PRESETS and block in VALUE_PATHS:
         return "pre-ln", block
@@ -129,10 +127,15 @@ def split_arch(arch: str) -> tuple[str, str | None]:
 def resolve(arch: str, size: str) -> dict[str, Any]:
     """The field overrides of a size preset followed by an architecture preset."""
     if size not in SIZE_PRESETS:
-        raise _unknown("size", size, SIZE_PRESETS)
+        raise _unknown("size preset", size, list(SIZE_PRESETS))
     block, value_path = split_arch(arch)
     if block not in BLOCK_PRESETS:
-        raise _unknown("architecture", block, BLOCK_PRESETS)
+        paths = [p for p in VALUE_PATHS if p != "standard"]
+        raise _unknown("architecture", block, [*BLOCK_PRESETS, *paths],
+                       " An architecture is a block preset, a value path (on pre-ln) or both joined by "
+                       "+, e.g. sas-p+bov.")
+    if value_path is not None and value_path not in VALUE_PATHS:
+        raise _unknown("value path", value_path, list(VALUE_PATHS), f" (in {arch!r})")
     fields = dict(SIZE_PRESETS[size].fields)
     fields.update(BLOCK_PRESETS[block].fields)
     if value_path is not None:
@@ -142,8 +145,6 @@ def resolve(arch: str, size: str) -> dict[str, Any]:
 
 def list_presets() -> dict[str, dict[str, str]]:
     """Every architecture, value-path and size preset with a one-line description."""
-    from blocklab.model.value_paths import VALUE_PATHS
-
     return {
         "architectures": {k: f"{p.description} [{p.reference}]" for k, p in BLOCK_PRESETS.items()},
         "value_paths": {k: cls.description for k, cls in VALUE_PATHS.items()},

@@ -219,7 +219,7 @@ METRICS: dict[str, Metric] = {
 
 FORMULAS: dict[str, Callable[[ModelConfig], float]] = {
     "(L+1)/2L": lambda cfg: (cfg.n_layers + 1) / (2 * cfg.n_layers),
-    "0": lambda cfg: 0.0,
+    "0": lambda _cfg: 0.0,
 }
 
 

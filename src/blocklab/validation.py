@@ -1,4 +1,8 @@
-"""Checks run on every `ModelConfig`: each failure names the field, the value and what is allowed."""
+"""Checks run on every `ModelConfig`: each failure names the field, the value and what is allowed.
+
+It sits above `blocklab.model`: the value-path checks read the registry there. `ModelConfig` is named
+only in annotations, so nothing imports back up from the model.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,22 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
-from blocklab.config import (
-    ATTN_MATRICES,
-    BLOCK_LAYOUTS,
-    LINEAR_FORMS,
-    MLP_ACTS,
-    NORM_LAYERS,
-    NORMS,
-    POSITIONS,
-    REPARAM_INITS,
-    REPARAM_TIES,
-    ConfigError,
-)
+from blocklab.errors import ConfigError
+from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
 
 if TYPE_CHECKING:
     from blocklab.config import ModelConfig
+
+# The allowed values of ModelConfig's choice fields.
+NORMS = ("layernorm", "rmsnorm", "none")
+NORM_LAYERS = ("all", "first")
+POSITIONS = ("learned", "sinusoidal", "rope", "none")
+MLP_ACTS = ("relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu")  # gelu_tanh: GPT-2
+BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
+ATTN_MATRICES = ("softmax", "skipinit", "shaped")
+LINEAR_FORMS = ("linear", "identity", "reparam")
+REPARAM_INITS = ("identity", "orthogonal")
+REPARAM_TIES = ("none", "all-tied", "ll-tied")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -142,8 +147,6 @@ def validate(cfg: ModelConfig) -> None:
             _fail("reparam_tie", cfg.reparam_tie,
                   "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
                   "with reparam_init='orthogonal'.")
-
-    from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
 
     validate_value_path(cfg)
     if cfg.reparam_tie != "none":  # after the value path's options are known to be valid

@@ -85,23 +85,22 @@ def trace(model: nn.Module, input_ids: Tensor) -> list[LayerTrace]:
     records: list[dict[str, Tensor]] = [{} for _ in model.blocks]
 
     def on_values(i: int):
-        def hook(module, args, output):
-            q, k, v, carry = output
-            if k is None:  # a layer without keys of its own reads its group leader's (CLA)
-                k = carry.shared_kv[0]
-            records[i].update(q=q, k=k, v=v)
+        def hook(_module, _args, output):
+            values, _ = output  # LayerValues and the carry
+            records[i].update(q=values.q, k=values.k, v=values.v)
         return hook
 
-    def on_block(i: int):
-        def hook(module, args, output):
-            records[i]["hidden"] = output[0]
+    def on_layer_output(i: int):  # the input of the next block (or of the final norm): what layer i
+        def hook(_module, args):  # hands on, after any model-level step such as DenseFormer's average
+            records[i]["hidden"] = args[0]
         return hook
 
     handles = []
     try:
         for i, block in enumerate(model.blocks):
             handles.append(block.attn.values.register_forward_hook(on_values(i)))
-            handles.append(block.register_forward_hook(on_block(i)))
+            following = model.blocks[i + 1] if i + 1 < len(model.blocks) else model.norm
+            handles.append(following.register_forward_pre_hook(on_layer_output(i)))
         model(input_ids)
     finally:
         for handle in handles:

@@ -104,7 +104,7 @@ def _position_stats(per_position: list[Tensor]) -> dict[str, list]:
             "per_position": [p.tolist() for p in per_position]}
 
 
-def _maps(sums: _Sums, n_heads: int, form: str) -> list[dict[str, Any]]:
+def _maps(sums: _Sums, form: str) -> list[dict[str, Any]]:
     out = []
     kinds = ["softmax"] + (["matrix"] if sums.shaped else [])
     head_labels = ["mean"] if sums.heads is None else sums.heads
@@ -206,6 +206,6 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
         "spectrum": {"eigenvalues": [e.tolist() for e in eigenvalues],
                      "normalized": [sums.mean("normalized", i).tolist() for i in layer_ids],
                      "max": [float(e[0]) for e in eigenvalues]},
-        "attention_maps": _maps(sums, n_heads, form),
+        "attention_maps": _maps(sums, form),
         "notes": notes,
     }

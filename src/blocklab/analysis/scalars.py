@@ -15,11 +15,12 @@ papers plot them:
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from pathlib import Path
 from typing import Any
+
+from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.training.metrics import read_metrics as read_metrics  # the one reader, re-exported here
 
 HEADWISE = {"attn.alpha", "attn.beta", "attn.gamma"}
 RATIOS = {"attn.values.w_v": "beta_V / alpha_V (value reparam, Simplifying Fig. 4)",
@@ -27,27 +28,12 @@ RATIOS = {"attn.values.w_v": "beta_V / alpha_V (value reparam, Simplifying Fig. 
 TITLES = {"attn.alpha": "shaped attention alpha (on I)", "attn.beta": "shaped attention beta (on A)",
           "attn.gamma": "shaped attention gamma (on C)", "mlp_branch": "beta_FF (MLP branch)",
           "mlp_skip": "alpha_FF (MLP skip)", "attn_branch": "beta_SA (attention branch)",
-          "attn_skip": "alpha_SA (attention skip)",
-          "attn.values.lambda1": "ResFormer lambda_1 (weight on V_1)",
-          "attn.values.lambda2": "ResFormer lambda_2 (weight on V_n)",
-          "attn.values.coef": "Bank of Values gamma_v", "attn.values.dwa": "DenseFormer weights",
-          "attn.values.lambdas": "Dense-ResFormer lambdas"}
+          "attn_skip": "alpha_SA (attention skip)"}
+for _path in VALUE_PATHS.values():  # each value path names its own learned scalars
+    for _name, _title in _path.scalar_titles.items():
+        TITLES.setdefault(f"attn.values.{_name}", _title)
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics file at {path}")
-    records = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n} is not a JSON object: {e}") from e
-    return records
+_SHARED = re.compile(r"value_shared\.(\w+)\.(\d+)")  # per-layer weights of a model-level module
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -80,8 +66,13 @@ def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
             panel["bands"][label] = band
 
     for name in names:
-        match = _BLOCK.fullmatch(name)
-        layer, suffix = (f"L{match[1]}", match[2]) if match else ("", name)
+        match, shared = _BLOCK.fullmatch(name), _SHARED.fullmatch(name)
+        if match:
+            layer, suffix = f"L{match[1]}", match[2]
+        elif shared:  # plotted with the value path's per-layer scalars of the same name
+            layer, suffix = f"L{shared[2]}", f"attn.values.{shared[1]}"
+        else:
+            layer, suffix = "", name
         owner = suffix.rsplit(".", 1)[0]
         if owner in RATIOS and suffix.endswith((".skip", ".resid")):
             if suffix.endswith(".skip"):  # one ratio line from the (skip, resid) pair

@@ -28,7 +28,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.eval.loglik import check_causal, model_device, score_continuations
 
 
@@ -79,13 +79,15 @@ class BlocklabLM(TemplateLM):
     def device(self) -> torch.device:
         return self._device
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,  # noqa: ARG002 (lm-eval's API)
+                   **kwargs: Any) -> list[int]:
         return self.blocklab_tokenizer.encode(string)
 
     def tok_decode(self, tokens: list[int], **kwargs: Any) -> str:
         return self.blocklab_tokenizer.decode(tokens)
 
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs: Any):
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False,  # noqa: ARG002 (lm-eval's API)
+                              **kwargs: Any):
         pairs = [(context, continuation) for _, context, continuation in requests]
         results = score_continuations(self.model, pairs, self.batch_size, self.max_length)
         for (key, _, _), result in zip(requests, results, strict=True):
@@ -93,7 +95,8 @@ class BlocklabLM(TemplateLM):
                 self.cache_hook.add_partial("loglikelihood", key, result)
         return results
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+    def loglikelihood_rolling(self, requests,
+                              disable_tqdm: bool = False) -> list[float]:  # noqa: ARG002 (lm-eval's API)
         """Log-likelihood of each whole text, in disjoint windows of `max_length` tokens."""
         out = []
         for request in requests:
@@ -107,7 +110,8 @@ class BlocklabLM(TemplateLM):
             out.append(total)
         return out
 
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+    def generate_until(self, requests,
+                       disable_tqdm: bool = False) -> list[str]:  # noqa: ARG002 (lm-eval's API)
         out = []
         for request in requests:
             context, gen_kwargs = request.args

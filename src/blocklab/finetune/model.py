@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 
 POOLINGS = ("first", "mean", "last")
 
@@ -35,7 +35,7 @@ def final_hidden_states(model: nn.Module, input_ids: Tensor) -> Tensor:
     if hasattr(model, "hidden_states"):
         return model.norm(model.hidden_states(input_ids))
     captured: list[Tensor] = []  # older models: read the final norm's output with a hook
-    handle = model.norm.register_forward_hook(lambda module, args, out: captured.append(out))
+    handle = model.norm.register_forward_hook(lambda _module, _args, out: captured.append(out))
     try:
         model(input_ids)
     finally:

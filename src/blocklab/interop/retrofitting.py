@@ -35,12 +35,9 @@ from typing import Any
 
 import torch
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model import Transformer
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.model.value_paths.bank import BankOfValues, ValueEmbed, init_table_from_embedding
-from blocklab.model.value_paths.base import resolve_options, target_layers
-from blocklab.model.value_paths.resformer import DenseResFormer, LearnableResFormerPlus, ValueResidual
 from blocklab.presets import BLOCK_PRESETS, split_arch
 
 STARTS = ("baseline", "paper")
@@ -64,41 +61,10 @@ def _value_path_of(name: str, cfg) -> str:
     return value_path
 
 
-def _baseline_options(cls, cfg, given: dict[str, Any]) -> dict[str, Any]:
-    """Options that make the variant start at the baseline (the caller's options win)."""
-    opts = resolve_options(cls, cfg.replace(value_path_options=given))
-    if issubclass(cls, ValueResidual) and opts["learnable"]:
-        return {"lambda1": 0.0, "lambda2": 1.0, **given}
-    return given
-
-
-@torch.no_grad()
-def _start_at_baseline(new: Transformer) -> None:
-    if isinstance(new.blocks[0].attn.values, LearnableResFormerPlus):
-        new.value_shared.scale.gain.zero_()  # lambda = 0: no V_1 anywhere
-    for block in new.blocks:
-        values = block.attn.values
-        if isinstance(values, DenseResFormer) and values.layer > 0:
-            values.lambdas.gain.zero_()
-            values.lambdas.gain[-1] = 1.0  # weight of the layer's own V_n
-        if isinstance(values, ValueEmbed) and values.target:
-            values.value_table.zero_()
-
-
-@torch.no_grad()
-def _bov_tables(baseline: Transformer, new: Transformer) -> None:
-    """E_v = RMSNorm(E) W_V with the pretrained W_V of each target layer (Bank of Values Eq. 5)."""
-    cfg = new.cfg
-    targets = sorted(target_layers(resolve_options(BankOfValues, cfg)["layers"], cfg.n_layers))
-    emb = new.tok_emb.weight
-    if new.value_shared is not None:  # one shared table, initialised from the first target layer
-        first = targets[0]
-        init_table_from_embedding(new.value_shared.value_table, emb, cfg, first,
-                                  w_v=baseline.blocks[first].attn.values.w_v)
-        return
-    for layer in targets:
-        init_table_from_embedding(new.blocks[layer].attn.values.value_table, emb, cfg, layer,
-                                  w_v=baseline.blocks[layer].attn.values.w_v)
+def _value_modules(model: Transformer) -> list:
+    """The value paths of every layer and the model-level module, which carry the retrofit rules."""
+    paths = [block.attn.values for block in model.blocks]
+    return paths + ([model.value_shared] if model.value_shared is not None else [])
 
 
 def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "baseline",
@@ -118,7 +84,7 @@ def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "basel
     cls = VALUE_PATHS[value_path]
     given = dict(options)
     if start == "baseline":
-        given = _baseline_options(cls, cfg.replace(value_path=value_path), given)
+        given = cls.baseline_options(cfg.replace(value_path=value_path), given)
     new_cfg = cfg.replace(value_path=value_path, value_path_options=given)
 
     ref = next(model.parameters())
@@ -127,8 +93,9 @@ def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "basel
     new.to(ref.dtype)
     old_state, new_state = model.state_dict(), new.state_dict()
     new.load_state_dict({k: v for k, v in old_state.items() if k in new_state}, strict=False)
-    if issubclass(cls, BankOfValues):
-        _bov_tables(model, new)
-    if start == "baseline":
-        _start_at_baseline(new)
+    with torch.no_grad():
+        for module in _value_modules(new):
+            module.init_from_baseline(new, model)  # BoV tables from the pretrained W_V
+            if start == "baseline":
+                module.start_at_baseline()
     return new.train(model.training)

@@ -5,6 +5,11 @@ Attention-matrix forms (Simplifying Transformer Blocks):
     skipinit: alpha I + beta A        Eq. (4), Value-SkipInit (He et al., 2023)
     shaped:   alpha I + beta A - gamma C   Eq. (5), shaped attention (Noci et al., 2023)
 with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
+
+One forward pass: Q and K heads -> the value path gives V (and any change to Q, K, another layer's
+keys and values, an output offset) as data -> with a KV cache, the cache stores what this layer
+keeps and returns every visible key and value -> `attend` runs the attention through `blocklab.ops`
+-> the projection W^O.
 """
 
 from __future__ import annotations
@@ -21,11 +26,13 @@ from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.value_paths import make_value_path
 
 if TYPE_CHECKING:
-    from blocklab.model.cache import KVCache
+    from blocklab.config import ModelConfig
+
+Gains = tuple[Tensor | float, Tensor | float, Tensor | float | None]  # alpha, beta, gamma (shaped only)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_size
@@ -44,26 +51,25 @@ class Attention(nn.Module):
             self.beta = Gain(cfg.attn_beta, trainable, heads)
             self.gamma = Gain(cfg.attn_gamma, trainable, heads) if self.form == "shaped" else None
 
-    def _heads(self, x: Tensor, n: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, n, self.head_dim).transpose(1, 2)
-
-    def matrix_gains(self) -> tuple:
+    def matrix_gains(self) -> Gains:
         gamma = self.gamma.value if self.gamma is not None else None
         return self.alpha.value, self.beta.value, gamma
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Apply this layer's attention-matrix form to (B, H, T, D) heads (`cache`: while decoding)."""
-        # the cache's running sum of this layer's values (centering term), updated on every pass
-        past_sum = cache.running_value_sum(self.layer, v, q.shape[-2]) if cache is not None else None
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, other_kv: tuple[Tensor, Tensor] | None = None,
+               past_sum: Tensor | None = None) -> Tensor:
+        """This layer's attention over (B, H, T, D) heads; the queries are the last T_q positions.
+
+        other_kv: keys and values of another layer attended alongside (cross-layer attention);
+        past_sum: the cache's running sum of earlier values, for shaped attention's C V.
+        """
+        if other_kv is not None:
+            return ops.cross_layer_attention(q, k, v, *other_kv, self.causal, self.window)
         if self.explicit:
             return self.attention_matrix(q, k) @ ops.expand_kv(v, self.n_heads)
         if self.form == "softmax":
             return ops.attention(q, k, v, self.causal, self.window)
-        if q.shape[-2] < k.shape[-2]:  # decoding with a KV cache: C V from the running sum
-            return ops.shaped_attention_decode(q, k, v, *self.matrix_gains(), self.causal, self.window,
-                                               past_sum=past_sum)
-        return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window)
+        return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window,
+                                    past_sum=past_sum)
 
     def attention_matrix(self, q: Tensor, k: Tensor) -> Tensor:
         """The full (B, H, T_q, T_k) matrix this layer applies to its values."""
@@ -80,19 +86,22 @@ class Attention(nn.Module):
 
     def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
         """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA)."""
-        q = self._position(self._heads(self.q(x), self.n_heads), positions)
+        q = self._position(ops.split_heads(self.q(x), self.head_dim), positions)
         if self.k is None:
             return q, None
-        return q, self._position(self._heads(self.k(x), self.n_kv_heads), positions)
+        return q, self._position(ops.split_heads(self.k(x), self.head_dim), positions)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        b, t, _ = x.shape
         q, k = self.queries_keys(x, carry.positions)
-        q, k, v, carry = self.values(x, q, k, carry)  # for the current tokens only
+        out, carry = self.values(x, q, k, carry)  # for the current tokens only
         if carry.cache is None:
-            keys, values = k, self._heads(v, self.n_kv_heads)
+            keys, values = out.k, ops.split_heads(out.v, self.head_dim)
+            other_kv, past_sum = out.other_kv, None
         else:  # the cached past and the current tokens: every key and value these queries may see
-            keys, values = carry.cache.update(self.layer, self.values, k, v, carry)
-        y = self.values.attend(self, q, keys, values, carry)
-        y = self.values.correct(y, v, carry)
-        return self.proj(y.transpose(1, 2).reshape(b, t, -1)), carry
+            seen = carry.cache.update(self.layer, out.k, out.v)
+            values = ops.split_heads(self.values.values_from_cache(seen.value_source, carry), self.head_dim)
+            keys, other_kv, past_sum = seen.keys, seen.other_kv, seen.value_sum
+        y = self.attend(out.q, keys, values, other_kv, past_sum)
+        if out.offset is not None:
+            y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
+        return self.proj(ops.merge_heads(y)), carry

@@ -10,6 +10,8 @@ layout a_comb is `mlp_skip_gain`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
@@ -18,13 +20,16 @@ from blocklab.model.gains import Gain
 from blocklab.model.mlp import MLP
 from blocklab.model.norms import make_norm
 
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+
 
 def _skip(init: float, trainable: bool) -> Gain | None:
     return Gain(init, trainable) if init != 0 else None
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layout = cfg.block_layout
         has_norm = cfg.norm_layers == "all" or layer == 0
@@ -46,15 +51,12 @@ class Block(nn.Module):
         return branch if skip is None else branch + skip(x)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        x, carry = self.sub_blocks(x, carry)
-        return self.attn.values.after_block(x, carry)
-
-    def sub_blocks(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         if self.layout == "parallel":
             h = self.norm1(x)
             a, carry = self.attn(h, carry)
             out = self.mlp_branch(self.dropout(self.mlp(h))) + self.attn_branch(self.dropout(a))
             return self._add_skip(out, self.mlp_skip, x), carry
+        assert self.norm2 is not None  # every layout but parallel has a second norm
         if self.layout == "pre-ln":
             a, carry = self.attn(self.norm1(x), carry)
             h = self._add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)

@@ -41,12 +41,25 @@ and values keep their gradients (the cached past is a constant).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from blocklab.config import ConfigError
+from blocklab import ops
+from blocklab.errors import ConfigError
+from blocklab.model.value_paths import (
+    SharedModule,
+    ValuePath,
+    is_value_table,
+    make_shared_module,
+    make_value_path,
+)
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
 
 TOKEN_ID_DTYPE = torch.int32  # 4 bytes per cached token id (F.embedding takes int32 indices)
 
@@ -58,7 +71,8 @@ def _first_position(past: int, span: int | None) -> int:
 
 def _widest(windows: list[int | None]) -> int | None:
     """The span a store needs to serve readers with these windows (None: every position)."""
-    return None if any(w is None for w in windows) else max(windows)
+    spans = [w for w in windows if w is not None]
+    return None if len(spans) < len(windows) else max(spans)
 
 
 @dataclass(frozen=True)
@@ -67,10 +81,12 @@ class CacheLayout:
 
     `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
     stored when some layer computes its values from them (`has_ids`); `summed_layers`: the layers
-    whose centering term reads a running sum of their values.
+    whose centering term reads a running sum of their values; `routes[i]`: layer i's `key_layer`,
+    `value_layer` and `reads_layers`, copied from its value path.
     """
 
     windows: tuple[int | None, ...]
+    routes: tuple[tuple[int, int | None, tuple[int, ...]], ...]
     key_spans: dict[int, int | None]
     value_spans: dict[int, int | None]
     has_ids: bool
@@ -78,7 +94,7 @@ class CacheLayout:
     summed_layers: tuple[int, ...]  # full-context shaped layers: a running sum for their C V
 
     @classmethod
-    def from_paths(cls, cfg, paths) -> CacheLayout:
+    def from_paths(cls, cfg: ModelConfig, paths: Sequence[ValuePath]) -> CacheLayout:
         windows = tuple(cfg.layer_window(i) for i in range(cfg.n_layers))
         key_readers: dict[int, list] = {}
         value_readers: dict[int, list] = {}
@@ -98,7 +114,10 @@ class CacheLayout:
             if own_keys != path.owns_keys or own_values != path.caches_values:
                 raise AssertionError(f"layer {layer}: {type(path).__name__}'s key_layer / value_layer "
                                      "disagree with owns_keys / caches_values")
+            if len(path.reads_layers) > 1:
+                raise AssertionError(f"layer {layer}: {type(path).__name__} reads more than one other layer")
         return cls(windows=windows,
+                   routes=tuple((p.key_layer, p.value_layer, p.reads_layers) for p in paths),
                    key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
                    value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
                    has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None,
@@ -106,21 +125,19 @@ class CacheLayout:
                                        if cfg.attn_matrix == "shaped" and w is None))
 
 
-def _check_causal(cfg) -> None:
+def _check_causal(cfg: ModelConfig) -> None:
     if not cfg.causal:
         raise ConfigError("ModelConfig.causal = False: a bidirectional encoder attends to later tokens, "
                           "so it cannot decode with a KV cache; use a causal model.")
 
 
-def _value_paths(cfg):
+def _value_paths(cfg: ModelConfig) -> tuple[list[ValuePath], SharedModule | None]:
     """The value paths of `cfg`, built on the meta device (no memory): they describe the layout."""
-    from blocklab.model.value_paths import make_shared_module, make_value_path
-
     with torch.device("meta"):
         return [make_value_path(cfg, i) for i in range(cfg.n_layers)], make_shared_module(cfg)
 
 
-def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None) -> dict:
+def cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2, context: int | None = None) -> dict:
     """The analytic cache layout of `cfg` for one sequence of `context` positions.
 
     Keys and values take kv_dim * dtype_bytes per position; a store keeps `context` positions, or
@@ -148,10 +165,10 @@ def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None)
     layout = CacheLayout.from_paths(cfg, paths)
     width = cfg.kv_dim * dtype_bytes
 
-    def entries(span):
+    def entries(span: int | None) -> int:
         return context if span is None else min(span, context)
 
-    layers = []
+    layers: list[dict[str, Any]] = []
     for i in range(cfg.n_layers):
         k = entries(layout.key_spans[i]) if i in layout.key_spans else 0
         v = entries(layout.value_spans[i]) if i in layout.value_spans else 0
@@ -161,7 +178,7 @@ def cache_bytes_per_token(cfg, dtype_bytes: int = 2, context: int | None = None)
     ids = entries(layout.id_span) * TOKEN_ID_DTYPE.itemsize if layout.has_ids else 0
     keys, values = sum(x["key_bytes"] for x in layers), sum(x["value_bytes"] for x in layers)
     modules = [*paths, shared] if shared is not None else paths
-    tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if n.endswith("value_table"))
+    tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if is_value_table(n))
     sums = len(layout.summed_layers) * cfg.kv_dim * max(dtype_bytes, 4)
     total = keys + values + ids + sums
     return dict(context=context, dtype_bytes=dtype_bytes, layers=layers,
@@ -174,7 +191,7 @@ class _Store:
     """The cached past of one tensor (B, time, ...): every position, or a ring of the last `span`."""
 
     def __init__(self, batch: int, max_len: int, span: int | None, features: tuple[int, ...],
-                 dtype: torch.dtype, device):
+                 dtype: torch.dtype, device: torch.device | str | None):
         self.span = span  # the most recent positions its readers need (None: all)
         self.capacity = max_len if span is None else min(span, max_len)
         self.ring = self.capacity < max_len
@@ -199,6 +216,16 @@ class _Store:
         return torch.cat((older.to(new.dtype), present), dim=1)
 
 
+@dataclass
+class Seen:
+    """What a layer's queries may see while decoding (`KVCache.update`)."""
+
+    keys: Tensor  # (B, H_kv, T', D): every visible key, the cached past and the current tokens
+    value_source: Tensor  # (B, T', kv_dim) cached values, or (B, T') token ids: the path maps them
+    other_kv: tuple[Tensor, Tensor] | None  # keys and values (heads) of the layer it also reads
+    value_sum: Tensor | None  # the running sum of its earlier values (shaped attention, full context)
+
+
 class KVCache:
     """Keys, values and token ids of past positions for a batch of sequences, laid out by `CacheLayout`.
 
@@ -208,7 +235,8 @@ class KVCache:
     `cache_bytes_per_token` predicts); ``bytes_used`` counts only the filled positions.
     """
 
-    def __init__(self, cfg, paths, batch_size: int, max_len: int, dtype: torch.dtype, device=None):
+    def __init__(self, cfg: ModelConfig, paths: Sequence[ValuePath], batch_size: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str | None = None):
         _check_causal(cfg)
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -280,7 +308,7 @@ class KVCache:
 
     def end(self) -> None:
         """Finish the forward pass: the new positions count as cached."""
-        self.length += self._chunk
+        self.length += self._chunk_length()
         self._chunk, self._present = None, {}
 
     def abort(self) -> None:
@@ -288,42 +316,40 @@ class KVCache:
         self._broken = True
         self._chunk, self._present = None, {}
 
-    def update(self, layer: int, path, k: Tensor | None, v: Tensor, carry) -> tuple[Tensor, Tensor]:
-        """Store layer `layer`'s new keys (B, H_kv, T, D) and values (B, T, kv_dim) as its value path
-        says, and return the keys and values (B, H_kv, T', D) of every position it may attend to."""
+    def update(self, layer: int, k: Tensor | None, v: Tensor) -> Seen:
+        """Store layer `layer`'s new keys (B, H_kv, T, D) and values (B, T, kv_dim) as the layout says,
+        and return what its queries may see (`Seen`): every visible key, the cached source of its
+        values, another layer's keys and values it reads, and its running value sum."""
+        key_layer, value_layer, reads = self.layout.routes[layer]
         start = _first_position(self.length, self.layout.windows[layer])
-        if path.key_layer == layer:
+        if key_layer == layer:
+            assert k is not None
             self._write("keys", layer, self.keys[layer], k.transpose(1, 2))
-        keys = self._read("keys", path.key_layer, start).transpose(1, 2)
-        if path.value_layer == layer:
+        keys = self._read("keys", key_layer, start).transpose(1, 2)
+        if value_layer == layer:
             self._write("values", layer, self.values[layer], v)
-            values = self._read("values", layer, start)
-        elif path.value_layer is None:
-            values = path.values_from_cache(self._read("token_ids", None, start), carry)
-        else:
-            values = path.values_from_cache(self._read("values", path.value_layer, start), carry)
-        return keys, self._heads(values)
+        source = self._read("token_ids" if value_layer is None else "values", value_layer, start)
+        other = None
+        if reads:  # the other layer's keys and values at the positions this layer sees
+            first = self.length + self._chunk_length() - keys.shape[-2]
+            other = (self._read("keys", reads[0], first).transpose(1, 2),
+                     ops.split_heads(self._read("values", reads[0], first), self.cfg.head_size))
+        return Seen(keys, source, other, self._add_to_sum(layer, v))
 
-    def running_value_sum(self, layer: int, values: Tensor, t: int) -> Tensor | None:
-        """The running sum (B, H_kv, 1, D) of `layer`'s values before this forward pass, for shaped
-        attention's centering term, after adding this pass's: the last `t` of `values`
-        (B, H_kv, T', D). None for a layer that keeps no running sum."""
+    def _chunk_length(self) -> int:
+        assert self._chunk is not None, "update() and end() run after begin()"
+        return self._chunk
+
+    def _add_to_sum(self, layer: int, v: Tensor) -> Tensor | None:
+        """The running sum (B, H_kv, 1, D) of `layer`'s values before this pass, for shaped
+        attention's centering term, after adding this pass's values `v` (B, T, kv_dim) as stored."""
         sums = self.value_sums.get(layer)
         if sums is None:
             return None
         before = sums.clone()
-        sums += values[..., -t:, :].detach().sum(dim=-2, keepdim=True, dtype=sums.dtype)
+        stored = ops.split_heads(v.detach().to(self.dtype), self.cfg.head_size)
+        sums += stored.sum(dim=-2, keepdim=True, dtype=sums.dtype)
         return before
-
-    def read_layer(self, layer: int, length: int) -> tuple[Tensor, Tensor]:
-        """Keys and values (B, H_kv, length, D) of `layer` at the last `length` positions, as heads."""
-        keys = self._read("keys", layer, self.length + self._chunk - length)
-        values = self._read("values", layer, self.length + self._chunk - length)
-        return keys.transpose(1, 2), self._heads(values)
-
-    def _heads(self, v: Tensor) -> Tensor:
-        b, t, _ = v.shape
-        return v.view(b, t, self.cfg.kv_heads, self.cfg.head_size).transpose(1, 2)
 
     def _write(self, kind: str, layer: int | None, store: _Store, new: Tensor) -> None:
         start = _first_position(self.length, store.span)  # what its widest reader sees

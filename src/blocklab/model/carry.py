@@ -2,13 +2,13 @@
 
 Nothing that one layer needs from another hides in a module attribute: each block takes a
 `Carry` and returns one, so per-block `torch.compile`, FSDP wrapping and the KV cache see the whole
-data flow. Value paths fill in only the fields they use.
+data flow. Every field is typed; a value path fills in only the fields it uses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -18,18 +18,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class Carry:
+    # -- set by the Transformer before the first block ---------------------------------------------
     token_ids: Tensor  # (B, T) ids of the tokens in this forward pass
     positions: Tensor  # (T,) absolute positions of those tokens
     x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0)
     token_embeddings: Tensor | None = None  # (B, T, d) raw token embeddings (Bank of Values' x0)
+    embedding_table: Tensor | None = None  # (vocab, d) the token embedding (x0-value maps cached ids)
+    cache: KVCache | None = None  # set while decoding with a KV cache (model/cache.py)
+    # -- set by a value path's model-level module (`SharedModule.before_blocks`) ------------------
+    source_weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
+    value_table: Tensor | None = None  # Bank of Values with one table for every target layer
+    # -- set by a layer for the layers after it ---------------------------------------------------
     first_values: Tensor | None = None  # V of the source layer (V_1), (B, T, kv_dim)
     first_queries: Tensor | None = None  # Q of the source layer (query-residual ablation), heads
-    first_keys: Tensor | None = None  # K of the source layer (key-residual ablation), heads
+    first_keys: Tensor | None = None  # K of the source layer (key-residual ablation, cross-layer attn)
     values: tuple[Tensor, ...] = ()  # raw V of every earlier layer (Dense-ResFormer)
     shared_kv: tuple[Tensor, Tensor] | None = None  # K, V of the group leader (CLA)
     history: tuple[Tensor, ...] = ()  # block outputs X_0 .. X_n (DenseFormer)
-    shared: dict[str, Tensor] = field(default_factory=dict)  # tensors from a model-level module
-    cache: KVCache | None = None  # set while decoding with a KV cache (model/cache.py)
 
-    def update(self, **changes) -> Carry:
+    def update(self, **changes: Any) -> Carry:
         return replace(self, **changes)

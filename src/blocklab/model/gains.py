@@ -14,6 +14,8 @@ from torch import Tensor, nn
 class Gain(nn.Module):
     """Multiplies by a scalar (or per-head vector) that is either fixed or trainable."""
 
+    gain: nn.Parameter | None  # None: a fixed gain, the float `init`
+
     def __init__(self, init: float | list[float], trainable: bool, size: int = 1):
         super().__init__()
         if isinstance(init, (list, tuple)):  # one initial value per entry
@@ -28,7 +30,18 @@ class Gain(nn.Module):
 
     @property
     def value(self) -> Tensor | float:
-        return self.gain if self.gain is not None else self.init
+        return self.gain if self.gain is not None else self._fixed()
+
+    @property
+    def param(self) -> nn.Parameter:
+        """The trainable gain (for gains that are built trainable)."""
+        assert self.gain is not None, "a fixed gain has no parameter"
+        return self.gain
+
+    def _fixed(self) -> float:
+        """The value of a fixed gain: a list of initial values always makes a trainable one."""
+        assert not isinstance(self.init, list)
+        return self.init
 
     def reset_parameters(self) -> None:
         if self.gain is not None:
@@ -40,7 +53,8 @@ class Gain(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gain is None:
-            return x if self.init == 1.0 else x * self.init
+            init = self._fixed()
+            return x if init == 1.0 else x * init
         return x * self.gain
 
     def extra_repr(self) -> str:

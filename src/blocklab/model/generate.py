@@ -8,9 +8,14 @@ has stopped or after `max_new_tokens`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from blocklab.model.cache import KVCache
+    from blocklab.model.transformer import Transformer
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -37,8 +42,9 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check(model, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k, top_p,
-           stop_tokens, pad_token, cache) -> None:
+def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float,
+           top_k: int | None, top_p: float | None, stop_tokens: Sequence[int] | None, pad_token: int | None,
+           cache: KVCache | None) -> None:
     vocab = model.cfg.vocab_size
     if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.long, torch.int):
         raise ValueError(f"input_ids must be an integer tensor (batch, time) with at least one token; got "
@@ -65,16 +71,16 @@ def _check(model, input_ids: Tensor, max_new_tokens: int, temperature: float, to
                          "generate fewer tokens.")
 
 
-def _last_logits(model, ids: Tensor, cache) -> Tensor:
+def _last_logits(model: Transformer, ids: Tensor, cache: KVCache) -> Tensor:
     """Next-token logits (B, vocab): the head runs on the last position only."""
     return model.logits(model.hidden_states(ids, cache)[:, -1])
 
 
 @torch.no_grad()
-def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
-             pad_token: int | None = None, cache=None) -> Tensor:
+             pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; returns (B, T + n) ids.
 
     Runs the prompt once through a fresh KV cache (or after what `cache` already holds, which it
@@ -99,6 +105,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, temperature: float =
         for step in range(max_new_tokens):
             ids = sample_next(logits, temperature, top_k, top_p, generator).to(input_ids.dtype)
             if len(stops):
+                assert pad is not None  # the first stop token when no pad_token is given
                 ids = torch.where(done, pad, ids)
                 done = done | torch.isin(ids, stops)
             out.append(ids[:, None])

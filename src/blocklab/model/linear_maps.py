@@ -8,15 +8,22 @@ with the weights) and dW trainable and zero at initialisation.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab.model.gains import Gain
 
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+
 
 class ReparamLinear(nn.Module):
     """y = x W^T with W = alpha * W_init + beta * dW (weights in torch's (out, in) layout)."""
+
+    w_init: Tensor  # a buffer (registered in __init__)
 
     def __init__(self, dim: int, init: str, alpha: float, beta: float, trainable_gains: bool):
         super().__init__()
@@ -52,14 +59,14 @@ def make_linear_map(form: str, d_in: int, d_out: int, bias: bool) -> nn.Module:
     raise AssertionError(f"{form} maps are built by make_value_map / make_proj_map")
 
 
-def make_value_map(form: str, cfg) -> nn.Module:
+def make_value_map(form: str, cfg: ModelConfig) -> nn.Module:
     if form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.value_skip_gain,
                              cfg.value_resid_gain, cfg.trainable_reparam_gains)
     return make_linear_map(form, cfg.d_model, cfg.kv_dim, cfg.bias)
 
 
-def make_proj_map(cfg) -> nn.Module:
+def make_proj_map(cfg: ModelConfig) -> nn.Module:
     if cfg.proj_form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.proj_skip_gain,
                              cfg.proj_resid_gain, cfg.trainable_reparam_gains)

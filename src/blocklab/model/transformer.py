@@ -3,18 +3,40 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from blocklab import ops
-from blocklab.config import ModelConfig
 from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import make_norm
 from blocklab.model.value_paths import make_shared_module
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+
+
+@runtime_checkable
+class _Resettable(Protocol):
+    """A module that initialises its own parameters and buffers (`Gain`, `ReparamLinear`, norms)."""
+
+    def reset_parameters(self) -> None: ...
+
+
+@runtime_checkable
+class _InitFromModel(Protocol):
+    """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
+
+    def init_from_model(self, model: Transformer) -> None: ...
+
+
+def _reparam(module: object) -> ReparamLinear:
+    assert isinstance(module, ReparamLinear), "tied inits need reparameterised W_V and W_P in every layer"
+    return module
 
 
 class Transformer(nn.Module):
@@ -26,13 +48,15 @@ class Transformer(nn.Module):
     ``model(ids, cache=cache)`` for the prompt and for each new token, or ``model.generate(...)``.
     """
 
+    blocks: nn.ModuleList  # of `Block`; `block(i)` and `block_list()` hand them out typed
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.value_shared = make_shared_module(cfg)  # model-level state of a value path, if any
+        self.value_shared = make_shared_module(cfg)  # model-level module of a value path, if any
         self.norm = make_norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.norm_eps, cfg.bias)
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if self.tok_emb.weight.device.type != "meta":
@@ -46,30 +70,47 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=cfg.init_std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif module is not self and hasattr(module, "reset_parameters"):
+                bias = getattr(module, "bias", None)  # an nn.Embedding has none
+                if bias is not None:
+                    nn.init.zeros_(bias)
+            elif module is not self and isinstance(module, _Resettable):
                 module.reset_parameters()
         q_std = cfg.init_std if cfg.query_init_std is None else cfg.query_init_std
-        for block in self.blocks:
+        blocks = self.block_list()
+        for block in blocks:
             nn.init.normal_(block.attn.q.weight, std=q_std)
         if cfg.reparam_tie != "none":
-            values = [b.attn.values.w_v for b in self.blocks]
-            projs = [b.attn.proj for b in self.blocks]
-            assert all(isinstance(m, ReparamLinear) for m in values + projs)
+            values = [_reparam(b.attn.values.w_v) for b in blocks]
+            projs = [_reparam(b.attn.proj) for b in blocks]
             tie_reparam_inits(values, projs, cfg.reparam_tie)
         for module in self.modules():  # inits that need the rest of the model (BoV tables)
-            if module is not self and hasattr(module, "init_from_model"):
+            if module is not self and isinstance(module, _InitFromModel):
                 module.init_from_model(self)
 
+    # -- typed access to the blocks --------------------------------------------------------------
+    def block(self, layer: int) -> Block:
+        """Block `layer` (an `nn.ModuleList` hands out plain modules)."""
+        block = self.blocks[layer]
+        assert isinstance(block, Block)
+        return block
+
+    def block_list(self) -> list[Block]:
+        """Every block, first to last."""
+        return [self.block(i) for i in range(len(self.blocks))]
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
+        if self.value_shared is not None:  # weights saved under an older layout of its parameters
+            self.value_shared.upgrade_state_dict(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     # -- compilation ---------------------------------------------------------------------------
-    def compile_blocks(self, **compile_kwargs) -> None:
+    def compile_blocks(self, **compile_kwargs: Any) -> None:
         """`torch.compile` each block in place (``block.compile(**compile_kwargs)``).
 
         All blocks share one code object (Block.forward), and dynamo keeps at most
         `recompile_limit` (default 8) compiled versions of it; past that it runs the block eagerly
-        with only a warning. Value paths whose carry differs per layer (DenseFormer's history,
-        Dense-ResFormer's earlier values, per-layer lambdas of different lengths) need one version
+        with only a warning. Value paths whose carry differs per layer (Dense-ResFormer's earlier
+        values, per-layer lambdas of different lengths) need one version
         per layer, and again per mode (static then dynamic sequence length, no-grad evaluation,
         decoding), so we raise the limit to 4 per layer plus a margin. `cache_size_limit` is an
         alias of `recompile_limit` in the torch versions we support (>= 2.9).
@@ -129,14 +170,16 @@ class Transformer(nn.Module):
             positions = cache.begin(input_ids)  # continues after the cached positions
         tokens = self.tok_emb(input_ids)
         x = self.embed(tokens, positions)
-        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens, cache=cache)
-        if cache is not None:  # value paths that recompute values from cached token ids (x0-value)
-            carry = carry.update(shared={"token_embedding": self.tok_emb.weight})
-        if self.value_shared is not None:
-            carry = self.value_shared(carry)
+        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
+                      embedding_table=self.tok_emb.weight, cache=cache)
+        shared = self.value_shared
+        if shared is not None:
+            carry = shared.before_blocks(carry)
         try:
-            for block in self.blocks:
+            for layer, block in enumerate(self.blocks):
                 x, carry = block(x, carry)
+                if shared is not None:  # outside the block: reads the outputs of earlier blocks
+                    x, carry = shared.after_block(layer, x, carry)
         except BaseException:
             if cache is not None:
                 cache.abort()
@@ -151,7 +194,7 @@ class Transformer(nn.Module):
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions, laid out from
         the value paths (model/cache.py); dtype and device default to the model's."""
         weight = self.tok_emb.weight
-        paths = [block.attn.values for block in self.blocks]
+        paths = [block.attn.values for block in self.block_list()]
         return KVCache(self.cfg, paths, batch_size, max_len, dtype or weight.dtype, device or weight.device)
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,

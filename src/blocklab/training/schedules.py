@@ -38,7 +38,7 @@ def _fraction_done(p: float, start: float) -> float:
     return min(1.0, max(0.0, (p - start) / (1.0 - start)))
 
 
-def linear(p: float, w: float, f: float, cfg) -> float:
+def linear(p: float, w: float, f: float, _cfg) -> float:
     """Linear decay from 1 at the end of warmup to f at the end of the budget.
 
     Simplifying Transformer Blocks (Sec. 4 and App. B): 5% linear warmup, then linear decay
@@ -47,7 +47,7 @@ def linear(p: float, w: float, f: float, cfg) -> float:
     return f + (1.0 - f) * (1.0 - _fraction_done(p, w))
 
 
-def cosine(p: float, w: float, f: float, cfg) -> float:
+def cosine(p: float, w: float, f: float, _cfg) -> float:
     """Half a cosine from 1 at the end of warmup to f (default 0.1) at the end of the budget.
 
     Value Residual Learning (Sec. 4.1 and Table 4): warmup to 6e-4 (Table 4: 120 steps; the text
@@ -56,7 +56,7 @@ def cosine(p: float, w: float, f: float, cfg) -> float:
     return f + (1.0 - f) * 0.5 * (1.0 + math.cos(math.pi * _fraction_done(p, w)))
 
 
-def wsd(p: float, w: float, f: float, cfg) -> float:
+def wsd(p: float, _w: float, f: float, cfg) -> float:
     """Warmup-stable-decay: constant 1, then a linear warmdown over the last `warmdown_fraction` d.
 
     nanochat's ``base_train`` and Bank of Values (Table 8): warmup 40 steps, warmdown over the
@@ -65,13 +65,13 @@ def wsd(p: float, w: float, f: float, cfg) -> float:
     return f + (1.0 - f) * (1.0 - _fraction_done(p, 1.0 - cfg.warmdown_fraction))
 
 
-def constant(p: float, w: float, f: float, cfg) -> float:
+def constant(_p: float, _w: float, _f: float, _cfg) -> float:
     """1 after warmup; `final_lr_fraction` has no effect."""
     return 1.0
 
 
-# name -> the schedule's body s(p, w, f, cfg); one-cycle is `linear` with its warmup ending at
-# `peak_at` (the rise to the peak is its warmup), see `lr_factor`.
+# name -> the schedule's body s(p, w, f, cfg), called positionally; one-cycle is `linear` with its
+# warmup ending at `peak_at` (the rise to the peak is its warmup), see `lr_factor`.
 SCHEDULES: dict[str, Callable[[float, float, float, object], float]] = {
     "linear": linear,
     "cosine": cosine,

@@ -6,11 +6,19 @@ a test.
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model.value_paths.bank import BankOfValues, V1Value, ValueEmbed, X0Value
-from blocklab.model.value_paths.base import StandardValues, ValuePath, resolve_options, target_layers
+from blocklab.model.value_paths.base import (
+    LayerValues,
+    SharedModule,
+    StandardValues,
+    ValuePath,
+    is_value_table,
+    resolve_options,
+    target_layers,
+)
 from blocklab.model.value_paths.baselines import CrossLayerAttention, CrossLayerKV, DenseFormer, NeuTRENO
 from blocklab.model.value_paths.resformer import (
     ConstantResFormer,
@@ -21,6 +29,9 @@ from blocklab.model.value_paths.resformer import (
     SVFormer,
     ValueResidual,
 )
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
 
 VALUE_PATHS: dict[str, type[ValuePath]] = {
     "standard": StandardValues,
@@ -42,15 +53,15 @@ VALUE_PATHS: dict[str, type[ValuePath]] = {
 }
 
 
-def make_value_path(cfg, layer: int) -> ValuePath:
+def make_value_path(cfg: ModelConfig, layer: int) -> ValuePath:
     return VALUE_PATHS[cfg.value_path](cfg, layer)
 
 
-def make_shared_module(cfg) -> nn.Module | None:
+def make_shared_module(cfg: ModelConfig) -> SharedModule | None:
     return VALUE_PATHS[cfg.value_path].make_shared(cfg)
 
 
-def validate_value_path(cfg) -> None:
+def validate_value_path(cfg: ModelConfig) -> None:
     if cfg.value_path not in VALUE_PATHS:
         raise ConfigError(
             f"ModelConfig.value_path = {cfg.value_path!r} is not allowed: choose one of "
@@ -61,5 +72,5 @@ def validate_value_path(cfg) -> None:
     cls.validate(cfg)
 
 
-__all__ = ["VALUE_PATHS", "ValuePath", "make_shared_module", "make_value_path", "target_layers",
-           "validate_value_path"]
+__all__ = ["VALUE_PATHS", "LayerValues", "SharedModule", "ValuePath", "is_value_table", "make_shared_module",
+           "make_value_path", "target_layers", "validate_value_path"]

@@ -11,14 +11,28 @@ x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
+from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import ReparamLinear
-from blocklab.model.value_paths.base import ValuePath, resolve_options, target_layers
+from blocklab.model.value_paths.base import (
+    LayerValues,
+    SharedModule,
+    ValuePath,
+    resolve_options,
+    target_layers,
+    value_map,
+)
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+    from blocklab.model.transformer import Transformer
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -29,19 +43,20 @@ class _Substitutive(ValuePath):
     """Shared plumbing: standard values outside the target layers, a coefficient inside them."""
 
     options = dict(layers="last-third", coef=1.0, learnable=True)
+    scalar_titles = {"coef": "Bank of Values gamma_v"}
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.target = layer in self.targets(cfg)
         if self.target:
             self.coef = Gain(self.opts["coef"], self.opts["learnable"])
 
     @classmethod
-    def targets(cls, cfg) -> frozenset[int]:
+    def targets(cls, cfg: ModelConfig) -> frozenset[int]:
         return target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         cls.targets(cfg)
 
 
@@ -56,7 +71,7 @@ class BankOfValues(_Substitutive):
     description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
     options = dict(_Substitutive.options, shared=False)
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.cfg = cfg
         self.caches_values = not self.target
@@ -66,36 +81,45 @@ class BankOfValues(_Substitutive):
         if self.target and not self.opts["shared"]:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
 
-    def table(self, carry) -> Tensor:
-        return carry.shared["value_table"] if self.opts["shared"] else self.value_table
+    def table(self, carry: Carry) -> Tensor:
+        table = carry.value_table if self.opts["shared"] else self.value_table
+        assert table is not None, "the shared table's module fills the carry before the first block"
+        return table
 
-    def forward(self, x, q, k, carry):
-        if not self.target:
-            return q, k, self.w_v(x), carry
-        return q, k, self.coef(F.embedding(carry.token_ids, self.table(carry))), carry
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        if self.w_v is not None:
+            return LayerValues(q, k, self.w_v(x)), carry
+        return LayerValues(q, k, self.coef(F.embedding(carry.token_ids, self.table(carry)))), carry
 
-    def values_from_cache(self, source, carry):
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         if not self.target:
             return source
         return self.coef(F.embedding(source, self.table(carry)))
 
-    def init_from_model(self, model) -> None:
+    def init_from_model(self, model: Transformer) -> None:
         if self.target and not self.opts["shared"]:
             init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer)
 
+    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+        """E_v = RMSNorm(E) W_V with this layer's *pretrained* W_V (Bank of Values Eq. 5)."""
+        if self.target and not self.opts["shared"]:
+            init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer,
+                                      w_v=value_map(baseline.block(self.layer).attn.values))
+
     @classmethod
-    def has_value_map(cls, cfg, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
         return layer not in cls.targets(cfg)
 
     @classmethod
-    def make_shared(cls, cfg) -> nn.Module | None:
+    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:
         if not resolve_options(cls, cfg)["shared"]:
             return None
         return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
 
 
 @torch.no_grad()
-def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg, layer: int,
+def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig, layer: int,
                               w_v: nn.Module | None = None) -> None:
     """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
     if w_v is None:
@@ -108,43 +132,50 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg, layer: int,
     table.copy_(w_v(_rms(wide).to(embedding.dtype)))
 
 
-class SharedValueTable(nn.Module):
-    """One BoV table used by every target layer; its lookup happens once per forward pass."""
+class SharedValueTable(SharedModule):
+    """One BoV table used by every target layer, initialised from the first target layer."""
 
-    def __init__(self, cfg, first_target: int):
+    def __init__(self, cfg: ModelConfig, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
 
-    def forward(self, carry):
-        return carry.update(shared={**carry.shared, "value_table": self.value_table})
+    def before_blocks(self, carry: Carry) -> Carry:
+        return carry.update(value_table=self.value_table)
 
-    def init_from_model(self, model) -> None:
+    def init_from_model(self, model: Transformer) -> None:
         init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.first_target)
+
+    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+        init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.first_target,
+                                  w_v=value_map(baseline.block(self.first_target).attn.values))
 
 
 class X0Value(_Substitutive):
     description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         if self.target:  # v is a function of the token id: the cache keeps ids and recomputes v
             self.caches_values, self.value_layer = False, None
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         if not self.target:
-            return q, k, self.w_v(x), carry
-        return q, k, self.x0_values(carry.token_embeddings), carry
+            return LayerValues(q, k, self.w_v(x)), carry
+        assert carry.token_embeddings is not None
+        return LayerValues(q, k, self.x0_values(carry.token_embeddings)), carry
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
         return self.coef(self.w_v(_rms(token_embeddings)))
 
-    def values_from_cache(self, source, carry):
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         if not self.target:
             return source
         # one value map per cached token and step: the memory of BoV at the compute of a projection
-        return self.x0_values(F.embedding(source, carry.shared["token_embedding"]))
+        assert carry.embedding_table is not None
+        return self.x0_values(F.embedding(source, carry.embedding_table))
 
 
 class V1Value(_Substitutive):
@@ -157,35 +188,46 @@ class V1Value(_Substitutive):
 
     description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.caches_values = not self.target
         self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
         if self.target:  # the cache keeps V_1 once (layer 0's values)
             self.value_layer = 0
 
-    def forward(self, x, q, k, carry):
-        if self.target:
-            return q, k, self.coef(carry.first_values), carry
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        if self.w_v is None:
+            assert carry.first_values is not None, "layer 0 fills V_1 in the carry"
+            return LayerValues(q, k, self.coef(carry.first_values)), carry
         v = self.w_v(x)
-        return q, k, v, (carry.update(first_values=v) if self.layer == 0 else carry)
+        return LayerValues(q, k, v), (carry.update(first_values=v) if self.layer == 0 else carry)
 
-    def values_from_cache(self, source, carry):
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         return self.coef(source) if self.target else source
 
     @classmethod
-    def targets(cls, cfg) -> frozenset[int]:
+    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:
+        """Layer 0 is the source of V_1, where V_1 is the layer's own value: a grid row that names it
+        (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means the rest."""
+        if "layers" not in options:
+            return options
+        layers = target_layers(options["layers"], n_layers)
+        return {**options, "layers": sorted(layers - {0})} if 0 in layers else options
+
+    @classmethod
+    def targets(cls, cfg: ModelConfig) -> frozenset[int]:
         layers = resolve_options(cls, cfg)["layers"]
         if layers == "all":  # every layer after the source of V_1
             return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
         return target_layers(layers, cfg.n_layers)
 
     @classmethod
-    def has_value_map(cls, cfg, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
         return layer not in cls.targets(cfg)
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         if 0 in cls.targets(cfg):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
@@ -201,7 +243,7 @@ class ValueEmbed(ValuePath):
     description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
     options = dict(layers="every-2", gate_channels=12)
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
@@ -211,23 +253,29 @@ class ValueEmbed(ValuePath):
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
             self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         v = self.w_v(x)
         if self.target:
             b, t, _ = v.shape
             g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
             e = F.embedding(carry.token_ids, self.value_table).view(b, t, self.kv_heads, self.head_dim)
             v = v + (g[..., None] * e).view(b, t, -1)
-        return q, k, v, carry
+        return LayerValues(q, k, v), carry
 
     @torch.no_grad()
-    def init_from_model(self, model) -> None:
+    def init_from_model(self, model: Transformer) -> None:  # noqa: ARG002 (the interface)
         if self.target:
             nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
             nn.init.uniform_(self.gate.weight, 0.0, 0.02)
 
+    @torch.no_grad()
+    def start_at_baseline(self) -> None:
+        if self.target:  # E_v = 0: v = x W_V + g(x) * 0
+            self.value_table.zero_()
+
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         opts = resolve_options(cls, cfg)
         target_layers(opts["layers"], cfg.n_layers)
         if opts["gate_channels"] < 1:

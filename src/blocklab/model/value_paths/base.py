@@ -1,25 +1,45 @@
 """The value-path interface and the helpers its strategies share.
 
-A value path answers, for one layer:
-1. which parameters do I own (a value projection, a table, lambdas, nothing)?
+A value path answers, for one layer, with data rather than callbacks:
+1. which parameters do I own (a value projection, a table, lambdas, nothing)? (`__init__`)
 2. given the normed block input, the queries and keys and the `Carry`, what are V (and, for the
-   baselines that change them, Q and K), and what do I put into the carry for later layers?
-3. what must a KV cache keep (`key_layer`, `value_layer`, `reads_layers`, `values_from_cache`)?
+   baselines that change them, Q, K, keys and values of another layer, an output correction), and
+   what do I put into the carry for later layers? (`forward` returns `LayerValues` and the carry)
+3. what must a KV cache keep? (`key_layer`, `value_layer`, `reads_layers`; and `values_from_cache`
+   maps what it kept to this layer's values)
+4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), how to start
+   from a pretrained baseline (`baseline_options`, `start_at_baseline`, `init_from_baseline`),
+   how a comparison grid's options read at a given depth (`grid_options`), and the titles of its
+   learned scalars in plots (`scalar_titles`).
 
-Strategies override only the hooks they need; everything else defaults to the standard
-Transformer. `options` lists a strategy's settings (set through `ModelConfig.value_path_options`)
-with their defaults.
+`Attention` (model/attention.py) runs the attention itself, always through `blocklab.ops`. State
+that belongs to the whole model (a shared table, depth weights) lives in a `SharedModule` that the
+Transformer runs before the first block and after each block. Strategies override only what they
+need; everything else is the standard Transformer. `options` lists a strategy's settings (set
+through `ModelConfig.value_path_options`) with their defaults.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.linear_maps import make_value_map
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
+    from blocklab.model.transformer import Transformer
+
+VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
+
+
+def is_value_table(name: str) -> bool:
+    """Whether the parameter `name` (e.g. ``blocks.9.attn.values.value_table``) is a value table."""
+    return name.rsplit(".", 1)[-1] == VALUE_TABLE
 
 
 def target_layers(spec: Any, n_layers: int, name: str = "layers") -> frozenset[int]:
@@ -51,19 +71,33 @@ def target_layers(spec: Any, n_layers: int, name: str = "layers") -> frozenset[i
     return layers
 
 
+@dataclass
+class LayerValues:
+    """What a value path gives its attention layer for the current tokens."""
+
+    q: Tensor  # (B, H, T, D) queries
+    k: Tensor  # (B, H_kv, T, D) keys
+    v: Tensor  # (B, T, kv_dim) values
+    # keys and values (B, H_kv, T, D) of another layer, attended alongside (cross-layer attention);
+    # while decoding the cache supplies them for every visible position instead
+    other_kv: tuple[Tensor, Tensor] | None = None
+    offset: Tensor | None = None  # (B, T, kv_dim) added to the attention output (NeuTRENO)
+
+
 class ValuePath(nn.Module):
     """The standard Transformer value path: V_n = H_{n-1} W^V_n (Simplifying, Eq. 2).
 
     W^V is linear, the identity or reparameterised (Eq. 6), as `value_form` says.
     """
 
-    description = "each layer projects its own values, V_n = H_{n-1} W^V_n"
-    options: dict[str, Any] = {}
+    description: ClassVar[str] = "each layer projects its own values, V_n = H_{n-1} W^V_n"
+    options: ClassVar[dict[str, Any]] = {}
+    scalar_titles: ClassVar[dict[str, str]] = {}  # learned scalar (parameter name) -> plot title
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
         self.opts = resolve_options(type(self), cfg)
@@ -71,25 +105,24 @@ class ValuePath(nn.Module):
         # key_layer: the layer whose cached keys this layer attends over (itself unless it owns none);
         # value_layer: the layer whose cached values `values_from_cache` maps to this layer's values
         #   (itself when it caches values; None: the values are a function of the token ids);
-        # reads_layers: further layers whose cached keys and values `attend` reads.
+        # reads_layers: at most one further layer whose cached keys and values it also attends over.
         self.key_layer: int = layer
         self.value_layer: int | None = layer
         self.reads_layers: tuple[int, ...] = ()
 
     @staticmethod
-    def make_value_map(cfg, layer: int) -> nn.Module:
+    def make_value_map(cfg: ModelConfig, layer: int) -> nn.Module:
         return make_value_map(cfg.value_form_of(layer), cfg)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor, carry: Carry
-                ) -> tuple[Tensor, Tensor, Tensor, Carry]:
-        """Return (q, k, v, carry): q, k as (B, H, T, D) heads, v as (B, T, kv_dim)."""
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        """This layer's values (and Q, K) for the current tokens, and the carry for later layers.
+
+        x: the normed block input (B, T, d); q, k: (B, H, T, D) heads after QK-norm and RoPE (k is
+        None in a layer that owns no keys).
+        """
         raise NotImplementedError
 
-    def attend(self, attn: nn.Module, q: Tensor, k: Tensor, v: Tensor, carry: Carry) -> Tensor:
-        """Attention over (B, H, T, D) heads; a strategy may change which keys and values it sees."""
-        return attn.attend(q, k, v, carry.cache)
-
-    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         """This layer's values (B, T, kv_dim) at the cached positions, from what the cache holds.
 
         `source` is the cached values of `value_layer` (B, T, kv_dim), or the token ids (B, T) when
@@ -98,45 +131,87 @@ class ValuePath(nn.Module):
         """
         return source
 
-    def correct(self, y: Tensor, v: Tensor, carry: Carry) -> Tensor:
-        """A token-wise correction of the attention output y (B, H, T, D) (NeuTRENO)."""
-        return y
+    # -- starting from a pretrained baseline (interop/retrofitting.py) -----------------------------
+    @classmethod
+    def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG003
+        """Options under which this variant starts where the baseline is (the caller's `given` win)."""
+        return given
 
-    def after_block(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        """Act on the block output (DenseFormer)."""
-        return x, carry
+    def start_at_baseline(self) -> None:
+        """Set new parameters so that this layer computes what the baseline computed."""
 
-    def init_from_model(self, model: nn.Module) -> None:
+    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+        """Initialise from the pretrained baseline's weights (Bank of Values' tables from its W^V)."""
+
+    def init_from_model(self, model: Transformer) -> None:
         """Initialisation that needs other parts of the model (Bank of Values' tables)."""
 
+    # -- rules read by the rest of blocklab ----------------------------------------------------------
     @classmethod
-    def make_shared(cls, cfg) -> nn.Module | None:
-        """A model-level module whose forward(carry) -> carry runs before the first block."""
+    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:  # noqa: ARG003
+        """The model-level module of this value path, if it has one."""
         return None
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         """Raise ConfigError for combinations that make no sense."""
 
     @classmethod
-    def has_value_map(cls, cfg, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:  # noqa: ARG003
         """Whether `layer` owns a value projection W^V (False: SVFormer, CLA followers, BoV targets).
 
         Read by validation: tied reparameterised inits need W_V in every layer.
         """
         return True
 
+    @classmethod
+    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:  # noqa: ARG003
+        """`options` as a comparison grid means them for a model of `n_layers` (compare.py)."""
+        return options
+
+
+class SharedModule(nn.Module):
+    """The model-level module of a value path: parameters read by every layer (a shared table,
+    adaptive weights, depth weights). The Transformer runs `before_blocks` once per forward pass
+    and `after_block` after every block, outside the blocks, so per-block FSDP and compile hold."""
+
+    def before_blocks(self, carry: Carry) -> Carry:
+        return carry
+
+    def after_block(self, layer: int, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:  # noqa: ARG002
+        return x, carry
+
+    def start_at_baseline(self) -> None:
+        """See `ValuePath.start_at_baseline`."""
+
+    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+        """See `ValuePath.init_from_baseline`."""
+
+    def init_from_model(self, model: Transformer) -> None:
+        """See `ValuePath.init_from_model`."""
+
+    def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
+        """Rename, in place, the keys of weights saved under an older layout (`prefix`: the model's)."""
+
+
+def value_map(path: ValuePath) -> nn.Module | None:
+    """The value projection W^V that `path` keeps as ``w_v`` (None in a layer that owns none)."""
+    w_v = path.w_v  # set by each strategy, so typed only as nn.Module.__getattr__ types attributes
+    assert w_v is None or isinstance(w_v, nn.Module)
+    return w_v
+
 
 class StandardValues(ValuePath):
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
-    def forward(self, x, q, k, carry):
-        return q, k, self.w_v(x), carry
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        return LayerValues(q, k, self.w_v(x)), carry
 
 
-def resolve_options(cls: type[ValuePath], cfg) -> dict[str, Any]:
+def resolve_options(cls: type[ValuePath], cfg: ModelConfig) -> dict[str, Any]:
     given = dict(cfg.value_path_options)
     unknown = set(given) - set(cls.options)
     if unknown:
@@ -150,7 +225,7 @@ def resolve_options(cls: type[ValuePath], cfg) -> dict[str, Any]:
     return {**cls.options, **given}
 
 
-def _check_option_type(cfg, name: str, value: Any, default: Any) -> None:
+def _check_option_type(cfg: ModelConfig, name: str, value: Any, default: Any) -> None:
     """An option takes values of its default's type (ints pass for floats; `layers` is checked later)."""
     if name == "layers" or default is None:
         return

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+import re
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
 
 from blocklab import ops
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
+from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import ValuePath, resolve_options
+from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, resolve_options
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
 
 
-def _heads(v: Tensor, head_dim: int) -> Tensor:
-    b, t, _ = v.shape
-    return v.view(b, t, -1, head_dim).transpose(1, 2)
+def _given(value: Tensor | None) -> Tensor:
+    assert value is not None, "an earlier layer fills this field of the carry"
+    return value
 
 
 class NeuTRENO(ValuePath):
@@ -26,23 +31,17 @@ class NeuTRENO(ValuePath):
     description = "NeuTRENO: U_n = (A_n - lambda I) V_n + lambda V_1, lambda = 0.4"
     options = dict(lambda_=0.4)
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_size
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         v = self.w_v(x)
         if self.layer == 0:
-            carry = carry.update(first_values=v)
-        return q, k, v, carry
-
-    def correct(self, y, v, carry):
-        if self.layer == 0:
-            return y
-        delta = _heads(carry.first_values - v, self.head_dim)
-        t = y.shape[-2]
-        return y + self.opts["lambda_"] * ops.expand_kv(delta, self.n_heads)[..., -t:, :]
+            return LayerValues(q, k, v), carry.update(first_values=v)
+        offset = self.opts["lambda_"] * (_given(carry.first_values) - v)
+        return LayerValues(q, k, v, offset=offset), carry
 
 
 class DenseFormer(ValuePath):
@@ -52,37 +51,72 @@ class DenseFormer(ValuePath):
 
     where X_0 is the input of the first block and X_{j} the raw output of block j-1. The weights
     start at 1 on the current output and 0 elsewhere, so at initialisation it is the identity.
+    The values are the standard ones; the weights live in the model-level `DepthWeights`.
     """
 
     description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
     options = dict(dilation=1, period=1)
+    scalar_titles = {"dwa": "DenseFormer weights"}
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        d, p = self.opts["dilation"], self.opts["period"]
-        self.averages = (layer + 1) % p == 0
-        self.sources = [j for j in range(layer + 2) if j % d == (layer + 1) % d]
-        if self.averages:
-            self.dwa = Gain([0.0] * (len(self.sources) - 1) + [1.0], trainable=True)
 
-    def forward(self, x, q, k, carry):
-        return q, k, self.w_v(x), carry
-
-    def after_block(self, x, carry):
-        history = (*(carry.history or (carry.x0,)), x)
-        carry = carry.update(history=history)
-        if self.averages:
-            x = sum(w * history[j] for w, j in zip(self.dwa.gain, self.sources, strict=True))
-        return x, carry
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        return LayerValues(q, k, self.w_v(x)), carry
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def make_shared(cls, cfg: ModelConfig) -> SharedModule:
+        o = resolve_options(cls, cfg)
+        return DepthWeights(cfg.n_layers, o["dilation"], o["period"])
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
         o = resolve_options(cls, cfg)
         for name in ("dilation", "period"):
             if not (isinstance(o[name], int) and o[name] >= 1):
                 raise ConfigError(f"value_path_options[{name!r}] = {o[name]!r} is not allowed: "
                                   "it must be a positive integer.")
+
+
+_OLD_DWA = re.compile(r"blocks\.(\d+)\.attn\.values\.dwa\.gain$")
+
+
+class DepthWeights(SharedModule):
+    """DenseFormer's weights alpha_{i,j}, one `Gain` per averaging block i (``dwa.<i>.gain``); they sit
+    outside the blocks because each reads the outputs of every earlier block."""
+
+    def __init__(self, n_layers: int, dilation: int, period: int):
+        super().__init__()
+        self.sources = {i: [j for j in range(i + 2) if j % dilation == (i + 1) % dilation]
+                        for i in range(n_layers) if (i + 1) % period == 0}
+        self.dwa = nn.ModuleDict({str(i): Gain([0.0] * (len(s) - 1) + [1.0], trainable=True)
+                                  for i, s in self.sources.items()})
+
+    def weights(self, layer: int) -> Tensor:
+        """alpha_{layer, j} over the sources j of the averaging block after `layer`."""
+        gain = self.dwa[str(layer)]
+        assert isinstance(gain, Gain)
+        return gain.param
+
+    def after_block(self, layer: int, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        history = (*(carry.history or (_given(carry.x0),)), x)
+        carry = carry.update(history=history)
+        if layer in self.sources:
+            weights = self.weights(layer)
+            x = weights[0] * history[self.sources[layer][0]]
+            for w, j in zip(weights[1:], self.sources[layer][1:], strict=True):
+                x = x + w * history[j]
+        return x, carry
+
+    def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
+        """Runs written before the weights moved out of the blocks named them
+        ``blocks.<i>.attn.values.dwa.gain``; read those as ``value_shared.dwa.<i>.gain``."""
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            match = _OLD_DWA.fullmatch(key[len(prefix):])
+            if match:
+                state_dict[f"{prefix}value_shared.dwa.{match[1]}.gain"] = state_dict.pop(key)
 
 
 class CrossLayerKV(ValuePath):
@@ -95,30 +129,36 @@ class CrossLayerKV(ValuePath):
     description = "CLA: K and V shared by consecutive groups of k layers (default 2)"
     options = dict(group=2)
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.leader = self.has_value_map(cfg, layer)
         self.owns_keys = self.caches_values = self.leader
         self.key_layer = self.value_layer = layer - layer % self.opts["group"]  # one cache entry per group
         self.w_v = self.make_value_map(cfg, layer) if self.leader else None
 
-    def forward(self, x, q, k, carry):
-        if self.leader:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        if self.w_v is not None:
+            assert k is not None
             v = self.w_v(x)
-            return q, k, v, carry.update(shared_kv=(k, v))
-        k, v = carry.shared_kv
-        return q, k, v, carry
+            return LayerValues(q, k, v), carry.update(shared_kv=(k, v))
+        k, v = _given_pair(carry.shared_kv)
+        return LayerValues(q, k, v), carry
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         group = resolve_options(cls, cfg)["group"]
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")
 
     @classmethod
-    def has_value_map(cls, cfg, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
         return layer % resolve_options(cls, cfg)["group"] == 0  # the group's leader
+
+
+def _given_pair(pair: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    assert pair is not None, "the group's leader runs first and fills the carry"
+    return pair
 
 
 class CrossLayerAttention(ValuePath):
@@ -126,42 +166,29 @@ class CrossLayerAttention(ValuePath):
 
         U_n = softmax(Q_n [K_n; K_m]^T / sqrt(d)) [V_n; V_m],   m = the first layer,
 
-    each half under the same mask. It costs about twice the attention of Eq. (1).
+    each half under the same mask (`ops.cross_layer_attention`). It costs about twice the attention
+    of Eq. (1). While decoding, the cache supplies layer 0's keys and values (`reads_layers`).
     """
 
     description = "cross-layer attention (Eq. 2): attend over the concatenated K, V of layer 1"
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         self.head_dim = cfg.head_size
         self.key_sets = 1 if layer == 0 else 2
         self.reads_layers = () if layer == 0 else (0,)
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         v = self.w_v(x)
         if self.layer == 0:
-            carry = carry.update(first_keys=k, first_values=v)
-        return q, k, v, carry
-
-    def attend(self, attn, q, k, v, carry):
-        if self.layer == 0:
-            return attn.attend(q, k, v, carry.cache)
-        if carry.cache is None:
-            first_k, first_v = carry.first_keys, _heads(carry.first_values, self.head_dim)
-        else:  # layer 0's cached keys and values at the positions this layer sees
-            first_k, first_v = carry.cache.read_layer(0, k.shape[-2])
-        keys = torch.cat((k, first_k), dim=-2)
-        values = torch.cat((v, first_v), dim=-2)
-        t_q, t_k = q.shape[-2], k.shape[-2]
-        mask = ops.attention_mask(t_q, t_k, attn.causal, attn.window, q.device)
-        if mask is not None:
-            mask = torch.cat((mask, mask), dim=-1)
-        gqa = keys.shape[-3] != q.shape[-3]
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+            return LayerValues(q, k, v), carry.update(first_keys=k, first_values=v)
+        first = (_given(carry.first_keys), ops.split_heads(_given(carry.first_values), self.head_dim))
+        return LayerValues(q, k, v, other_kv=first), carry
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")

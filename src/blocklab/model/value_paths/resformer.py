@@ -12,13 +12,24 @@ V_1 is layer 0's value.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
+from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import ValuePath, resolve_options, target_layers
+from blocklab.model.value_paths.base import (
+    LayerValues,
+    SharedModule,
+    ValuePath,
+    resolve_options,
+    target_layers,
+)
+
+if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
 
 RESIDUAL_TARGETS = ("value", "query", "key")
 
@@ -35,8 +46,10 @@ class ValueResidual(ValuePath):
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
     options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
                    residual_on="value")
+    scalar_titles = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
+                     "lambda2": "ResFormer lambda_2 (weight on V_n)"}
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
@@ -46,13 +59,14 @@ class ValueResidual(ValuePath):
             self.lambda1 = self.make_lambda1(cfg, layer)
             self.lambda2 = Gain(o["lambda2"], o["learnable"])
 
-    def make_lambda1(self, cfg, layer: int) -> nn.Module:
+    def make_lambda1(self, cfg: ModelConfig, layer: int) -> nn.Module:  # noqa: ARG002 (overridden)
         return Gain(self.opts["lambda1"], self.opts["learnable"])
 
-    def source_weight(self, v1: Tensor, carry) -> Tensor:
-        return self.lambda1(v1)
+    def source_weight(self, first: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
+        return self.lambda1(first)
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         v = self.w_v(x)
         on = self.opts["residual_on"]
         if self.is_source:
@@ -61,15 +75,21 @@ class ValueResidual(ValuePath):
             carry = carry.update(**{first[0]: first[1]})
         elif self.mixes:
             if on == "value":
-                v = self.source_weight(carry.first_values, carry) + self.lambda2(v)
+                v = self.source_weight(_given(carry.first_values), carry) + self.lambda2(v)
             elif on == "query":
-                q = self.source_weight(carry.first_queries, carry) + self.lambda2(q)
+                q = self.source_weight(_given(carry.first_queries), carry) + self.lambda2(q)
             else:
-                k = self.source_weight(carry.first_keys, carry) + self.lambda2(k)
-        return q, k, v, carry
+                k = self.source_weight(_given(carry.first_keys), carry) + self.lambda2(k)
+        return LayerValues(q, k, v), carry
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:
+        """Learnable lambdas start at lambda_1 = 0, lambda_2 = 1: V'_n = 0 V_1 + 1 V_n = V_n."""
+        learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
+        return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
         o = resolve_options(cls, cfg)
         if o["residual_on"] not in RESIDUAL_TARGETS:
             raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
@@ -101,7 +121,12 @@ class LearnableResFormer(ValueResidual):
     options = dict(ValueResidual.options, learnable=True)
 
 
-class AdaptiveSourceWeights(nn.Module):
+def _given(first: Tensor | None) -> Tensor:
+    assert first is not None, "the source layer runs first and fills the carry"
+    return first
+
+
+class AdaptiveSourceWeights(SharedModule):
     """lambda_{n,1} = lambda * softmax(lambda')_n over the mixing layers (ResFormer Plus).
 
     Our reading of the paper's adaptive initialisation: lambda starts at the layer count N and the
@@ -115,33 +140,36 @@ class AdaptiveSourceWeights(nn.Module):
         self.scale = Gain(float(n_layers), trainable=True)
         self.logits = Gain([math.log(layer + 1) for layer in layers], trainable=True)
 
-    def forward(self, carry):
-        weights = self.scale.gain * torch.softmax(self.logits.gain, dim=0)
-        return carry.update(shared={**carry.shared, "source_weights": weights})
+    def before_blocks(self, carry: Carry) -> Carry:
+        return carry.update(source_weights=self.scale.param * torch.softmax(self.logits.param, dim=0))
+
+    @torch.no_grad()
+    def start_at_baseline(self) -> None:
+        self.scale.param.zero_()  # lambda = 0: no V_1 anywhere
 
 
 class LearnableResFormerPlus(LearnableResFormer):
     description = ("Learnable-ResFormer Plus: lambda_{n,1} = lambda softmax(lambda')_n with an "
                    "adaptive initialisation that gives deeper layers more V_1")
 
-    def make_lambda1(self, cfg, layer: int) -> nn.Module:
-        return nn.Identity()  # the weight comes from the shared module through the carry
-
-    def source_weight(self, v1, carry):
-        weights = carry.shared["source_weights"]
-        return weights[self._mix_index] * v1
-
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self._mix_index = _mixing_layers(self.opts, cfg).index(layer) if self.mixes else -1
 
+    def make_lambda1(self, cfg: ModelConfig, layer: int) -> nn.Module:  # noqa: ARG002 (an override)
+        return nn.Identity()  # the weight comes from the shared module through the carry
+
+    def source_weight(self, first: Tensor, carry: Carry) -> Tensor:
+        assert carry.source_weights is not None
+        return carry.source_weights[self._mix_index] * first
+
     @classmethod
-    def make_shared(cls, cfg) -> nn.Module:
+    def make_shared(cls, cfg: ModelConfig) -> SharedModule:
         opts = resolve_options(cls, cfg)
         return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
 
 
-def _mixing_layers(opts, cfg) -> list[int]:
+def _mixing_layers(opts: dict[str, Any], cfg: ModelConfig) -> list[int]:
     return sorted(i for i in target_layers(opts["layers"], cfg.n_layers) if i > opts["source"])
 
 
@@ -152,22 +180,32 @@ class DenseResFormer(ValuePath):
     """
 
     description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
+    scalar_titles = {"lambdas": "Dense-ResFormer lambdas"}
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         if layer > 0:
             init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
             self.lambdas = Gain(init, trainable=True)
 
-    def forward(self, x, q, k, carry):
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
         v = self.w_v(x)
         raw = (*carry.values, v)
         carry = carry.update(values=raw)
         if self.layer > 0:
-            w = self.lambdas.gain
-            v = sum(w[i] * vi for i, vi in enumerate(raw))
-        return q, k, v, carry
+            w = self.lambdas.param
+            v = w[0] * raw[0]
+            for i in range(1, len(raw)):
+                v = v + w[i] * raw[i]
+        return LayerValues(q, k, v), carry
+
+    @torch.no_grad()
+    def start_at_baseline(self) -> None:
+        if self.layer > 0:  # lambda_{n,n} = 1, every earlier lambda 0: V'_n = V_n
+            self.lambdas.param.zero_()
+            self.lambdas.param[-1] = 1.0
 
 
 class SVFormer(ValuePath):
@@ -180,7 +218,7 @@ class SVFormer(ValuePath):
     description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
     options = dict(anchors=[])
 
-    def __init__(self, cfg, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.projects = self.has_value_map(cfg, layer)
         self.caches_values = self.projects
@@ -188,19 +226,20 @@ class SVFormer(ValuePath):
         self.value_layer = max(a for a in (0, *self.opts["anchors"]) if a <= layer)
         self.w_v = self.make_value_map(cfg, layer) if self.projects else None
 
-    def forward(self, x, q, k, carry):
-        if self.projects:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        if self.w_v is not None:  # a projecting layer
             v = self.w_v(x)
-            return q, k, v, carry.update(first_values=v)
-        return q, k, carry.first_values, carry
+            return LayerValues(q, k, v), carry.update(first_values=v)
+        return LayerValues(q, k, _given(carry.first_values)), carry
 
     @classmethod
-    def validate(cls, cfg) -> None:
+    def validate(cls, cfg: ModelConfig) -> None:
         anchors = resolve_options(cls, cfg)["anchors"]
         if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
 
     @classmethod
-    def has_value_map(cls, cfg, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
         return layer == 0 or layer in resolve_options(cls, cfg)["anchors"]

@@ -1,0 +1,180 @@
+"""The package's structure (docs/architecture.md): the import layers, and its worked example of adding
+a value path, run as written in the docs."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import blocklab
+from blocklab import ConfigError, ModelConfig, Transformer
+from blocklab.model.value_paths import VALUE_PATHS, ValuePath
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "blocklab"
+# Below config.py: these may import only each other (and torch, the standard library).
+BOTTOM = ("blocklab.errors", "blocklab.configbase", "blocklab.ops", "blocklab.model")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _runtime_imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The blocklab modules a file imports when it runs (at any depth, so lazy imports count too),
+    leaving out the `if TYPE_CHECKING:` blocks that only annotations read."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from blocklab import ops` imports the module blocklab.ops
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    modules = set(files)
+    return {name: _runtime_imports(ast.parse(path.read_text()), modules) - {name}
+            for name, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_import_graph_has_no_circle():
+    graph = import_graph()
+    assert "blocklab.model.value_paths.base" in graph and "blocklab.errors" in graph["blocklab.config"]
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def _below_config(name: str) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in BOTTOM)
+
+
+def test_nothing_below_config_imports_from_above():
+    graph = import_graph()
+    up = {(m, dep) for m, deps in graph.items() if _below_config(m) for dep in deps if not _below_config(dep)}
+    assert not up, f"imports that run back up the layers: {sorted(up)}"
+    assert not graph["blocklab.errors"] and graph["blocklab.configbase"] == {"blocklab.errors"}
+
+
+# -- the worked example of docs/architecture.md ---------------------------------------------------
+def worked_example() -> type[ValuePath]:
+    """Execute the example's code block exactly as the docs show it."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"<!-- worked-example:begin -->\s*```python\n(.*?)```\s*<!-- worked-example:end -->",
+                      text, re.S)
+    assert block, "docs/architecture.md lost its worked example"
+    namespace: dict = {"__name__": "blocklab.model.value_paths.scaled"}
+    exec(compile(block[1], "docs/architecture.md", "exec"), namespace)
+    return namespace["ScaledValues"]
+
+
+@pytest.fixture
+def scaled(monkeypatch):
+    """The example registered as the docs say: one registry line."""
+    cls = worked_example()
+    monkeypatch.setitem(VALUE_PATHS, "scaled-values", cls)
+    return cls
+
+
+SIZES = dict(n_layers=3, d_model=16, n_heads=4, n_kv_heads=2, vocab_size=31, context_length=12, mlp_hidden=24)
+
+
+def _perturbed(cfg: ModelConfig, seed: int) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(cfg).double()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # away from initialisation, where s_n = 1 would hide a missing scale
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def test_worked_example_matches_a_baseline_with_scaled_value_weights(scaled):
+    """V_n = s_n H W^V_n equals a standard model whose W^V_n is multiplied by s_n (an independent
+    reference: the baseline's own attention and nothing of the example's code)."""
+    cfg = ModelConfig.from_preset("pre-ln+scaled-values", "tiny", **SIZES,
+                                  value_path_options=dict(scale=0.5, layers=[1, 2]))
+    model = _perturbed(cfg, seed=3)
+    scales = {i: model.blocks[i].attn.values.scale.gain.item() for i in (1, 2)}
+    assert all(abs(s - 0.5) > 1e-3 for s in scales.values())  # moved from the option's 0.5
+    assert model.blocks[0].attn.values.scale is None
+
+    baseline = Transformer(cfg.replace(value_path="standard", value_path_options={})).double()
+    state = {k: v for k, v in model.state_dict().items() if not k.endswith("scale.gain")}
+    for i, s in scales.items():
+        state[f"blocks.{i}.attn.values.w_v.weight"] = s * state[f"blocks.{i}.attn.values.w_v.weight"]
+    baseline.load_state_dict(state)
+    ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), baseline(ids), rtol=0, atol=1e-12)
+
+
+def test_worked_example_decodes_with_a_cache_trains_and_checks_its_options(scaled):
+    cfg = ModelConfig.from_preset("sas-p+scaled-values", "tiny", **{**SIZES, "n_kv_heads": None},
+                                  value_path_options=dict(scale=2.0))
+    model = _perturbed(cfg, seed=5)
+    ids = torch.randint(0, 31, (2, 10), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids)
+        cache = model.new_cache(2, 10)
+        steps = [model(ids[:, :6], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(6, 10)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-10)
+
+    model(ids).logsumexp(-1).sum().backward()
+    assert all(model.blocks[i].attn.values.scale.gain.grad.abs().item() > 0 for i in range(3))
+    assert blocklab.list_presets()["value_paths"]["scaled-values"] == scaled.description
+
+    with pytest.raises(ConfigError, match="scale'] = 0 is not allowed"):
+        ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale=0.0))
+    with pytest.raises(ConfigError, match="does not take"):
+        ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(sclae=2.0))
+    with pytest.raises(ConfigError, match="must be float"):
+        ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale="big"))
