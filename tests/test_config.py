@@ -191,3 +191,64 @@ def test_reparam_tie_with_a_value_path_that_drops_w_v_names_the_tie_the_path_and
                                            proj_form="reparam", reparam_tie=tie))
     for text in ("reparam_tie", repr(tie), "'svformer'", "layers [1, 2]"):
         assert text in message, f"{text!r} not in {message!r}"
+
+
+# -- one base for every config class (blocklab.configbase) -----------------------------------------------
+def _base_configs():
+    from blocklab.data import DataConfig
+    from blocklab.finetune.loop import FinetuneConfig
+    from blocklab.training import TrainConfig
+    from blocklab.training.optim import OptimConfig
+
+    data = DataConfig(tokenizer="byte", hf_kwargs={"split": "train"}, max_chars=1000, objective="mlm")
+    optim = OptimConfig(name="muon", betas=(0.8, 0.9), lr_head=1e-2, warmup_steps=3)
+    return {  # class: (a non-default instance, a misspelt field, the field it should suggest, a bad value)
+        ModelConfig: (CONFIGS["non-default"], "n_layer", "n_layers", {"n_layers": -1}),
+        DataConfig: (data, "tokeniser", "tokenizer", {"val_fraction": 2.0}),
+        OptimConfig: (optim, "weight_decy", "weight_decay", {"lr": -1.0}),
+        TrainConfig: (TrainConfig(max_steps=5, data=data, optim=optim, model={"n_layers": 2}, seq_len=64),
+                      "max_step", "max_steps", {"batch_size": 0}),
+        FinetuneConfig: (FinetuneConfig(text_columns=("a", "b"), label_names=("x", "y"), betas=(0.9, 0.99),
+                                        max_steps=3), "epoch", "epochs", {"dropout": 1.5}),
+    }
+
+
+BASE_CONFIGS = _base_configs()
+
+
+@pytest.mark.parametrize("cls", list(BASE_CONFIGS), ids=lambda c: c.__name__)
+def test_unknown_keyword_names_the_class_and_the_close_field(cls):
+    cfg, typo, suggestion, _ = BASE_CONFIGS[cls]
+    for build in (lambda: cls(**{typo: 1}), lambda: cls.from_dict({typo: 1}),
+                  lambda: cfg.replace(**{typo: 1})):
+        message = error_of(build)  # a ConfigError, not the TypeError of a bare dataclass
+        assert f"unknown {cls.__name__} field {typo!r}" in message and f"Did you mean {suggestion}" in message
+    assert f"{cls.__name__} field 'bogus'" in error_of(lambda: cls(bogus=1))
+
+
+@pytest.mark.parametrize("cls", list(BASE_CONFIGS), ids=lambda c: c.__name__)
+def test_dict_round_trip_through_json_and_yaml(cls):
+    cfg = BASE_CONFIGS[cls][0]
+    data = cfg.to_dict()
+    assert cls.from_dict(data) == cfg
+    assert cls.from_dict(json.loads(json.dumps(data))) == cfg
+    assert cls.from_dict(yaml.safe_load(yaml.safe_dump(data))) == cfg  # plain data: safe_dump takes it
+
+
+@pytest.mark.parametrize("cls", list(BASE_CONFIGS), ids=lambda c: c.__name__)
+def test_replace_validates_and_names_the_class(cls):
+    cfg, _, _, bad = BASE_CONFIGS[cls]
+    [(name, value)] = bad.items()
+    message = error_of(lambda: cfg.replace(**bad))
+    assert name in message
+    if cls is not ModelConfig:  # ModelConfig's checks are its own (blocklab.validation)
+        assert f"{cls.__name__}.{name} = {value!r} is not allowed" in message
+
+
+def test_train_config_yaml_keeps_lists_and_nested_sections():
+    from blocklab.training import TrainConfig
+
+    cfg = BASE_CONFIGS[TrainConfig][0]
+    data = yaml.safe_load(cfg.to_yaml())
+    assert data["optim"]["betas"] == [0.8, 0.9] and data["data"]["hf_kwargs"] == {"split": "train"}
+    assert TrainConfig.from_dict(data) == cfg

@@ -4,6 +4,7 @@
     results = diagnose_run("runs/x", "runs/x/diagnostics")  # the same for a run directory, written
     write_report(results, "out/", metrics_path)   # diagnostics.json, *.png, summary.md
     compare_reports(results_a, results_b, "cmp/", labels=("pre-ln", "resformer"))
+    compare_runs("runs/a", "runs/b", "cmp/")      # diagnose two runs alike and overlay them
     plot_scalars("run/metrics.jsonl", "scalars.png")
 
 See docs/diagnostics.md.
@@ -12,7 +13,7 @@ See docs/diagnostics.md.
 from blocklab.analysis.capture import LayerTrace, diagnostic_mode, trace
 from blocklab.analysis.diagnose import diagnose
 from blocklab.analysis.report import compare_reports, plot_scalars, write_report
-from blocklab.analysis.run import diagnose_run, held_out_windows
+from blocklab.analysis.run import compare_runs, diagnose_run, held_out_windows
 from blocklab.analysis.scalars import read_metrics, scalar_series
 from blocklab.analysis.stats import (
     importance_entropy,
@@ -25,7 +26,7 @@ from blocklab.analysis.stats import (
 
 compare = compare_reports  # the name used in the issue
 
-__all__ = ["LayerTrace", "compare", "compare_reports", "diagnose", "diagnose_run", "diagnostic_mode",
-           "held_out_windows", "importance_entropy", "normalized_spectrum", "plot_scalars", "read_metrics",
-           "scalar_series", "token_importance", "token_norms", "token_similarity", "trace", "value_spectrum",
-           "write_report"]
+__all__ = ["LayerTrace", "compare", "compare_reports", "compare_runs", "diagnose", "diagnose_run",
+           "diagnostic_mode", "held_out_windows", "importance_entropy", "normalized_spectrum", "plot_scalars",
+           "read_metrics", "scalar_series", "token_importance", "token_norms", "token_similarity", "trace",
+           "value_spectrum", "write_report"]

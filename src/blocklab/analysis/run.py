@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from blocklab.analysis.diagnose import diagnose
+from blocklab.errors import ConfigError
 
 # "window": every seq_len tokens from the start of the split (the validation windows' inputs);
 # "document": at the first token of each document (after the end-of-text separator);
@@ -79,3 +80,25 @@ def diagnose_run(run_dir: str | Path, out_dir: str | Path | None = None, batches
         metrics = Path(run_dir) / "metrics.jsonl"
         write_report(results, out_dir, metrics_path=metrics if metrics.is_file() else None)
     return results
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path, **options: Any) -> list[Path]:
+    """`diagnose_run` two runs alike (`options`: batches, layers, heads, device, map_tokens, start) and
+    overlay them in `out_dir` (`compare_reports`), labelled by their architectures, or by their
+    directories when those are the same. Entropy, importance and similarity depend on the sequence
+    length and the tokens, so the runs must share seq_len and tokenizer (ConfigError otherwise)."""
+    from blocklab.analysis.report import compare_reports
+    from blocklab.data import load_tokenizer
+    from blocklab.training import TrainConfig
+
+    a, b = (TrainConfig.load(Path(r) / "config.yaml") for r in (run_a, run_b))
+    if a.seq_len != b.seq_len:
+        raise ConfigError(f"comparing diagnostics needs two runs with the same seq_len, since entropy, "
+                          f"importance and similarity depend on it: {run_a} has {a.seq_len}, {run_b} has "
+                          f"{b.seq_len}.")
+    if load_tokenizer(run_a).hash != load_tokenizer(run_b).hash:
+        raise ConfigError(f"comparing diagnostics needs two runs with the same tokenizer: {run_a} and "
+                          f"{run_b} differ.")
+    results = [diagnose_run(r, **options) for r in (run_a, run_b)]
+    labels = (a.arch, b.arch) if a.arch != b.arch else (str(run_a), str(run_b))
+    return compare_reports(*results, out_dir, labels=labels)

@@ -8,12 +8,11 @@ with a run can still be read on a machine without its data.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from blocklab.config import ConfigError, check_fields, floats_from_strings
+from blocklab.configbase import ConfigBase, config_dataclass
 
 EMBEDDED = "python-stdlib"
 TOKENIZER_KINDS = ("bpe", "byte")
@@ -21,8 +20,8 @@ OBJECTIVES = ("clm", "mlm")
 N_BYTES = 256
 
 
-@dataclass
-class DataConfig:
+@config_dataclass
+class DataConfig(ConfigBase):
     # -- corpus --------------------------------------------------------------------------------
     # "python-stdlib" (embedded snapshot), a directory, a glob, a text file, a .jsonl file, or
     # "hf:NAME" for `datasets.load_dataset(NAME, **hf_kwargs)`.
@@ -56,23 +55,6 @@ class DataConfig:
     def special_tokens(self) -> tuple[str, str]:
         return (self.eos_token, self.mask_token)
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> DataConfig:
-        check_fields(cls, data)
-        return cls(**floats_from_strings(cls, data))
-
-    def replace(self, **changes: Any) -> DataConfig:
-        return DataConfig.from_dict({**self.to_dict(), **changes})
-
-
-
-
-def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"DataConfig.{name} = {value!r} is not allowed: {allowed}")
-
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -86,41 +68,41 @@ def _validate(cfg: DataConfig) -> None:
     for name in ("source", "text_field", "tokenizer", "eos_token", "mask_token", "objective"):
         value = getattr(cfg, name)
         if not isinstance(value, str) or not value:
-            _fail(name, value, "it must be a non-empty string.")
+            cfg.fail(name, value, "it must be a non-empty string.")
     if cfg.source.startswith("hf:") and not cfg.source[3:]:
-        _fail("source", cfg.source, "name a dataset after 'hf:', e.g. 'hf:json' with "
-              "hf_kwargs={'data_files': 'corpus.jsonl'}.")
+        cfg.fail("source", cfg.source, "name a dataset after 'hf:', e.g. 'hf:json' with "
+                 "hf_kwargs={'data_files': 'corpus.jsonl'}.")
     if not isinstance(cfg.hf_kwargs, dict):
-        _fail("hf_kwargs", cfg.hf_kwargs, "it must be a dict of datasets.load_dataset keyword arguments.")
+        cfg.fail("hf_kwargs", cfg.hf_kwargs, "it must be a dict of datasets.load_dataset keyword arguments.")
     looks_like_path = cfg.tokenizer.endswith(".json") or os.sep in cfg.tokenizer or "/" in cfg.tokenizer \
         or os.path.isdir(cfg.tokenizer)
     if cfg.tokenizer not in TOKENIZER_KINDS and not looks_like_path:
-        _fail("tokenizer", cfg.tokenizer, "choose 'bpe', 'byte', or give the path of a tokenizer.json "
-              "file (or of a directory holding one).")
+        cfg.fail("tokenizer", cfg.tokenizer, "choose 'bpe', 'byte', or give the path of a tokenizer.json "
+                 "file (or of a directory holding one).")
     n_special = len(set(cfg.special_tokens))
     if n_special != 2:
-        _fail("mask_token", cfg.mask_token, "the mask token must differ from eos_token.")
+        cfg.fail("mask_token", cfg.mask_token, "the mask token must differ from eos_token.")
     if not _is_int(cfg.vocab_size) or cfg.vocab_size < N_BYTES + n_special:
-        _fail("vocab_size", cfg.vocab_size, f"it must be an integer >= {N_BYTES + n_special} "
-              "(256 byte symbols plus the special tokens).")
+        cfg.fail("vocab_size", cfg.vocab_size, f"it must be an integer >= {N_BYTES + n_special} "
+                 "(256 byte symbols plus the special tokens).")
     for name in ("max_chars", "bpe_train_chars"):
         value = getattr(cfg, name)
         if value is not None and (not _is_int(value) or value <= 0):
-            _fail(name, value, "it must be a positive integer or None.")
+            cfg.fail(name, value, "it must be a positive integer or None.")
     if not _is_int(cfg.bpe_min_frequency) or cfg.bpe_min_frequency < 1:
-        _fail("bpe_min_frequency", cfg.bpe_min_frequency, "it must be an integer >= 1.")
+        cfg.fail("bpe_min_frequency", cfg.bpe_min_frequency, "it must be an integer >= 1.")
     if not _is_number(cfg.val_fraction) or not 0.0 <= cfg.val_fraction < 1.0:
-        _fail("val_fraction", cfg.val_fraction, "it must be a number in [0, 1).")
+        cfg.fail("val_fraction", cfg.val_fraction, "it must be a number in [0, 1).")
     if cfg.objective not in OBJECTIVES:
-        _fail("objective", cfg.objective, f"choose one of {', '.join(map(repr, OBJECTIVES))}.")
+        cfg.fail("objective", cfg.objective, f"choose one of {', '.join(map(repr, OBJECTIVES))}.")
     if not _is_number(cfg.mask_prob) or not 0.0 < cfg.mask_prob < 1.0:
-        _fail("mask_prob", cfg.mask_prob, "it must be a number in (0, 1).")
+        cfg.fail("mask_prob", cfg.mask_prob, "it must be a number in (0, 1).")
     for name in ("mask_token_frac", "random_token_frac"):
         value = getattr(cfg, name)
         if not _is_number(value) or not 0.0 <= value <= 1.0:
-            _fail(name, value, "it must be a number in [0, 1].")
+            cfg.fail(name, value, "it must be a number in [0, 1].")
     if cfg.mask_token_frac + cfg.random_token_frac > 1.0 + 1e-12:
-        _fail("random_token_frac", cfg.random_token_frac,
-              f"mask_token_frac + random_token_frac must be <= 1 (mask_token_frac = {cfg.mask_token_frac}).")
+        cfg.fail("random_token_frac", cfg.random_token_frac, "mask_token_frac + random_token_frac must be "
+                 f"<= 1 (mask_token_frac = {cfg.mask_token_frac}).")
     if cfg.cache_dir is not None and (not isinstance(cfg.cache_dir, str) or not cfg.cache_dir):
-        _fail("cache_dir", cfg.cache_dir, "it must be a directory path or None.")
+        cfg.fail("cache_dir", cfg.cache_dir, "it must be a directory path or None.")

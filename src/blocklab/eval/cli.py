@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 
 
 def add_parsers(sub) -> None:

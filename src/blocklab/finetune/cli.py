@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 
 
 def add_parsers(sub) -> None:
@@ -46,7 +47,7 @@ OPTIONS = ("epochs", "batch_size", "lr", "warmup_fraction", "weight_decay", "dro
 
 
 def cmd_finetune(args: argparse.Namespace) -> None:
-    from blocklab.finetune.loop import finetune
+    from blocklab.finetune.loop import finetune, finetune_dir
 
     hp = {name: getattr(args, name) for name in OPTIONS if getattr(args, name) is not None}
     for name in ("text_columns", "label_names"):
@@ -59,5 +60,4 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         raise ConfigError(str(err)) from None
     for name, value in metrics.items():
         print(f"{name:<10} {value:.4f}")
-    out = args.out or f"{args.run}/finetune/{args.task}"
-    print(f"metrics: {out}/metrics.json")
+    print(f"metrics: {Path(args.out or finetune_dir(args.run, args.task)) / 'metrics.json'}")

@@ -16,18 +16,17 @@ after the last epoch (no selection on the evaluation set).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from blocklab.config import ConfigError, check_fields
+from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.errors import ConfigError
 from blocklab.finetune.model import POOLINGS, SequenceClassifier, encode_example
 from blocklab.finetune.tasks import (
     Example,
@@ -43,8 +42,8 @@ from blocklab.training.optim import OptimConfig, build_optimizers, clip_grad_nor
 from blocklab.training.schedules import lr_factor
 
 
-@dataclass
-class FinetuneConfig:
+@config_dataclass
+class FinetuneConfig(ConfigBase):
     epochs: int = 5
     batch_size: int = 32
     lr: float = 1.5e-4
@@ -80,15 +79,10 @@ class FinetuneConfig:
                            weight_decay=self.weight_decay, grad_clip=self.grad_clip, schedule="cosine",
                            warmup_fraction=self.warmup_fraction, final_lr_fraction=self.final_lr_fraction)
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FinetuneConfig:
-        check_fields(cls, data)
-        return cls(**data)
-
 
 def _validate(cfg: FinetuneConfig) -> None:
     def fail(name: str, allowed: str) -> None:
-        raise ConfigError(f"fine-tuning option {name} = {getattr(cfg, name)!r} is not allowed: {allowed}")
+        cfg.fail(name, getattr(cfg, name), allowed)
 
     for name in ("epochs", "batch_size", "eval_batch_size"):
         value = getattr(cfg, name)
@@ -152,6 +146,11 @@ def prepare_encoder(run_dir: str | Path, cfg: FinetuneConfig):
     encoder.load_state_dict(run.model.state_dict())
     pooling = cfg.pooling or ("last" if model_cfg.causal else "first")
     return encoder, run.tokenizer, pooling
+
+
+def finetune_dir(run_dir: str | Path, task: str) -> Path:
+    """Where `finetune` writes a task's results unless given `out_dir`: ``run_dir/finetune/<task>``."""
+    return Path(run_dir) / "finetune" / task
 
 
 def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path, task: str,
@@ -219,7 +218,7 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
             break
     bar.close()
     metrics = {k: v for k, v in history[-1].items() if k not in ("epoch", "step", "train_loss")}
-    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "finetune" / spec.name
+    out = Path(out_dir) if out_dir is not None else finetune_dir(run_dir, spec.name)
     out.mkdir(parents=True, exist_ok=True)
     record = {"task": spec.name, "run": str(run_dir), "train_file": str(train_file),
               "eval_file": str(eval_file), "metrics": metrics, "history": history,
@@ -227,7 +226,7 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
               "max_length": max_length, "train_examples": len(train_examples),
               "eval_examples": len(eval_examples), "steps": step, "warmup_steps": optim_cfg.warmup_steps,
               "time_s": time.perf_counter() - start,
-              "config": dataclasses.asdict(cfg)}
+              "config": cfg.to_dict()}
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     rows = zip(predictions, eval_data[2].tolist(), strict=True)  # the last epoch's, behind the metrics
     (out / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p, "label": y}) + "\n"
@@ -237,4 +236,4 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
 
 
 
-__all__ = ["FinetuneConfig", "TaskSpec", "finetune", "predict", "prepare_encoder"]
+__all__ = ["FinetuneConfig", "TaskSpec", "finetune", "finetune_dir", "predict", "prepare_encoder"]

@@ -30,8 +30,19 @@ def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
 
 
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
-    lines = Path(path).read_text().splitlines()
-    rows = [json.loads(line) for line in lines if line.strip()]
+    """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped), only those
+    of `kind` ("train", "val") if given. A missing file is a FileNotFoundError and a damaged line a
+    ValueError, each naming the file (and the line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n} is not a JSON object: {e}") from e
     return [r for r in rows if kind is None or r.get("kind") == kind]
 
 

@@ -38,17 +38,17 @@ and cautious weight decay, which torch's does not.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError, check_fields, floats_from_strings
+from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.errors import ConfigError
 from blocklab.model.gains import is_gain
+from blocklab.model.value_paths import is_value_table
 
 # relative: the two modules move together (the trainer package may be renamed)
 from .schedules import SCHEDULES
@@ -58,8 +58,8 @@ MUON_LR_ADJUST = ("original", "match_rms_adamw")
 NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 
 
-@dataclass
-class OptimConfig:
+@config_dataclass
+class OptimConfig(ConfigBase):
     name: str = "adamw"  # "adamw" | "muon" (Muon for block matrices, AdamW for the rest)
     lr: float = 1e-3  # base lr of the AdamW "decay" / "no_decay" groups
     betas: tuple[float, float] = (0.9, 0.95)
@@ -88,27 +88,8 @@ class OptimConfig:
             self.betas = tuple(self.betas)
         _validate(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["betas"] = list(self.betas)  # plain YAML / JSON
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> OptimConfig:
-        check_fields(cls, data)
-        return cls(**floats_from_strings(cls, data))
-
-    def replace(self, **changes: Any) -> OptimConfig:
-        return OptimConfig.from_dict({**self.to_dict(), **changes})
-
-
-
 
 # -- validation ----------------------------------------------------------------------------------
-def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"OptimConfig.{name} = {value!r} is not allowed: {allowed}")
-
-
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -126,16 +107,17 @@ def _check_range(cfg: OptimConfig, name: str, low: float, high: float | None = N
     if not ok:
         lo = f"{'>' if open_low else '>='} {low}"
         hi = "" if high is None else f" and {'<' if open_high else '<='} {high}"
-        _fail(name, value, f"it must be a finite number {lo}{hi}" + (" (or None)." if optional else "."))
+        cfg.fail(name, value, f"it must be a finite number {lo}{hi}" + (" (or None)." if optional else "."))
 
 
 def _validate(cfg: OptimConfig) -> None:
     if cfg.name not in OPTIMIZERS:
-        _fail("name", cfg.name, f"choose one of {', '.join(map(repr, OPTIMIZERS))}.")
+        cfg.fail("name", cfg.name, f"choose one of {', '.join(map(repr, OPTIMIZERS))}.")
     if cfg.schedule not in SCHEDULES:
-        _fail("schedule", cfg.schedule, f"choose one of {', '.join(map(repr, SCHEDULES))}.")
+        cfg.fail("schedule", cfg.schedule, f"choose one of {', '.join(map(repr, SCHEDULES))}.")
     if cfg.muon_adjust_lr not in MUON_LR_ADJUST:
-        _fail("muon_adjust_lr", cfg.muon_adjust_lr, f"choose one of {', '.join(map(repr, MUON_LR_ADJUST))}.")
+        cfg.fail("muon_adjust_lr", cfg.muon_adjust_lr,
+                 f"choose one of {', '.join(map(repr, MUON_LR_ADJUST))}.")
     for name in ("lr", "muon_lr", "weight_decay"):
         _check_range(cfg, name, 0.0)
     for name in ("lr_embeddings", "lr_head", "lr_value_tables", "lr_scalars", "muon_weight_decay",
@@ -149,13 +131,13 @@ def _validate(cfg: OptimConfig) -> None:
     betas = cfg.betas
     if not (isinstance(betas, tuple) and len(betas) == 2
             and all(_is_number(b) and 0.0 <= b < 1.0 for b in betas)):
-        _fail("betas", betas, "give two numbers (beta1, beta2), each in [0, 1).")
+        cfg.fail("betas", betas, "give two numbers (beta1, beta2), each in [0, 1).")
     steps = cfg.warmup_steps
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
-        _fail("warmup_steps", steps, "it must be an integer >= 0 (or None to use warmup_fraction).")
+        cfg.fail("warmup_steps", steps, "it must be an integer >= 0 (or None to use warmup_fraction).")
     for name in ("decay_embeddings", "decay_value_tables"):
         if not isinstance(getattr(cfg, name), bool):
-            _fail(name, getattr(cfg, name), "it must be true or false.")
+            cfg.fail(name, getattr(cfg, name), "it must be true or false.")
 
 
 # -- parameter groups ----------------------------------------------------------------------------
@@ -177,7 +159,7 @@ def group_of(model: nn.Module, name: str, param: Tensor, muon: bool) -> str:
     """The group of parameter `name` of `model` (see the module docstring)."""
     owner_name, _, leaf = name.rpartition(".")
     owner = model.get_submodule(owner_name)
-    if leaf == "value_table":
+    if is_value_table(name):
         return "value_tables"
     if isinstance(owner, nn.Embedding):
         return "embeddings"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from blocklab.config import ConfigError
-from blocklab.training.config import TrainConfig, check_resumable, read_yaml
+from blocklab.errors import ConfigError
+from blocklab.training.config import TrainConfig, check_resumable
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -34,12 +34,6 @@ def clear_run(run_dir: Path) -> None:
 
 
 def check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not (run_dir / "config.yaml").is_file():
         return  # the checkpoint's model config and tokenizer are still checked
-    try:
-        saved = TrainConfig.from_dict(read_yaml(path))
-    except (ConfigError, TypeError, ValueError) as err:
-        raise ConfigError(f"cannot resume {str(run_dir)!r}: its config.yaml cannot be read "
-                          f"({err}).") from None
-    check_resumable(saved, cfg, run_dir)
+    check_resumable(cfg, run_dir)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from blocklab.config import ModelConfig
 from blocklab.data import Tokenizer, load_tokenizer
+from blocklab.errors import ConfigError
 from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import TrainConfig
@@ -21,6 +23,21 @@ class LoadedRun:
     tokenizer: Tokenizer
     config: TrainConfig
     checkpoint: Path
+
+    def complete(self, prompt: str, max_new_tokens: int, stop: bool = True, **sampling: Any) -> str:
+        """The text the model writes after `prompt`, decoded with the KV cache (`Transformer.generate`;
+        `sampling`: temperature, top_k, top_p, seed; greedy by default). With `stop` it ends at the
+        tokenizer's end-of-text token, which is not part of the text."""
+        prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise ConfigError("the prompt is empty: give at least one character of text to continue.")
+        ids = torch.tensor([prompt_ids], device=next(self.model.parameters()).device)
+        stops = [self.tokenizer.eos_id] if stop else None
+        out = self.model.generate(ids, max_new_tokens, stop_tokens=stops, **sampling)
+        new = out[0, len(prompt_ids):].tolist()
+        if stops and new and new[-1] in stops:
+            new = new[:-1]
+        return self.tokenizer.decode(new)
 
 
 def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: str = "cpu",
