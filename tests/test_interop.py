@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -303,6 +305,117 @@ def test_load_rejects_other_folders(tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "blocklab_format_version": 99}))
     with pytest.raises(ConfigError, match="upgrade"):
         load_pretrained(folder)
+
+
+# -- export in the Hugging Face format -----------------------------------------------------------
+GPT2_LIKE = dict(norm="layernorm", positions="learned", mlp_act="gelu_tanh", bias=True)
+LLAMA_LIKE = dict(norm="rmsnorm", positions="rope", mlp_act="swiglu", n_kv_heads=2, tie_embeddings=False)
+HF_EXPORTS = {  # name: (overrides of the tiny Pre-LN preset, the HF class it becomes)
+    "gpt2-like-tied-bias": (GPT2_LIKE, "GPT2LMHeadModel"),
+    "gpt2-like-untied-no-bias-relu": (dict(GPT2_LIKE, mlp_act="relu", bias=False, tie_embeddings=False),
+                                      "GPT2LMHeadModel"),
+    "llama-like-gqa-untied": (dict(LLAMA_LIKE, rope_base=500.0, norm_eps=1e-6), "LlamaForCausalLM"),
+    "llama-like-gqa-tied-bias-headdim": (dict(LLAMA_LIKE, tie_embeddings=True, bias=True, head_dim=12),
+                                         "LlamaForCausalLM"),
+}
+
+
+def hf_exportable(name: str, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, **HF_EXPORTS[name][0]}))
+    return perturb(model, seed + 1)  # norm weights, biases, every matrix away from its init
+
+
+@pytest.mark.parametrize("name", HF_EXPORTS)
+def test_hf_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
+    model = hf_exportable(name)
+    folder = save_pretrained(model, tmp_path / "hf", format="hf")
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == [HF_EXPORTS[name][1]] and config["dtype"] == "float32"
+    hf, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert type(hf).__name__ == HF_EXPORTS[name][1]
+    assert not any(info.values())  # no missing, unexpected or mismatched weights
+    assert hf(ids(1, 4)).logits.abs().max() > 1.0
+    assert max_diff(model, hf) <= TOL
+    back = from_hf(folder)  # and back into blocklab: the same model (GPT-2 has zero biases, not none)
+    assert back.cfg == (model.cfg.replace(bias=True) if config["model_type"] == "gpt2" else model.cfg)
+    assert max_diff(back, hf) <= TOL
+
+
+def test_hf_export_keeps_dtype_and_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(["the value residual", "a bank of values"] * 5,
+                            trainers.BpeTrainer(vocab_size=60, special_tokens=["<|endoftext|>", "[UNK]"]))
+    model = hf_exportable("llama-like-gqa-untied").to(torch.bfloat16)
+    folder = save_pretrained(model, tmp_path / "hf", tokenizer=tok, format="hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    assert hf.dtype == torch.bfloat16 and hf.config.eos_token_id == 0
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert hf_tok("bank of values").input_ids == tok.encode("bank of values").ids
+    assert hf_tok.eos_token == "<|endoftext|>"
+    assert load_tokenizer(folder).encode("the value").ids == tok.encode("the value").ids
+
+
+HF_REFUSED = {  # name: (arch, overrides, text the message must hold)
+    "sas-p": ("sas-p", {}, ["block_layout = 'parallel'", "attn_skip_gain = 0.0", "mlp_branch_gain = 0.1",
+                            "trainable_block_gains = True", "attn_matrix = 'shaped'",
+                            "value_form = 'identity'", "proj_form = 'identity'",
+                            "first_value_form = 'reparam'"]),
+    "pre-ln+bov": ("pre-ln+bov", LLAMA_LIKE, ["value_path = 'bov'"]),
+    "nanochat-bits": ("pre-ln", dict(LLAMA_LIKE, qk_norm=True, logit_softcap=15.0, window_size=8,
+                                     window_pattern="SL"),
+                      ["qk_norm = True", "logit_softcap = 15.0", "window_size = 8"]),
+    "gpt2-gqa-sinusoidal": ("pre-ln", dict(GPT2_LIKE, n_kv_heads=2, positions="sinusoidal"),
+                            ["n_kv_heads = 2", "positions = 'sinusoidal' (needs 'learned')"]),
+    "default-tiny": ("pre-ln", {}, ["norm = 'rmsnorm' (needs 'layernorm')",
+                                    "mlp_act = 'relu' (needs 'swiglu')"]),
+}
+
+
+@pytest.mark.parametrize("name", HF_REFUSED)
+def test_hf_export_refuses_what_hf_cannot_express(name, tmp_path):
+    arch, overrides, expected = HF_REFUSED[name]
+    model = Transformer(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
+    with pytest.raises(ConfigError) as err:
+        save_pretrained(model, tmp_path / "hf", format="hf")
+    for text in [*expected, 'format="blocklab"']:
+        assert text in str(err.value)
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_hf_export_errors(tmp_path, monkeypatch):
+    model = hf_exportable("gpt2-like-tied-bias")
+    with pytest.raises(ConfigError, match="'hf'"):
+        save_pretrained(model, tmp_path / "x", format="gguf")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if the hf extra were not installed
+    with pytest.raises(ImportError, match=r'pip install "blocklab\[hf\]"'):
+        save_pretrained(model, tmp_path / "x", format="hf")
+    assert not list(tmp_path.iterdir())
+
+
+def test_each_format_points_to_the_other_loader(tmp_path):
+    model = hf_exportable("llama-like-gqa-untied")
+    save_pretrained(model, tmp_path / "hf", format="hf")
+    with pytest.raises(ConfigError, match=r"Hugging Face llama checkpoint.*from_hf"):
+        load_pretrained(tmp_path / "hf")
+    save_pretrained(model, tmp_path / "ours")
+    with pytest.raises(ConfigError, match=r"blocklab export.*load_pretrained"):
+        from_hf(tmp_path / "ours")
+    save_pretrained(model, tmp_path / "hf")  # each format replaces an earlier export of the other
+    save_pretrained(model, tmp_path / "ours", format="hf")
+    x = ids(2, 5)
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(tmp_path / "hf")(x), from_hf(tmp_path / "ours")(x))
+
+
+def test_interop_is_an_attribute_of_blocklab():
+    code = ("import sys, blocklab; blocklab.interop.from_hf, blocklab.interop.save_pretrained; "
+            "sys.exit('transformers' in sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # -- retrofit -----------------------------------------------------------------------------------

@@ -4,6 +4,11 @@
     folder/model.safetensors  the state dict (safetensors; a tensor shared by two names is stored once)
     folder/tokenizer.json     when a tokenizer is given
 
+With ``format="hf"`` the folder is a Hugging Face GPT-2 or Llama checkpoint instead (see
+`hf_export`): config.json with `model_type`, HF weight names, and a tokenizer_config.json next to
+the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a later export may
+replace them; only the blocklab format records sha256s (transformers would not check them).
+
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
 half-written export. An existing folder is replaced only when it is empty or holds nothing but a
 previous export (so that a run folder with logs or checkpoints is never deleted).
@@ -20,17 +25,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 
 from blocklab import integrity
 from blocklab.config import ConfigError, ModelConfig
+from blocklab.filemodes import as_created
+from blocklab.interop import hf_export
+from blocklab.interop.export_files import (
+    CONFIG_NAME,
+    MARKER_KEY,
+    TOKENIZER_NAME,
+    WEIGHTS_NAME,
+    export_metadata,
+)
 from blocklab.model import Transformer
 
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"
-CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
 SHA_KEY = "blocklab_sha256"  # in config.json: {file: sha256} of the weights and tokenizer
-_EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME}
+_EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, "tokenizer_config.json"}
+FORMATS = ("blocklab", "hf")
 
 
 def _model_dtype(model: torch.nn.Module) -> torch.dtype:
@@ -54,10 +69,25 @@ def _save_tokenizer(tokenizer: Any, path: Path) -> None:
                         "path, a tokenizers.Tokenizer or a transformers fast tokenizer.")
 
 
-def _is_export(folder: Path) -> bool:
+def _read_config(folder: Path) -> dict[str, Any] | None:
     try:
-        return VERSION_KEY in json.loads((folder / CONFIG_NAME).read_text())
+        data = json.loads((folder / CONFIG_NAME).read_text())
     except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _is_export(folder: Path) -> bool:
+    """True for a folder that save_pretrained wrote, in either format."""
+    data = _read_config(folder)
+    if data is None:
+        return False
+    if VERSION_KEY in data:
+        return True
+    try:
+        with safe_open(folder / WEIGHTS_NAME, "pt") as f:
+            return (f.metadata() or {}).get(MARKER_KEY) == "hf"
+    except Exception:  # no weights, or not a safetensors file: not ours
         return False
 
 
@@ -87,19 +117,39 @@ def _move_into_place(tmp: Path, folder: Path) -> None:
     shutil.rmtree(old)
 
 
-def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: Any = None) -> Path:
-    """Write `model` (and `tokenizer`) to `folder` atomically; returns the folder's path."""
+def _write_blocklab(model: Transformer, tmp: Path) -> None:
+    save_model(model, str(tmp / WEIGHTS_NAME), metadata=export_metadata("blocklab"), force_contiguous=True)
+    meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch."),
+            SHA_KEY: integrity.record(tmp, (WEIGHTS_NAME, TOKENIZER_NAME))}
+    (tmp / CONFIG_NAME).write_text(json.dumps({**model.cfg.to_dict(), **meta}, indent=2) + "\n")
+
+
+def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: Any = None,
+                    format: str = "blocklab") -> Path:
+    """Write `model` (and `tokenizer`) to `folder` atomically; returns the folder's path.
+
+    ``format="blocklab"`` keeps every `ModelConfig` field (read back with `load_pretrained`);
+    ``format="hf"`` writes a Hugging Face GPT-2 or Llama checkpoint that
+    ``transformers.AutoModelForCausalLM.from_pretrained`` (and `from_hf`) loads, for the plain
+    Pre-LN baselines those two can express; any other model raises `ConfigError`.
+    """
+    if format not in FORMATS:
+        raise ConfigError(f"unknown export format {format!r}: use one of {', '.join(map(repr, FORMATS))}.")
+    if format == "hf":  # refuse a model HF cannot express before touching any folder
+        hf_export.hf_config_of(model.cfg)
     folder = Path(folder)
     _check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
     try:
-        save_model(model, str(tmp / WEIGHTS_NAME), metadata={"format": "pt"}, force_contiguous=True)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp / TOKENIZER_NAME)
-        meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch."),
-                SHA_KEY: integrity.record(tmp, (WEIGHTS_NAME, TOKENIZER_NAME))}
-        (tmp / CONFIG_NAME).write_text(json.dumps({**model.cfg.to_dict(), **meta}, indent=2) + "\n")
+        if format == "hf":
+            hf_export.write_hf(model, tmp, _model_dtype(model))
+        else:
+            _write_blocklab(model, tmp)
+        for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make owner-only folders and files
+            as_created(path)
         _move_into_place(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -118,8 +168,10 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
         integrity.verify(folder, sums, str(folder / CONFIG_NAME))
     version = data.pop(VERSION_KEY, None)
     if version is None:
-        raise ConfigError(f"{folder / CONFIG_NAME} is not a blocklab export (no {VERSION_KEY!r}); "
-                          "for a Hugging Face checkpoint use blocklab.interop.from_hf.")
+        model_type = data.get("model_type")
+        kind = f"a Hugging Face {model_type} checkpoint" if model_type else "not a blocklab export"
+        raise ConfigError(f"{folder} is {kind} (config.json has no {VERSION_KEY!r}): load it with "
+                          f"blocklab.interop.from_hf({str(folder)!r}).")
     if version > FORMAT_VERSION:
         raise ConfigError(f"{folder} has {VERSION_KEY} = {version}; this blocklab reads versions up to "
                           f"{FORMAT_VERSION}: upgrade blocklab.")

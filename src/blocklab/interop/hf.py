@@ -18,6 +18,7 @@ reproduce exactly (rope scaling, another activation, per-layer attention scaling
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,8 @@ from blocklab.config import ConfigError, ModelConfig
 from blocklab.model import Transformer
 
 # HF activation name -> blocklab mlp_act, for GPT-2's plain MLP
-_GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+              "relu2": "relu2"}
 
 
 def _unsupported(model_type: str, field: str, value: Any, allowed: str) -> ConfigError:
@@ -173,12 +175,25 @@ _WEIGHTS = {"gpt2": _gpt2_weights, "llama": _llama_weights}
 _CLASSES = "GPT2LMHeadModel or LlamaForCausalLM"
 
 
+def _refuse_blocklab_export(path: Path) -> None:
+    """A blocklab-format export has no `model_type`: say how to load it instead of transformers' error."""
+    try:
+        data = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # transformers says what is missing
+    if isinstance(data, dict) and "blocklab_format_version" in data:
+        raise ConfigError(f"{path} is a blocklab export (format='blocklab'), not a Hugging Face checkpoint: "
+                          f"load it with blocklab.interop.load_pretrained({str(path)!r}); "
+                          "save_pretrained(model, folder, format='hf') writes one transformers can load.")
+
+
 def _load_hf(model_or_path) -> nn.Module:
     if isinstance(model_or_path, (str, os.PathLike)):
         path = Path(model_or_path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path} is not a folder: from_hf reads a local folder written by "
                                     "save_pretrained (download hub checkpoints first).")
+        _refuse_blocklab_export(path)
         try:
             from transformers import AutoModelForCausalLM
         except ImportError as e:  # an optional dependency

@@ -23,7 +23,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from blocklab import integrity
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
+from blocklab.filemodes import as_created
 
 PREFIX = "step_"
 
@@ -121,6 +122,7 @@ def save_weights(weights: dict[str, Tensor], path: str | Path) -> None:
         seen[key] = name
         unique[name] = tensor.detach().to("cpu").contiguous()
     save_file(unique, str(path), metadata={"aliases": json.dumps(aliases)})
+    as_created(path)  # safetensors writes 0600; the run's other files follow the umask
 
 
 def load_weights_file(path: str | Path) -> dict[str, Tensor]:

@@ -1,0 +1,29 @@
+"""File permissions like those of any file the user's process writes (the umask's).
+
+safetensors and `tempfile.mkdtemp` create owner-only files (0600) and folders (0700); beside the
+0644 files of a run that breaks sharing a run with a colleague or a container. Every weight file and
+every folder written through a temporary name passes through `as_created` once complete.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process's umask (read by setting and restoring it; under a lock, as os.umask is global)."""
+    with _LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def as_created(path: str | Path) -> None:
+    """Give `path` the mode a plain `open(path, "w")` (file) or `mkdir` (folder) would have given it."""
+    path = Path(path)
+    base = 0o777 if path.is_dir() else 0o666
+    os.chmod(path, base & ~umask())

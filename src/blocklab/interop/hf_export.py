@@ -1,0 +1,246 @@
+"""Export a blocklab baseline as a Hugging Face GPT-2 or Llama checkpoint: the inverse of `hf.py`.
+
+`save_pretrained(model, folder, format="hf")` writes a folder that
+``transformers.AutoModelForCausalLM.from_pretrained(folder)`` loads with the same logits. Only a
+plain Pre-LN baseline fits (Eq. (1) of Simplifying Transformer Blocks, alpha = beta = 1, softmax
+attention, the standard value path); the norm picks the target:
+
+    GPT-2 (GPT2LMHeadModel):  LayerNorm, learned positions, MLP act in gelu_tanh | gelu | relu | relu2,
+                              multi-head attention with d_head = d_model / n_heads. GPT-2 has
+                              biases everywhere: a model with bias=False gets zero biases.
+    Llama (LlamaForCausalLM): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention, any head_dim,
+                              biases on every linear map or on none.
+
+Every other config (the simplified blocks, value paths, QK-norm, windows, softcapping ...) is
+refused with a `ConfigError` naming each field that neither HF model can express, since a
+checkpoint that loads but computes something else would be worse than none. Dropout is not
+exported (HF dropouts are 0), as `from_hf` does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from blocklab.config import ConfigError, ModelConfig
+from blocklab.interop.export_files import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, export_metadata
+
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+# blocklab mlp_act -> GPT-2 activation_function computing exactly the same function
+GPT2_ACTS = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
+_KEEP = 'format="blocklab" (the default) keeps every field'
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:  # an optional dependency
+        raise ImportError('save_pretrained(..., format="hf") needs transformers: pip install "blocklab[hf]"'
+                          ) from e
+    return transformers
+
+
+# -- which HF model can express a config --------------------------------------------------------
+def _mismatch(field: str, value: Any, needs: str) -> str:
+    return f"{field} = {value!r} (needs {needs})"
+
+
+def _common_mismatches(cfg: ModelConfig) -> list[str]:
+    """The fields that neither GPT-2 nor Llama can express: both are plain causal Pre-LN blocks."""
+    wanted = {"causal": True, "block_layout": "pre-ln", "norm_layers": "all", "final_norm": True,
+              "attn_skip_gain": 1.0, "attn_branch_gain": 1.0, "mlp_skip_gain": 1.0, "mlp_branch_gain": 1.0,
+              "trainable_block_gains": False, "attn_matrix": "softmax", "value_form": "linear",
+              "proj_form": "linear", "value_path": "standard", "qk_norm": False, "logit_softcap": None}
+    out = [_mismatch(f, getattr(cfg, f), repr(v)) for f, v in wanted.items() if getattr(cfg, f) != v]
+    if cfg.first_value_form not in (None, "linear"):
+        out.append(_mismatch("first_value_form", cfg.first_value_form, "None or 'linear'"))
+    if any(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):
+        out.append(_mismatch("window_size", cfg.window_size, "None: full attention in every layer") +
+                   f" with window_pattern = {cfg.window_pattern!r}")
+    return out
+
+
+def _gpt2_mismatches(cfg: ModelConfig) -> list[str]:
+    out = []
+    if cfg.norm != "layernorm":
+        out.append(_mismatch("norm", cfg.norm, "'layernorm'"))
+    if cfg.positions != "learned":
+        out.append(_mismatch("positions", cfg.positions, "'learned'"))
+    if cfg.mlp_act not in GPT2_ACTS:
+        out.append(_mismatch("mlp_act", cfg.mlp_act, f"one of {', '.join(map(repr, GPT2_ACTS))}"))
+    if cfg.kv_heads != cfg.n_heads:
+        out.append(_mismatch("n_kv_heads", cfg.n_kv_heads, f"None or n_heads = {cfg.n_heads}"))
+    if cfg.head_size * cfg.n_heads != cfg.d_model:
+        out.append(_mismatch("head_dim", cfg.head_dim, "None or d_model / n_heads"))
+    return out
+
+
+def _llama_mismatches(cfg: ModelConfig) -> list[str]:
+    out = []
+    if cfg.norm != "rmsnorm":
+        out.append(_mismatch("norm", cfg.norm, "'rmsnorm'"))
+    if cfg.positions != "rope":
+        out.append(_mismatch("positions", cfg.positions, "'rope'"))
+    if cfg.mlp_act != "swiglu":
+        out.append(_mismatch("mlp_act", cfg.mlp_act, "'swiglu'"))
+    if cfg.d_model % cfg.n_heads:  # transformers validates hidden_size % num_attention_heads
+        out.append(_mismatch("d_model", cfg.d_model, f"a multiple of n_heads = {cfg.n_heads}"))
+    return out
+
+
+def hf_target(cfg: ModelConfig) -> str:
+    """``"gpt2"`` or ``"llama"``: the HF model that computes exactly what `cfg` does, else ConfigError."""
+    common, gpt2, llama = _common_mismatches(cfg), _gpt2_mismatches(cfg), _llama_mismatches(cfg)
+    if not common and not gpt2:
+        return "gpt2"
+    if not common and not llama:
+        return "llama"
+    parts = [f"for both, {'; '.join(common)}"] if common else []
+    parts += [f"as GPT-2, {'; '.join(gpt2)}", f"as Llama, {'; '.join(llama)}"]
+    raise ConfigError("cannot save this model in the Hugging Face format, which holds only plain Pre-LN "
+                      f"GPT-2 or Llama models: {' | '.join(parts)}. {_KEEP}.")
+
+
+# -- config ------------------------------------------------------------------------------------
+def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token_id: int | None = None):
+    """The `GPT2Config` or `LlamaConfig` (with `architectures` set) of a model built from `cfg`.
+
+    `eos_token_id` is also the bos id (GPT-2's convention); None leaves both unset rather than
+    pointing at HF's defaults, which are ids of other vocabularies.
+    """
+    target = hf_target(cfg)
+    transformers = _transformers()
+    shared = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings,
+                  initializer_range=cfg.init_std, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
+                  torch_dtype=str(dtype).removeprefix("torch."))
+    if target == "gpt2":
+        hf = transformers.GPT2Config(
+            n_positions=cfg.context_length, n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads,
+            n_inner=cfg.mlp_width, activation_function=GPT2_ACTS[cfg.mlp_act],
+            layer_norm_epsilon=cfg.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shared)
+    else:
+        # rope_theta: transformers 5 moves it into rope_parameters, 4.x keeps it as it is
+        hf = transformers.LlamaConfig(
+            hidden_size=cfg.d_model, intermediate_size=cfg.mlp_width, num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
+            hidden_act="silu", max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps,
+            rope_theta=cfg.rope_base, attention_bias=cfg.bias, mlp_bias=cfg.bias, attention_dropout=0.0,
+            **shared)
+    hf.architectures = [ARCHITECTURES[target]]
+    return hf
+
+
+# -- weights -----------------------------------------------------------------------------------
+class _Taken:
+    """Reads blocklab tensors by name, so that a weight the export would leave behind is an error."""
+
+    def __init__(self, state: dict[str, Tensor]):
+        self.state, self.used = state, set()
+
+    def __call__(self, name: str) -> Tensor:
+        self.used.add(name)
+        return self.state[name]
+
+    def bias(self, name: str, like: Tensor) -> Tensor:
+        """The bias `name`, or zeros when the model has none (GPT-2 always has biases)."""
+        return self(name) if name in self.state else like.new_zeros(like.shape[0])
+
+    def check_all_used(self) -> None:
+        left = sorted(set(self.state) - self.used)
+        if left:
+            raise ConfigError(f"the Hugging Face export would drop these weights: {', '.join(left[:8])}"
+                              f"{' ...' if len(left) > 8 else ''}. {_KEEP}.")
+
+
+def _gpt2_state(w: _Taken, cfg: ModelConfig) -> dict[str, Tensor]:
+    out = {"transformer.wte.weight": w("tok_emb.weight"), "transformer.wpe.weight": w("pos_emb.weight"),
+           "transformer.ln_f.weight": w("norm.weight")}
+    out["transformer.ln_f.bias"] = w.bias("norm.bias", out["transformer.ln_f.weight"])
+    for i in range(cfg.n_layers):
+        b, h = f"blocks.{i}.", f"transformer.h.{i}."
+        for ours, theirs in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            out[h + theirs + ".weight"] = weight = w(b + ours + ".weight")
+            out[h + theirs + ".bias"] = w.bias(b + ours + ".bias", weight)
+        # Conv1D computes x W + b with W stored (in, out): the transpose of nn.Linear's weight
+        qkv = [(w(b + n + ".weight"), b + n + ".bias") for n in ("attn.q", "attn.k", "attn.values.w_v")]
+        out[h + "attn.c_attn.weight"] = torch.cat([weight for weight, _ in qkv]).t()
+        out[h + "attn.c_attn.bias"] = torch.cat([w.bias(name, weight) for weight, name in qkv])
+        for ours, theirs in (("attn.proj", "attn.c_proj"), ("mlp.fc", "mlp.c_fc"), ("mlp.out", "mlp.c_proj")):
+            weight = w(b + ours + ".weight")
+            out[h + theirs + ".weight"] = weight.t()
+            out[h + theirs + ".bias"] = w.bias(b + ours + ".bias", weight)
+    return out
+
+
+def _llama_state(w: _Taken, cfg: ModelConfig) -> dict[str, Tensor]:
+    out = {"model.embed_tokens.weight": w("tok_emb.weight"), "model.norm.weight": w("norm.weight")}
+    suffixes = ("weight", "bias") if cfg.bias else ("weight",)
+    for i in range(cfg.n_layers):
+        b, h = f"blocks.{i}.", f"model.layers.{i}."
+        out[h + "input_layernorm.weight"] = w(b + "norm1.weight")
+        out[h + "post_attention_layernorm.weight"] = w(b + "norm2.weight")
+        for s in suffixes:
+            out[h + "self_attn.q_proj." + s] = w(b + "attn.q." + s)
+            out[h + "self_attn.k_proj." + s] = w(b + "attn.k." + s)
+            out[h + "self_attn.v_proj." + s] = w(b + "attn.values.w_v." + s)
+            out[h + "self_attn.o_proj." + s] = w(b + "attn.proj." + s)
+            # blocklab's gated MLP holds [up; gate] in one fc: silu(x W_gate) * (x W_up)
+            out[h + "mlp.up_proj." + s], out[h + "mlp.gate_proj." + s] = w(b + "mlp.fc." + s).chunk(2)
+            out[h + "mlp.down_proj." + s] = w(b + "mlp.out." + s)
+    return out
+
+
+def hf_state_dict(model) -> dict[str, Tensor]:
+    """The weights of a blocklab `Transformer` under HF GPT-2 / Llama names, as contiguous copies.
+
+    A tied head is left out (HF ties ``lm_head.weight`` to the embedding when it loads).
+    """
+    cfg = model.cfg
+    target = hf_target(cfg)
+    w = _Taken(model.state_dict())
+    out = (_gpt2_state if target == "gpt2" else _llama_state)(w, cfg)
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = w("head.weight")
+    w.check_all_used()
+    return {name: t.detach().clone().contiguous() for name, t in out.items()}
+
+
+# -- files -------------------------------------------------------------------------------------
+def _eos_token(tokenizer_file: Path) -> tuple[str, int] | None:
+    """The separator token of a tokenizer.json (the names blocklab's own loader tries), with its id."""
+    from tokenizers import Tokenizer
+
+    from blocklab.data.tokenizer import KNOWN_EOS
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    for name in KNOWN_EOS:
+        token_id = tok.token_to_id(name)
+        if token_id is not None:
+            return name, token_id
+    return None
+
+
+def write_hf(model, folder: Path, dtype: torch.dtype) -> None:
+    """Write config.json and model.safetensors (and tokenizer_config.json next to a tokenizer.json
+    already in `folder`) so that transformers' Auto classes load the folder."""
+    tokenizer_file = folder / TOKENIZER_NAME
+    eos = _eos_token(tokenizer_file) if tokenizer_file.is_file() else None
+    hf = hf_config_of(model.cfg, dtype, eos_token_id=eos[1] if eos else None)
+    save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"))
+    config = hf.to_dict()
+    if "rope_parameters" in config:  # for transformers 4.x readers, which look for rope_theta alone
+        config.setdefault("rope_theta", model.cfg.rope_base)
+    (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if tokenizer_file.is_file():
+        # without it, AutoTokenizer would pick the GPT-2 / Llama tokenizer class from config.json
+        tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                      "model_max_length": model.cfg.context_length}
+        if eos:
+            tok_config.update(bos_token=eos[0], eos_token=eos[0])
+        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(tok_config, indent=2) + "\n")
