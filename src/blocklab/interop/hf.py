@@ -150,6 +150,14 @@ def _gpt2_weights(w: _Weights, cfg: ModelConfig) -> dict[str, Tensor]:
     return out
 
 
+# blocklab name -> Llama name within a layer, for the tensors that map one to one (the gated MLP's
+# fc holds [up; gate] in one matrix: silu(x W_gate) * (x W_up), split and joined by the callers)
+LLAMA_NORMS = {"norm1": "input_layernorm", "norm2": "post_attention_layernorm"}
+LLAMA_LINEARS = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
+                 "attn.values.w_v": "self_attn.v_proj", "attn.proj": "self_attn.o_proj",
+                 "mlp.out": "mlp.down_proj"}
+
+
 def _llama_weights(w: _Weights, cfg: ModelConfig) -> dict[str, Tensor]:
     out = {"tok_emb.weight": w("model.embed_tokens.weight"), "norm.weight": w("model.norm.weight")}
     head = w("lm_head.weight") if "lm_head.weight" in w.state else None  # may be left out when tied
@@ -158,16 +166,12 @@ def _llama_weights(w: _Weights, cfg: ModelConfig) -> dict[str, Tensor]:
     suffixes = ("weight", "bias") if cfg.bias else ("weight",)
     for i in range(cfg.n_layers):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
-        out[b + "norm1.weight"] = w(h + "input_layernorm.weight")
-        out[b + "norm2.weight"] = w(h + "post_attention_layernorm.weight")
+        for ours, theirs in LLAMA_NORMS.items():
+            out[b + ours + ".weight"] = w(h + theirs + ".weight")
         for s in suffixes:
-            out[b + "attn.q." + s] = w(h + "self_attn.q_proj." + s)
-            out[b + "attn.k." + s] = w(h + "self_attn.k_proj." + s)
-            out[b + "attn.values.w_v." + s] = w(h + "self_attn.v_proj." + s)
-            out[b + "attn.proj." + s] = w(h + "self_attn.o_proj." + s)
-            # blocklab's gated MLP holds [linear half; gate half]: act(x W_gate) * (x W_up)
+            for ours, theirs in LLAMA_LINEARS.items():
+                out[b + ours + "." + s] = w(h + theirs + "." + s)
             out[b + "mlp.fc." + s] = torch.cat((w(h + "mlp.up_proj." + s), w(h + "mlp.gate_proj." + s)))
-            out[b + "mlp.out." + s] = w(h + "mlp.down_proj." + s)
     return out
 
 

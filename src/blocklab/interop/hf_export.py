@@ -29,6 +29,7 @@ from torch import Tensor
 
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.interop.export_files import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, export_metadata
+from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -183,16 +184,12 @@ def _llama_state(w: _Taken, cfg: ModelConfig) -> dict[str, Tensor]:
     suffixes = ("weight", "bias") if cfg.bias else ("weight",)
     for i in range(cfg.n_layers):
         b, h = f"blocks.{i}.", f"model.layers.{i}."
-        out[h + "input_layernorm.weight"] = w(b + "norm1.weight")
-        out[h + "post_attention_layernorm.weight"] = w(b + "norm2.weight")
+        for ours, theirs in LLAMA_NORMS.items():
+            out[h + theirs + ".weight"] = w(b + ours + ".weight")
         for s in suffixes:
-            out[h + "self_attn.q_proj." + s] = w(b + "attn.q." + s)
-            out[h + "self_attn.k_proj." + s] = w(b + "attn.k." + s)
-            out[h + "self_attn.v_proj." + s] = w(b + "attn.values.w_v." + s)
-            out[h + "self_attn.o_proj." + s] = w(b + "attn.proj." + s)
-            # blocklab's gated MLP holds [up; gate] in one fc: silu(x W_gate) * (x W_up)
+            for ours, theirs in LLAMA_LINEARS.items():
+                out[h + theirs + "." + s] = w(b + ours + "." + s)
             out[h + "mlp.up_proj." + s], out[h + "mlp.gate_proj." + s] = w(b + "mlp.fc." + s).chunk(2)
-            out[h + "mlp.down_proj." + s] = w(b + "mlp.out." + s)
     return out
 
 
