@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import blocklab
+from blocklab import compare as compare_module
 from blocklab import report as report_module
 from blocklab.compare import (
     BUDGETS,
@@ -16,9 +17,9 @@ from blocklab.compare import (
     GRIDS,
     TINY_LR,
     Entry,
-    compare,
     default_budget,
     entry_model,
+    resolve_compare,
     run_configs,
 )
 from blocklab.config import ConfigError
@@ -27,6 +28,11 @@ from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def compare(*args, **kwargs):
+    """`blocklab.compare.compare` with one interleaved timing round of two steps, so the tests stay fast."""
+    return compare_module.compare(*args, **{"timing_rounds": 1, "timing_steps": 2, **kwargs})
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +50,15 @@ def base(corpus, cache, steps=4):
             "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}}
 
 
-def table_rows(report: str) -> dict[str, list[str]]:
-    """The rows of the report's first table (the measured figures), by architecture."""
-    lines = [line for line in report.split("\n\n")[2].splitlines() if line.startswith("| ")]
+def section_table(report: str, section: str = "Results") -> str:
+    """The markdown table of a section of the report ("## Results": the measured figures)."""
+    part = report.split(f"\n## {section}\n")[1].split("\n## ")[0]
+    return "\n".join(line for line in part.splitlines() if line.startswith("|"))
+
+
+def table_rows(report: str, section: str = "Results") -> dict[str, dict[str, str]]:
+    """The rows of a section's table, by architecture: {column: cell}."""
+    lines = [line for line in section_table(report, section).splitlines() if line.startswith("| ")]
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
     for line in lines[1:]:
@@ -78,30 +90,61 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     text = report.read_text()
     rows = table_rows(text)
     assert set(rows) == {"pre-ln", "sas-p+bov"}
+    assert report_module.summary_table(out) == section_table(text)  # what `blocklab compare` prints
+    results = json.loads((out / "results.json").read_text())
+    assert [r["label"] for r in results["architectures"]] == ["pre-ln", "sas-p+bov"]
+    by_label = {r["label"]: r for r in results["architectures"]}
+    speed = table_rows(text, "Throughput")
+    memory = table_rows(text, "Memory")
     for label in rows:
         runs = [out / "runs" / f"{label}-seed{s}" for s in (0, 1)]
         summaries = [json.loads((r / "summary.json").read_text()) for r in runs]
         assert all(s["step"] == 4 and s["tokens"] == 4 * 4 * 32 for s in summaries)  # equal budgets
         # parameters in the table are those of the trained model
         cfg = blocklab.ModelConfig(**json.loads((runs[0] / "model_config.json").read_text()))
-        counts = blocklab.count_parameters(blocklab.Transformer(cfg))
+        model = blocklab.Transformer(cfg)
+        counts = blocklab.count_parameters(model)
         assert rows[label]["params"] == f"{counts.total / 1e6:.3f}M"
         assert rows[label]["non-embedding"] == f"{counts.non_embedding / 1e6:.3f}M"
-        # validation loss: mean +- std over the two seeds, read from the runs
+        # validation loss: mean +- std over the two seeds, read from the runs; results.json keeps the spread
         losses = [s["val_loss"] for s in summaries]
         mean, std = sum(losses) / 2, abs(losses[0] - losses[1]) / math.sqrt(2)
         assert rows[label]["val loss"] == f"{mean:.4f} ± {std:.4f}"
+        assert by_label[label]["val_loss"] == pytest.approx([mean, std])
         assert losses[0] != losses[1]  # the seeds really differ
         # every measured column against the runs' summaries, to the table's rounding
-        row = {k: number(v) for k, v in rows[label].items() if k != "architecture"}
+        row = {k: number(v) for k, v in rows[label].items()
+               if k not in ("architecture", "tokens/s, median (IQR)")}
         assert row["FLOPs/token"][0] == pytest.approx(summaries[0]["flops_per_token"] / 1e6, abs=0.005)
-        for column, key, digits in (("tokens/s", "tokens_per_s", 0), ("val bits/byte", "val_bpb", 4),
-                                    ("peak memory (MiB)", "peak_memory_mib", 0)):
-            expected = mean_std([s[key] for s in summaries])
-            assert row[column] == pytest.approx(expected, abs=0.51 * 10**-digits), column
+        expected = mean_std([s["val_bpb"] for s in summaries])
+        assert row["val bits/byte"] == pytest.approx(expected, abs=0.51e-4)
         # KV cache: the analytic layout, which tests/test_cache.py proves equal to KVCache.nbytes
         kv = cache_bytes_per_token(cfg)["per_token"]
         assert row["KV cache bytes/token"][0] == pytest.approx(kv, abs=0.5)
+        # throughput: the interleaved pass's median and spread of step times, in the table and the JSON
+        timed = by_label[label]["throughput"]["interleaved"]
+        assert timed["n"] == 2
+        assert timed["min"] <= timed["q1"] <= timed["median"] <= timed["q3"] <= timed["max"]
+        assert rows[label]["tokens/s, median (IQR)"].startswith(f"{timed['tokens_per_s']['median']:,.0f} (")
+        assert speed[label]["step (ms), median"] == f"{timed['median'] * 1e3:,.1f}"
+        assert speed[label]["IQR (ms)"] == f"{timed['q1'] * 1e3:,.1f}-{timed['q3'] * 1e3:,.1f}"
+        assert speed[label]["min-max (ms)"] == f"{timed['min'] * 1e3:,.1f}-{timed['max'] * 1e3:,.1f}"
+        in_training = by_label[label]["throughput"]["in_training"]
+        assert set(in_training["cv_per_run"]) == {"seed 0", "seed 1"}
+        assert speed[label]["in training: step (ms), median"] == f"{in_training['median'] * 1e3:,.1f}"
+        # memory attributed to the model: float32 parameters are 4 bytes each, AdamW keeps two moments
+        # and a step count per parameter tensor; the process's peak stays a column of its own
+        mem = by_label[label]["memory"]
+        params = list(model.parameters())
+        assert mem["parameter_bytes"] == 4 * counts.total == mem["gradient_bytes"]
+        assert mem["optimizer_state_bytes"] == 2 * 4 * counts.total + 4 * len(params)
+        assert mem["activation_bytes"] > 0 and mem["cuda_step_peak_bytes"] is None  # on the CPU
+        assert mem["model_total_bytes"] == sum(mem[k] for k in ("parameter_bytes", "gradient_bytes",
+                                                                 "optimizer_state_bytes", "activation_bytes"))
+        assert memory[label]["parameters (MiB)"] == f"{4 * counts.total / 2**20:,.2f}"
+        assert rows[label]["model memory (MiB)"] == f"{mem['model_total_bytes'] / 2**20:,.2f}"
+        peak = mean_std([s["peak_memory_mib"] for s in summaries])
+        assert number(memory[label]["process peak RSS during the run (MiB)"]) == pytest.approx(peak, abs=0.51)
     # BoV's value tables are counted apart from the embedding, and its cache is smaller
     assert float(rows["sas-p+bov"]["embedding + value tables"][:-1]) > float(rows["pre-ln"]
                                                                            ["embedding + value tables"][:-1])
@@ -113,16 +156,40 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
         import matplotlib.image
 
         assert matplotlib.image.imread(png).ndim == 3
-    page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "sas-p+bov" in page
-    results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["pre-ln", "sas-p+bov"]
     # the scalars are drawn by blocklab.analysis.plot_scalars (beta_V / alpha_V, per-head gains), seed 0
     assert "Learned scalars over training: sas-p+bov, seed 0" in titles
     assert "first 2 batches of 4 windows of 32 tokens" in text
     last_val = read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "val")[-1]
     assert f"({last_val['val_tokens']:,} target tokens;" in text  # the exact count scored
     assert "measured from the model's own cache" in text
+    # uncertainty: the seeds are counted and the bands named; every curve starts at step 0
+    assert "2 seeds per architecture" in text and "seed(s)" not in text
+    assert "mean ± 1 s.d. over 2 seeds" in text and "bands ±1 s.d. over seeds" in text
+    assert "curves start at step 0, the initial model's loss" in text  # a step-0 evaluation is logged
+    # the method: every setting that changes results, the machine, the software, how the report came to be
+    method = text.split("\n## Method\n")[1]
+    for fact in ("**Peak learning rate:** 0.001 for every architecture",
+                 "**Optimizer:** AdamW (betas 0.9, 0.95", "**Budget:** equal steps, 4 steps per run",
+                 "**Batch:** 4 sequences x 32 tokens", "**Schedule:** linear: linear warmup over 5% of the",
+                 "**Tokenizer:** `byte`, vocabulary", f"torch {torch.__version__}",
+                 f"blocklab {blocklab.__version__}", "**Command:** `python API`", "for the whole compare",
+                 "**Seeds:** 2 seeds per architecture (0, 1)", "3 layers, d_model 32"):
+        assert fact in method, fact
+    assert "commit `" in method or "no commit" in method
+    facts = results["method"]
+    assert facts["optimizer"]["name"] == "adamw" and facts["architectures"][0]["lr"] == 1e-3
+    assert facts["software"]["torch"] == torch.__version__ and "commit" in facts
+    assert facts["command"] == "python API" and facts["wall_time_s"] > 0
+    assert facts["budget"] == {"kind": "steps", "max_steps": 4, "text": "4 steps"}
+    assert facts["timing"]["rounds"] == 1 and facts["machine"]["logical_cores"]
+    # the HTML: markdown rendered (no raw backticks), a heading per section, names left-aligned, captions
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and "sas-p+bov" in page
+    assert "`" not in page and "<code>pre-ln</code>" in page and "**" not in page
+    for title in ("Results", "Throughput", "Memory", "Differences to pre-ln", "Figures", "Method"):
+        assert f'<h2 id="{report_module._anchor(title)}">{title}</h2>' in page
+    assert page.count("<figcaption>") == 5 and "lower is better" in page
+    assert '<td class="left">sas-p+bov</td>' in page and '<th class="left">architecture</th>' in page
 
 
 def interrupt_at_step_call(monkeypatch, n: int):
@@ -270,6 +337,37 @@ def test_grids_carry_the_papers_budgets_and_build(tmp_path):
     assert "ResFormer + NeuTRENO" in GRIDS["resformer-fig7"].description  # named as not expressible
 
 
+def test_one_list_of_budgets():
+    from blocklab.training import config as train_config
+
+    assert BUDGETS is train_config.BUDGETS and train_config.BUDGET_FIELDS == tuple(BUDGETS.values())
+    assert set(BUDGETS.values()) == {f for f in TrainConfig.__dataclass_fields__ if f.startswith("max_")}
+    assert TrainConfig(max_steps=3, max_time=9.0).budgets() == {"max_steps": 3, "max_time": 9.0}
+
+
+def test_resolve_compare_gives_the_cli_defaults():
+    entries, fields = resolve_compare(["pre-ln", "sas"], base={"size": "tiny"},
+                                      budget={"steps": 3, "time": None})
+    assert [e.label for e in entries] == ["pre-ln", "sas"]
+    assert fields["optim"]["lr"] == TINY_LR and fields["max_steps"] == 3
+    _, fields = resolve_compare(["pre-ln"], base={"size": "tiny"}, lr=5e-4)
+    assert fields["optim"]["lr"] == 5e-4 and fields["max_steps"] == DEFAULT_STEPS
+    # other sizes keep the TrainConfig rate; an override wins, a max_* override is the budget
+    _, fields = resolve_compare(["pre-ln"], base={"size": "nanochat-d12"},
+                                overrides=["optim.warmup_fraction=0.1", "max_tokens=100"])
+    assert fields["optim"] == {"warmup_fraction": 0.1} and fields["max_tokens"] == 100
+    assert "max_steps" not in fields
+    setup = json.dumps(GRIDS["resformer-fig7"].train)
+    entries, fields = resolve_compare(grid="resformer-fig7", base={"size": "tiny"})
+    assert [e.label for e in entries] == [e.label for e in GRIDS["resformer-fig7"].entries]
+    assert fields["optim"]["schedule"] == "cosine" and fields["optim"]["lr"] == TINY_LR
+    assert fields["max_steps"] == DEFAULT_STEPS and json.dumps(GRIDS["resformer-fig7"].train) == setup
+    with pytest.raises(ConfigError, match="give one budget, got --steps, --time"):
+        resolve_compare(["pre-ln"], budget={"time": 2.0, "steps": 1})
+    with pytest.raises(ConfigError, match="--grid 'nope' is not allowed"):
+        resolve_compare(grid="nope")
+
+
 def test_cli_compare_rejects_two_budgets(capsys):
     from blocklab.cli import main
 
@@ -373,6 +471,9 @@ def test_lr_sweep_keeps_each_architectures_best_rate(corpus, tmp_path):
             assert TrainConfig.load(out / "runs" / f"{label}-seed{seed}" / "config.yaml").optim.lr == best
     text = report.read_text()
     assert "## Learning-rate sweep" in text and text.count("(chosen)") == 2
+    assert "each chosen by a learning-rate sweep over 0.0001, 0.03 (seed 0, 3 steps" in text
+    assert json.loads((out / "results.json").read_text())["method"]["lr_sweep"] == {"rates": [1e-4, 3e-2],
+                                                                                     "steps": 3}
     again = []
     compare(["pre-ln", "resformer"], out, seeds=2, base=cfg, log=again.append, lr_sweep=[1e-4, 3e-2],
             sweep_steps=3)
@@ -400,6 +501,59 @@ def test_report_gives_paired_intervals_and_the_claims_covered(corpus, tmp_path):
     claims = report.split("## Claims these runs test")[1]
     assert "resformer-beats-pre-ln" in claims
     assert "sas-matches-pre-ln" not in claims  # needs sas-p too
+    # SAS trains beta_SA and alpha_FF, whose product alone matters: its scalar plot's caption says so
+    assert report.count("Only the product of two panels matters") == 1
+    assert "3 seeds per architecture" in report
+    command = "blocklab compare --archs pre-ln,resformer --seeds 1"
     one_seed = compare(["pre-ln", "resformer"], tmp_path / "one", seeds=1,
-                       base=base(corpus, tmp_path / "cache"), log=lambda *_: None).read_text()
+                       base=base(corpus, tmp_path / "cache"), log=lambda *_: None, command=command,
+                       timing_rounds=0).read_text()
     assert "## Differences" not in one_seed
+    # one seed: no interval, said in words, and a spread of null (not 0.0) in results.json
+    assert "1 seed per architecture" in one_seed and "1 seeds" not in one_seed
+    assert "With 1 seed there is no interval" in one_seed and "±" not in section_table(one_seed)
+    rows = json.loads((tmp_path / "one" / "results.json").read_text())["architectures"]
+    assert all(r["val_loss"][1] is None and r["val_bpb"][1] is None for r in rows)
+    assert all(r["memory"]["process_peak_mib"][1] is None for r in rows)
+    # the command line as given; without a timing pass only the in-training times are shown, as such
+    assert f"**Command:** `{command}`" in one_seed and "no interleaved timing pass" in one_seed
+    assert "tokens/s, median (IQR) in training" in section_table(one_seed)
+    assert "in training: CV per run" in section_table(one_seed, "Throughput")
+    assert "| step (ms), median |" not in section_table(one_seed, "Throughput")
+    assert all(r["throughput"]["interleaved"] is None for r in rows)
+
+
+def test_quiet_compare_prints_one_result_line_per_run(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=2)  # progress false: `blocklab compare --quiet`
+    compare(["pre-ln", "sas"], out, base=cfg)
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0] == "[1/2] pre-ln-seed0: training" and lines[2] == "[2/2] sas-seed0: training"
+    for i, (line, arch) in enumerate(zip(lines[1::2], ("pre-ln", "sas"), strict=True), 1):
+        summary = json.loads((out / "runs" / f"{arch}-seed0" / "summary.json").read_text())
+        assert line.startswith(f"[{i}/2] {arch}-seed0: {arch} seed 0, 2 steps, 256 tokens in ")
+        assert f"; val loss {summary['val_loss']:.4f}, val bits/byte {summary['val_bpb']:.4f}; " in line
+        assert line.endswith(" s wall time") and "tokens/s)" in line
+    assert "compare:" not in captured.err and "tokeniz" not in captured.err  # no bar, no data messages
+    compare(["pre-ln", "sas"], out, base=cfg)  # again: both reused, and their results shown
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert all(": finished earlier, reused; " in line and "val loss" in line for line in lines)
+
+
+def test_compare_progress_is_one_line_over_all_runs(corpus, tmp_path, capsys):
+    import re
+
+    out = tmp_path / "cmp"
+    cfg = {**base(corpus, tmp_path / "cache", steps=4), "progress": True}
+    compare(["pre-ln", "sas"], out, base=cfg)
+    captured = capsys.readouterr()
+    err = captured.err  # pytest's stderr is not a terminal: plain lines
+    assert "\r" not in err
+    assert "blocklab: tokenizing files under" in err and "blocklab: tokenized in" in err
+    progress = [line for line in err.splitlines() if line.startswith("compare:")]
+    assert progress and re.fullmatch(r"compare: 100% \[.*\]", progress[-1])
+    assert any("0/2 runs done, pre-ln-seed0: step " in line for line in progress)
+    assert " steps [" not in err  # the runs' own bars are off under the compare's line
+    assert len([line for line in captured.out.splitlines() if "val loss" in line]) == 2

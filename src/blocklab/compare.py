@@ -3,7 +3,10 @@
 Every run shares the data, the tokenizer, the batch order (batches are a pure function of seed and
 step) and the budget; only the architecture differs. Equal steps (hence equal tokens) by default;
 equal FLOPs or equal wall-clock on request, so that a cheaper block gets more steps. Finished runs
-are reused and an interrupted one resumes from its checkpoint.
+are reused and an interrupted one resumes from its checkpoint. After training, every architecture's
+memory is measured and its training step timed again in interleaved rounds (`measure_architectures`),
+so that the report's speed figures do not depend on how the machine's load changed from run to run
+(docs/report.md).
 """
 
 from __future__ import annotations
@@ -15,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.config import ModelConfig
+from blocklab.errors import ConfigError
+from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
-from blocklab.training import TrainConfig, train
+from blocklab.training import TrainConfig
 from blocklab.training.checkpoint import latest_checkpoint
-from blocklab.training.config import changed_fields
+from blocklab.training.config import BUDGET_FIELDS, BUDGETS, NOT_RESULTS, apply_overrides, check_saved_config
 
-BUDGETS = {"steps": "max_steps", "tokens": "max_tokens", "flops": "max_flops", "time": "max_time"}
 DEFAULT_STEPS = 400  # the default budget: what the first (baseline) architecture spends in 400 steps
 # The main job's peak learning rate at size "tiny" (blocklab compare without --lr). Measured on the
 # embedded corpus, batches of 16 x 128 tokens: at 1e-3 (the paper's rate at 18 layers and batch 128)
@@ -31,17 +34,15 @@ DEFAULT_STEPS = 400  # the default budget: what the first (baseline) architectur
 # 1e-2 pre-ln left it but SAS and SAS-P had not after 400; at 3e-3 all of them had by 400 steps.
 # Other sizes keep 1e-3.
 TINY_LR = 3e-3
-
-# TrainConfig fields that change how a run is watched or stored, not what it computes, so a finished
-# or interrupted run is reused across them. Training is a pure function of the config minus these:
-# progress bars and TensorBoard only display; log_every only decides which train rows are written
-# (the loss and weights at every step are the same); ckpt_every and keep_checkpoints only decide
-# which states are saved (a resumed run equals an uninterrupted one); data.cache_dir is where the same
-# shards are cached; out_dir is where the run lives (a compare directory may be moved) and overwrite
-# whether a new run may replace one there. Everything else counts, eval_every and eval_batches
-# included: they decide which validation losses are recorded.
-NOT_RESULTS = frozenset({"progress", "tensorboard", "log_every", "ckpt_every", "keep_checkpoints",
-                         "data.cache_dir", "out_dir", "overwrite"})
+# The throughput table of the report: after all training, each architecture's training step is timed
+# again in TIMING_ROUNDS interleaved rounds (every architecture in turn within a round) of TIMING_STEPS
+# steps each, after one untimed warm-up step per turn. A change in the machine's load then hits every
+# architecture alike, which the per-run figures measured one run after another cannot promise. At
+# size tiny this costs a few seconds per architecture.
+TIMING_ROUNDS = 5
+TIMING_STEPS = 3
+# A finished or interrupted run is reused across the fields of training.config.NOT_RESULTS (display,
+# logging, checkpoints, where it lives) and nothing else; the budget kinds are training.config.BUDGETS.
 
 
 @dataclass(frozen=True)
@@ -128,23 +129,15 @@ def merge(base: dict, extra: dict) -> dict:
 
 
 def entry_model(entry: Entry, size: str, base_model: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The model overrides of `entry` at `size`.
-
-    v1-value cannot target layer 0, the source of V_1; there V_1 is the layer's own value, so Bank of
-    Values Table 1's "all 12 layers" (row 3), or every-2 on an odd depth, means the same targets
-    without layer 0.
-    """
+    """The model overrides of `entry` at `size`, with the value path's options read at that depth
+    (`ValuePath.grid_options`: e.g. v1-value's "all layers" leaves out layer 0, the source of V_1)."""
     model = {**(base_model or {}), **entry.model}
+    value_path = split_arch(entry.arch)[1]
     opts = model.get("value_path_options", {})
-    if split_arch(entry.arch)[1] != "v1-value" or "layers" not in opts:
+    if value_path is None or value_path not in VALUE_PATHS or not opts:
         return model
-    from blocklab.model.value_paths import target_layers
-
     n_layers = ModelConfig.from_preset(entry.arch, size, **{**model, "value_path_options": {}}).n_layers
-    targets = target_layers(opts["layers"], n_layers)
-    if 0 in targets:
-        model["value_path_options"] = {**opts, "layers": sorted(targets - {0})}
-    return model
+    return {**model, "value_path_options": VALUE_PATHS[value_path].grid_options(opts, n_layers)}
 
 
 def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any]
@@ -187,54 +180,118 @@ def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps:
     tokens = steps * cfg.batch_size * cfg.seq_len
     if kind == "tokens":
         return tokens
-    vocab = prepare_data(cfg.data).tokenizer.vocab_size  # cached: the runs prepare the same data
+    vocab = prepare_data(cfg.data, progress=cfg.progress).tokenizer.vocab_size  # the runs reuse it (cached)
     with torch.device("meta"):
         model = Transformer(cfg.model_config(vocab))
     return float(tokens * flops_per_token(model))
+
+
+def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
+                    base: dict[str, Any] | None = None, lr: float | None = None,
+                    budget: dict[str, float | None] | None = None, overrides: list[str] | dict | None = None
+                    ) -> tuple[list[Entry], dict[str, Any]]:
+    """The entries and the shared TrainConfig fields of a comparison, with `blocklab compare`'s defaults.
+
+    A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base` and its budget kind;
+    otherwise the entries are `archs` and the kind is steps. The peak learning rate is `lr`, else TINY_LR
+    at size tiny; `overrides` (``key=value``, an optim.lr=... too) come last. `budget` maps at most one
+    kind of BUDGETS to its amount (None: not given); without one, nor a max_* override, the runs get the
+    kind's `default_budget`.
+    """
+    base = dict(base or {})
+    kind = "steps"
+    if grid is not None:
+        if grid not in GRIDS:
+            raise ConfigError(f"--grid {grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
+        entries, base, kind = list(GRIDS[grid].entries), merge(base, GRIDS[grid].train), GRIDS[grid].budget
+    else:
+        entries = [Entry.parse(a) for a in archs or []]
+    if lr is None and base.get("size", TrainConfig.size) == "tiny":
+        lr = TINY_LR
+    if lr is not None:
+        apply_overrides(base, {"optim.lr": lr})
+    apply_overrides(base, overrides)
+    chosen = {k: v for k, v in (budget or {}).items() if v is not None}
+    unknown = sorted(chosen.keys() - BUDGETS.keys())
+    if unknown:
+        raise ConfigError(f"budget {unknown[0]!r} is not allowed: choose one of {', '.join(BUDGETS)}.")
+    if len(chosen) > 1:
+        raise ConfigError(f"give one budget, got {', '.join('--' + k for k in BUDGETS if k in chosen)}: the "
+                          "runs are equal in exactly one of steps, tokens, FLOPs or wall-clock time.")
+    if chosen:
+        [(kind, value)] = chosen.items()
+        base[BUDGETS[kind]] = value
+    elif not any(base.get(f) is not None for f in BUDGET_FIELDS):  # nor a max_*=... override
+        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 400 steps
+        value = default_budget(kind, entries, base)
+        if value is None:
+            raise ConfigError(f"--grid {grid} compares at equal wall-clock time, as the paper does, and no "
+                              "default fits every machine: give the seconds per run with --time SECONDS, or "
+                              f"--steps N for equal steps ({DEFAULT_STEPS} by default).")
+        base[BUDGETS[kind]] = value
+    return entries, base
 
 
 def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-+." else "_" for c in label)
 
 
-def _check_saved_config(cfg: TrainConfig, what: str) -> None:
-    """Refuse to reuse or resume a run whose saved config differs in a field that changes results."""
-    run = Path(cfg.out_dir)
-    try:  # through TrainConfig, so that a field added since the run was saved takes its default
-        saved = TrainConfig.from_dict(yaml.safe_load((run / "config.yaml").read_text()))
-    except (ConfigError, OSError, TypeError, yaml.YAMLError) as err:
-        raise ConfigError(f"{run} holds {what} run whose config.yaml cannot be read ({err}); use another "
-                          "--out, or --fresh to retrain it.") from None
-    changes = changed_fields(saved, cfg, NOT_RESULTS)
-    if changes:
-        raise ConfigError(f"{run} holds {what} run with a different config ({changes}); use another --out, "
-                          "or --fresh to retrain it.")
-
-
 def train_all(configs: list[tuple[Entry, TrainConfig]], log=print) -> None:
     """Train every config in order: a finished run is reused and an unfinished one resumed, each after
-    checking that its saved config matches (a run store shared by compare and reproduce)."""
-    for i, (_, cfg) in enumerate(configs, 1):
-        run = Path(cfg.out_dir)
-        finished = (run / "summary.json").is_file()
-        resume = not finished and latest_checkpoint(run) is not None
-        if finished or resume:
-            _check_saved_config(cfg, "a finished" if finished else "an unfinished")
-        elif run.exists():  # stopped before its first checkpoint: nothing to resume, so start afresh
-            shutil.rmtree(run)
-        name = run.name
-        if finished:
-            log(f"[{i}/{len(configs)}] {name}: finished earlier, reused")
-            continue
-        log(f"[{i}/{len(configs)}] {name}: {'resuming' if resume else 'training'}")
-        train(cfg, resume=resume)
+    checking that its saved config matches (a run store shared by compare and reproduce).
+
+    Every run logs a line when it starts and one with its result when it ends (`format_summary`, with
+    the wall time; "reused" for a finished one), progress on or off. With progress on, one line covers
+    all the runs still to train (`RunsProgress`: done, ETA, the current run's step and loss) in place
+    of the runs' own bars."""
+    from blocklab.training.loop import RunsProgress, format_summary
+
+    n = len(configs)
+    todo = sum(not (Path(cfg.out_dir) / "summary.json").is_file() for _, cfg in configs)
+    with RunsProgress(todo, enabled=any(cfg.progress for _, cfg in configs)) as overall:
+        for i, (_, cfg) in enumerate(configs, 1):
+            run = Path(cfg.out_dir)
+            finished = (run / "summary.json").is_file()
+            resume = not finished and latest_checkpoint(run) is not None
+            if finished or resume:  # the saved config must match in every field that changes results
+                what = f"{run} holds {'a finished' if finished else 'an unfinished'} run"
+                check_saved_config(run, cfg, NOT_RESULTS, what,
+                                   "use another --out, or --fresh to retrain it.")
+            elif run.exists():  # stopped before its first checkpoint: nothing to resume, so start afresh
+                shutil.rmtree(run)
+            name = f"[{i}/{n}] {run.name}"
+            if finished:
+                try:
+                    result = format_summary(json.loads((run / "summary.json").read_text()))
+                except (OSError, ValueError, TypeError, KeyError):  # the line only: the report reads it
+                    result = ""
+                overall.write(f"{name}: finished earlier, reused" + (f"; {result}" if result else ""), log)
+                continue
+            overall.write(f"{name}: {'resuming' if resume else 'training'}", log)
+            overall.begin(f"{i - 1}/{n} runs done, {run.name}")
+            summary, seconds = _train_one(cfg, resume, overall)
+            overall.end()
+            overall.write(f"{name}: {format_summary(summary, seconds)}", log)
+
+
+def _train_one(cfg: TrainConfig, resume: bool, overall) -> tuple[dict[str, Any], float]:
+    """Train or resume one run of `train_all`, advancing the `overall` progress line: its summary and
+    its wall time in seconds (data, validation and checkpoints included)."""
+    import time
+
+    from blocklab.training.config import resolve_config
+    from blocklab.training.loop import Trainer
+
+    start = time.perf_counter()
+    result = Trainer(resolve_config(cfg, None, resume), resume=resume, overall=overall).run()
+    return result.summary, time.perf_counter() - start
 
 
 def sweep_learning_rates(entries: list[Entry], rates: list[float], out: Path, base: dict[str, Any],
                          steps: int, log=print) -> dict[str, dict[float, float]]:
     """Train seed 0 of every entry at every rate for `steps` steps (in `out/runs/<label>-lr<rate>-seed0`,
     reused like any run) and return each entry's final validation loss per rate."""
-    short = {k: v for k, v in base.items() if k not in BUDGETS.values()} | {"max_steps": steps}
+    short = {k: v for k, v in base.items() if k not in BUDGET_FIELDS} | {"max_steps": steps}
     tried = [(e, rate, Entry(f"{e.label}-lr{rate:g}", e.arch, e.model,
                              merge(e.train, {"optim": {"lr": rate}})))
              for e in entries for rate in rates]
@@ -252,19 +309,185 @@ def with_best_rates(entries: list[Entry], sweep: dict[str, dict[float, float]]) 
             for e in entries]
 
 
+class StepProbe:
+    """One architecture's training step outside the trainer, for the measurements after training.
+
+    The run's resolved model (its model_config.json) is built afresh with the run's seed, with the
+    run's optimisers, precision, gradient accumulation and clipping, on random token batches of the
+    run's shape (batch_size x seq_len): the cost of a step depends on the shapes, not on the weights
+    nor on which tokens are fed. The step is the trainer's own (`Trainer._step`): forward and
+    backward per micro-batch, the loss read back, the gradient norm clipped, every optimiser stepped.
+    """
+
+    def __init__(self, cfg: TrainConfig, device: torch.device):
+        from blocklab.model import Transformer
+        from blocklab.training.loop import autocast_for
+        from blocklab.training.optim import build_optimizers
+
+        run = Path(cfg.out_dir)
+        self.cfg, self.device = cfg, device
+        torch.manual_seed(cfg.seed)
+        self.model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
+        self.model.to(device).train()
+        if cfg.compile:
+            self.model.compile_blocks()
+        self.optimizers = build_optimizers(self.model, cfg.optim)
+        self.autocast = autocast_for(cfg.precision, device)
+        rows = cfg.batch_size // cfg.grad_accum
+        generator = torch.Generator().manual_seed(cfg.seed)
+        ids = torch.randint(self.model.cfg.vocab_size, (rows, cfg.seq_len), generator=generator)
+        labels = ids.clone()
+        if cfg.data.objective == "mlm":  # only the masked positions are scored, as in the runs
+            masked = torch.rand(ids.shape, generator=generator) < cfg.data.mask_prob
+            labels[~masked] = -100
+        self.batch = {"input_ids": ids.to(device), "labels": labels.to(device)}
+        self.tokens = cfg.batch_size * cfg.seq_len
+
+    def step(self, tracker=None) -> None:
+        """One training step; `tracker` (a memory.SavedTensorTracker) watches the first micro-batch."""
+        from contextlib import nullcontext
+
+        from blocklab.training.loop import lm_loss
+
+        accum, clip = self.cfg.grad_accum, self.cfg.optim.grad_clip
+        total = torch.zeros((), device=self.device)
+        for micro in range(accum):
+            with (tracker if tracker is not None and micro == 0 else nullcontext()), self.autocast:
+                loss = lm_loss(self.model, self.batch) / accum
+            loss.backward()
+            total += loss.detach()
+        total.item()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "mps":
+            torch.mps.synchronize()
+
+    def timed_step(self) -> float:
+        """Seconds of one training step (the device's queue drained before and after)."""
+        import time
+
+        self._sync()
+        start = time.perf_counter()
+        self.step()
+        self._sync()
+        return time.perf_counter() - start
+
+    def memory(self) -> dict[str, Any]:
+        """The memory this model's training takes, apart from the process: parameters, gradients and
+        optimizer state (from the tensors), the activations one step keeps for its backward pass (the
+        tensors autograd saves, counted as they are saved: `memory.SavedTensorTracker`) and, on CUDA,
+        the allocator's peak during a step above what stays resident between steps. Takes one step, two
+        on CUDA. With compiled blocks the activations are not counted (None): the hooks that count them
+        do not see inside a compiled graph."""
+        from blocklab.training import memory
+
+        tracker = None if self.cfg.compile else memory.SavedTensorTracker(self.model)
+        self.step(tracker)
+        out: dict[str, Any] = {
+            "parameter_bytes": memory.parameter_bytes(self.model),
+            "gradient_bytes": memory.gradient_bytes(self.model),
+            "optimizer_state_bytes": memory.optimizer_state_bytes(self.optimizers),
+            "activation_bytes": None if tracker is None else tracker.bytes,
+            "activation_micro_batch": self.cfg.batch_size // self.cfg.grad_accum,
+            "cuda_step_peak_bytes": None,
+        }
+        if self.device.type == "cuda":
+            self._sync()
+            resident = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.step()
+            self._sync()
+            out["cuda_step_peak_bytes"] = torch.cuda.max_memory_allocated(self.device) - resident
+        out["model_total_bytes"] = sum(out[k] or 0 for k in ("parameter_bytes", "gradient_bytes",
+                                                             "optimizer_state_bytes", "activation_bytes"))
+        return out
+
+
+def _probe_device(cfg: TrainConfig) -> torch.device:
+    """The device the run trained on (its summary.json), or the CPU when that one is gone."""
+    try:
+        name = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["device"]
+    except (OSError, ValueError, KeyError):
+        name = "cpu"
+    device = torch.device(name)
+    return device if device.type != "cuda" or torch.cuda.is_available() else torch.device("cpu")
+
+
+def measure_architectures(configs: list[tuple[Entry, TrainConfig]], rounds: int = TIMING_ROUNDS,
+                          steps: int = TIMING_STEPS) -> dict[str, Any]:
+    """After training: each entry's memory (`StepProbe.memory`) and the times of its training step,
+    measured again in `rounds` interleaved rounds of `steps` timed steps (one untimed warm-up step
+    first), every entry in turn within a round, the order rotated from round to round, each turn on a
+    freshly built model so that only one is held at a time (with compiled blocks, one model per entry is
+    kept across rounds instead, so that each compiles once). Seed 0's config stands for the entry.
+
+    Returns {"rounds", "steps", "order", "architectures": {label: {"memory": {...}, "step_s": [...]}}}.
+    The probes run with the runs' `threads`, as the trainer does."""
+    firsts: dict[str, tuple[Entry, TrainConfig]] = {}
+    for entry, cfg in configs:  # each entry's first config (seed 0), in the entries' order
+        firsts.setdefault(entry.label, (entry, cfg))
+    order = list(firsts.values())
+    threads_before = torch.get_num_threads()
+    out: dict[str, Any] = {"rounds": rounds, "steps": steps, "order": "rotated each round",
+                           "architectures": {}}
+    with torch.random.fork_rng(devices=[]):  # the probes seed torch; the caller's random state stays
+        try:
+            for entry, cfg in order:  # memory: one or two untimed steps each
+                if cfg.threads is not None:
+                    torch.set_num_threads(cfg.threads)
+                probe = StepProbe(cfg, _probe_device(cfg))
+                out["architectures"][entry.label] = {"memory": probe.memory(), "step_s": []}
+                del probe
+            kept: dict[str, StepProbe] = {}
+            for r in range(rounds):
+                shift = r % len(order)
+                for entry, cfg in order[shift:] + order[:shift]:
+                    if cfg.threads is not None:
+                        torch.set_num_threads(cfg.threads)
+                    probe = kept.get(entry.label) or StepProbe(cfg, _probe_device(cfg))
+                    if cfg.compile:
+                        kept[entry.label] = probe
+                    probe.step()  # warm-up: first-touch allocations, the allocator's caches, a compile
+                    out["architectures"][entry.label]["step_s"] += [probe.timed_step() for _ in range(steps)]
+                    del probe
+            kept.clear()
+        finally:
+            torch.set_num_threads(threads_before)
+    return out
+
+
 def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             base: dict[str, Any] | None = None, fresh: bool = False, log=print,
-            lr_sweep: list[float] | None = None, sweep_steps: int | None = None) -> Path:
+            lr_sweep: list[float] | None = None, sweep_steps: int | None = None,
+            command: str | None = None, timing_rounds: int = TIMING_ROUNDS,
+            timing_steps: int = TIMING_STEPS) -> Path:
     """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`.
 
     With `lr_sweep`, each entry first trains seed 0 at every rate for `sweep_steps` steps (default a
     quarter of max_steps, else 100); the rate with the lowest held-out loss is then used for all seeds.
+    After training, each architecture's step is timed again in `timing_rounds` interleaved rounds of
+    `timing_steps` steps (`measure_architectures`; 0 rounds: the report shows the in-training times
+    alone) and its memory is measured. `command` is the command line the report records (None:
+    "python API").
     """
-    from blocklab.report import write_report
+    import time
 
+    from blocklab.report import utc_now, write_report
+
+    started, start = utc_now(), time.perf_counter()
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
         raise ConfigError(f"seeds = {seeds!r} is not allowed: give a positive number of seeds per "
                           "architecture.")
+    for name, value, low in (("timing_rounds", timing_rounds, 0), ("timing_steps", timing_steps, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} = {value!r} is not allowed: give an integer >= {low}.")
     entries = [Entry.parse(e) if isinstance(e, str) else e for e in entries]
     if not entries:
         raise ConfigError("compare needs at least one architecture (see `blocklab presets`).")
@@ -275,7 +498,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     if fresh and out.exists():
         shutil.rmtree(out / "runs", ignore_errors=True)
     base = base or {}
-    sweep = None
+    sweep = sweep_info = None
     if lr_sweep:
         if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
             raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
@@ -283,7 +506,19 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
         sweep = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps, log)
         (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
+        sweep_info = {"rates": sorted(set(lr_sweep)), "steps": steps}
         entries = with_best_rates(entries, sweep)
     configs = run_configs(entries, seeds, out, base)
+    reused = sum((Path(cfg.out_dir) / "summary.json").is_file() for _, cfg in configs)
     train_all(configs, log)
-    return write_report(configs, out, sweep=sweep)
+    trained_at = time.perf_counter()
+    if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
+        from blocklab.training.loop import say
+
+        say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
+            f"interleaved rounds x {timing_steps} steps) for the report")
+    measured = measure_architectures(configs, timing_rounds, timing_steps)
+    measured["seconds"] = time.perf_counter() - trained_at
+    run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
+                "runs_reused": reused, "lr_sweep": sweep_info}
+    return write_report(configs, out, sweep=sweep, measured=measured, run_info=run_info)
