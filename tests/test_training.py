@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import io
 import json
 import math
 import os
@@ -80,6 +81,9 @@ def test_config_yaml_and_dotted_overrides(tmp_path):
     ({"max_steps": 5, "arch": "sass"}, ["sass"]),
     ({"max_steps": 5, "model": {"n_layer": 2}}, ["n_layer", "n_layers"]),
     ({"max_steps": 5, "device": "tpu"}, ["device", "'cpu'"]),
+    ({"max_steps": 5, "threads": 0}, ["TrainConfig.threads = 0", "positive integer", "OMP_NUM_THREADS"]),
+    ({"max_steps": 5, "threads": 1.5}, ["TrainConfig.threads = 1.5", "positive integer"]),
+    ({"max_steps": 5, "threads": True}, ["TrainConfig.threads = True", "positive integer"]),
 ])
 def test_bad_train_configs_name_the_field(overrides, words):
     with pytest.raises(ConfigError) as err:
@@ -107,6 +111,73 @@ def test_budget_maps_tokens_and_flops_to_steps():
 
 
 # -- checkpoints ----------------------------------------------------------------------------------------
+def test_resume_message_and_readme_list_exactly_resumable(tmp_path):
+    from blocklab.training.config import RESUMABLE, check_resumable, resume_rule
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = TrainConfig(max_steps=2, out_dir=str(run))
+    (run / "config.yaml").write_text(saved.to_yaml())
+    # every field of RESUMABLE may change at once
+    check_resumable(saved.replace(max_steps=4, max_tokens=10**6, max_flops=1e15, max_time=60.0, eval_every=1,
+                                  log_every=1, ckpt_every=1, keep_checkpoints=1, progress=False, threads=1,
+                                  out_dir=str(tmp_path / "moved"), overwrite=True,
+                                  data=saved.data.replace(cache_dir=str(tmp_path / "cache"))), run)
+    with pytest.raises(ConfigError) as err:
+        check_resumable(saved.replace(batch_size=8), run)
+    message = str(err.value)
+    assert "batch_size: 16 -> 8" in message and resume_rule() in message
+    listed = re.search(r"may change only (.*?);", message)[1].split(", ")
+    assert len(listed) == len(RESUMABLE) and set(listed) == RESUMABLE
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = re.search(r"only the fields of `training.config.RESUMABLE` may change:(.*?), so a", readme,
+                        re.S)
+    assert set(re.findall(r"`([^`]+)`", section[1])) == RESUMABLE
+
+
+def test_resume_and_compare_share_one_saved_config_check(tmp_path):
+    """training.config.check_saved_config checks a saved run for both, with their own ignored fields:
+    a change in a field neither ignores is named alike; a resume may extend the budget, a reuse not."""
+    from blocklab.compare import Entry, train_all
+    from blocklab.training.config import NOT_RESULTS, RESUMABLE, check_resumable
+
+    run = tmp_path / "run"
+    run.mkdir()
+    saved = TrainConfig(max_steps=2, out_dir=str(run))
+    (run / "config.yaml").write_text(saved.to_yaml())
+    (run / "summary.json").write_text("{}")  # a finished run, which compare reuses without training
+
+    def resume(cfg):
+        check_resumable(cfg, run)
+
+    def reuse(cfg):
+        train_all([(Entry.parse("pre-ln"), cfg)], log=lambda *_: None)
+
+    for check in (resume, reuse):
+        with pytest.raises(ConfigError, match=r"with a different config \(seq_len: 128 -> 64\)"):
+            check(saved.replace(seq_len=64))
+        check(saved.replace(log_every=5, progress=False))  # in NOT_RESULTS: both go on
+    resume(saved.replace(max_steps=4))
+    with pytest.raises(ConfigError, match=r"a finished run with a different config \(max_steps: 2 -> 4\)"):
+        reuse(saved.replace(max_steps=4))
+    assert NOT_RESULTS < RESUMABLE
+
+
+def test_read_metrics_is_one_reader_with_clear_errors(tmp_path):
+    from blocklab.analysis import scalars
+
+    assert scalars.read_metrics is read_metrics
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 1}\n\n{"kind": "val", "step": 1}\n')
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    assert read_metrics(path, "val") == [{"kind": "val", "step": 1}]
+    path.write_text(path.read_text() + "{truncated\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object"):
+        read_metrics(path)
+    with pytest.raises(FileNotFoundError, match="no metrics file at"):
+        read_metrics(tmp_path / "missing.jsonl")
+
+
 def test_weights_roundtrip_and_aliases(tmp_path):
     a = torch.randn(3, 4)
     weights = {"x": a, "y": a, "z": torch.arange(5)}
@@ -194,7 +265,7 @@ def test_training_run_writes_its_directory_and_learns(corpus, tmp_path):
     trains = [r for r in rows if r["kind"] == "train" and "loss" in r]
     vals = [r for r in rows if r["kind"] == "val"]
     assert [r["step"] for r in trains] == list(range(1, 31))
-    assert [r["step"] for r in vals] == [10, 20, 30]
+    assert [r["step"] for r in vals] == [0, 10, 20, 30]  # step 0: the initial model
     assert trains[-1]["tokens"] == 30 * 4 * 32
     # SAS logs its learned shaped-attention gains per head, and they moved away from 1
     first = rows[0]["scalars"]["blocks.1.attn.alpha"]
@@ -230,8 +301,9 @@ def test_validation_rows_and_bits_per_byte_of_the_scored_tokens(tmp_path):
     rows = read_metrics(result.run_dir / "metrics.jsonl")
     vals = [r for r in rows if r["kind"] == "val"]
     trains = {r["step"]: r for r in rows if r["kind"] == "train"}
-    assert [r["step"] for r in vals] == [2, 4]
-    for row in vals:  # each validation row carries the training tokens and wall time of its step
+    assert [r["step"] for r in vals] == [0, 2, 4]
+    assert vals[0]["tokens"] == 0 and vals[0].get("wall_time", 0) == 0  # the initial model, before training
+    for row in vals[1:]:  # each validation row carries the training tokens and wall time of its step
         assert row["tokens"] == trains[row["step"]]["tokens"] == row["step"] * 4 * 8
         assert row["wall_time"] == trains[row["step"]]["wall_time"] > 0
 
@@ -365,7 +437,7 @@ def test_resume_takes_the_saved_config_and_allows_only_safe_changes(corpus, tmp_
     assert more.summary["step"] == 7
     trains = [r["step"] for r in read_metrics(run / "metrics.jsonl", "train") if "loss" in r]
     assert trains == [1, 2, 3, 4, 6, 7]
-    assert [r["step"] for r in read_metrics(run / "metrics.jsonl", "val")] == [2, 4, 6, 7]
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl", "val")] == [0, 2, 4, 6, 7]
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(corpus, tmp_path, monkeypatch):
@@ -557,7 +629,7 @@ def test_two_processes_match_one(corpus, tmp_path, arch, parallel):
         assert two_scalars[name] == pytest.approx(values, abs=1e-4), name
     # validation scores the same windows whatever the number of processes (capped by eval_batches)
     one, two = (read_metrics(tmp_path / name / "metrics.jsonl", "val") for name in ("one", "two"))
-    assert [(r["step"], r["val_tokens"]) for r in one] == [(2, 4 * 4 * 16), (3, 4 * 4 * 16)]
+    assert [(r["step"], r["val_tokens"]) for r in one] == [(0, 4 * 4 * 16), (2, 4 * 4 * 16), (3, 4 * 4 * 16)]
     assert [(r["step"], r["val_tokens"], r["val_bytes"]) for r in two] == \
         [(r["step"], r["val_tokens"], r["val_bytes"]) for r in one]
     for r1, r2 in zip(one, two, strict=True):
@@ -689,3 +761,78 @@ def test_cli_export_and_diagnose_a_run(corpus, tmp_path):
     out = tmp_path / "overlay"
     assert main(["diagnose", "--compare", str(a), str(b), "--out", str(out), "--batches", "1"]) == 0
     assert any(p.suffix == ".png" for p in out.iterdir())
+
+
+# -- progress, result lines and threads -----------------------------------------------------------------
+def test_threads_hold_for_the_run_and_the_count_before_comes_back(corpus, tmp_path, monkeypatch):
+    before = torch.get_num_threads()
+    seen = []
+    real_step = loop.Trainer._step
+    monkeypatch.setattr(loop.Trainer, "_step",
+                        lambda self: seen.append(torch.get_num_threads()) or real_step(self))
+    try:
+        train(config(corpus, tmp_path / "two", max_steps=2, eval_every=0, threads=before + 1))
+        assert seen == [before + 1] * 2 and torch.get_num_threads() == before
+        train(config(corpus, tmp_path / "default", max_steps=1, eval_every=0))  # None: left as it is
+        assert seen[-1] == before and torch.get_num_threads() == before
+        missing = {"source": str(tmp_path / "missing"), "tokenizer": "byte"}
+        with pytest.raises(ConfigError, match="no such file"):  # a run that fails to start gives it back too
+            train(config(corpus, tmp_path / "bad", data=missing, threads=before + 1))
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_format_summary_is_the_result_line_of_train_and_compare():
+    summary = {"arch": "sas-p", "seed": 1, "step": 400, "tokens": 819200, "train_time": 95.2,
+               "tokens_per_s": 8623.4, "val_loss": 4.12345, "val_bpb": 1.23456}
+    assert loop.format_summary(summary) == ("sas-p seed 1, 400 steps, 819,200 tokens in 1 min 35 s "
+                                            "(8,623 tokens/s); val loss 4.1235, val bits/byte 1.2346")
+    result = loop.RunResult(Path("runs/x"), None, {**summary, "val_bpb": None, "tokens_per_s": None})
+    assert loop.format_summary(result, wall_time=9.81) == ("sas-p seed 1, 400 steps, 819,200 tokens in 1 min "
+                                                           "35 s; val loss 4.1235; 9.8 s wall time")
+    assert loop.format_summary({}) == ""  # an unreadable summary.json gives no line, not an error
+    assert [loop.format_duration(t) for t in (0.04, 59.9, 60, 3599, 7300)] == [
+        "0.0 s", "59.9 s", "1 min 00 s", "59 min 59 s", "2 h 02 min"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_in_a_log_file_is_plain_lines_without_carriage_returns():
+    assert loop.progress_mode(_Terminal()) == "bar" and loop.progress_mode(io.StringIO()) == "lines"
+    outputs = {}
+    for stream in (_Terminal(), io.StringIO()):
+        bar = loop.progress_bar(40, stream=stream, mininterval=0, miniters=1,
+                                line_format="{percentage:3.0f}% {n_fmt}/{total_fmt} steps{postfix}")
+        for step in range(40):
+            bar.set_postfix(loss=step, refresh=False)
+            bar.update(1)
+        bar.close()
+        outputs[loop.progress_mode(stream)] = stream.getvalue()
+    assert "\r" in outputs["bar"]  # a terminal: tqdm redraws its bar
+    assert "\r" not in outputs["lines"]  # a file: one line per tenth, none for the steps between
+    expected = [f"{10 * k:3d}% {4 * k}/40 steps, loss={4 * k - 1}" for k in range(1, 11)]
+    assert outputs["lines"].splitlines() == expected
+    silent = io.StringIO()
+    bar = loop.progress_bar(10, enabled=False, stream=silent)
+    bar.update(10)
+    bar.close()
+    assert silent.getvalue() == ""
+
+
+def test_train_progress_and_data_messages_in_a_log_file(corpus, tmp_path, capsys):
+    data = {"source": str(corpus), "tokenizer": "bpe", "vocab_size": 300,
+            "cache_dir": str(tmp_path / "cache"), "val_fraction": 0.1}
+    train(config(corpus, tmp_path / "a", max_steps=20, eval_every=0, progress=True, data=data))
+    err = capsys.readouterr().err  # pytest's stderr is not a terminal
+    assert "\r" not in err
+    assert "training a 300-token BPE tokenizer on the training split of files under" in err
+    assert re.search(r"tokenizer trained in \d+\.\d s on [\d.]+ M characters \(\d+ documents\)", err)
+    assert re.search(r"tokenized in \d+\.\d s: [\d,]+ training and [\d,]+ validation tokens", err)
+    assert re.search(r"^100% 20/20 steps \[.*loss=", err, re.M)
+    train(config(corpus, tmp_path / "b", max_steps=1, eval_every=0, progress=False, data=data))
+    train(config(corpus, tmp_path / "c", max_steps=1, eval_every=0, progress=True, data=data))
+    assert "token" not in capsys.readouterr().err  # quiet, then cached: nothing to say about the data

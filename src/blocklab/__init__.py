@@ -1,20 +1,55 @@
-"""blocklab: the simplified-block and value-path Transformer variants, side by side."""
+"""blocklab: the simplified-block and value-path Transformer variants, side by side.
 
-from blocklab import ops
-from blocklab.accounting import count_parameters, flops_per_token
-from blocklab.config import ConfigError, ModelConfig
-from blocklab.model import Transformer
-from blocklab.presets import list_presets
+The names below load on first use (PEP 562), so that `blocklab --help`, `--version` and the
+command line's argument parsing start without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_EXPORTS = {
+    "ConfigError": "blocklab.errors",
+    "ModelConfig": "blocklab.config",
+    "Transformer": "blocklab.model",
+    "count_parameters": "blocklab.accounting",
+    "flops_per_token": "blocklab.accounting",
+    "list_presets": "blocklab.presets",
+}
+_SUBMODULES = {"analysis", "compare", "config", "data", "eval", "finetune", "interop", "model", "ops",
+               "presets", "training"}
 
-def train(*args, **kwargs):
-    """Train one model; see `blocklab.training.train` (imported lazily: the trainer pulls in tokenizers)."""
+if TYPE_CHECKING:
+    from blocklab import interop, ops
+    from blocklab.accounting import count_parameters, flops_per_token
+    from blocklab.config import ModelConfig
+    from blocklab.errors import ConfigError
+    from blocklab.model import Transformer
+    from blocklab.presets import list_presets
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"blocklab.{name}")
+    raise AttributeError(f"module 'blocklab' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
+
+
+def train(*args: Any, **kwargs: Any) -> Any:
+    """Train one model; see `blocklab.training.train`."""
     from blocklab.training import train as _train
 
     return _train(*args, **kwargs)
 
 
-__all__ = ["ConfigError", "ModelConfig", "Transformer", "count_parameters", "flops_per_token",
-           "list_presets", "ops", "train"]
+__all__ = ["ConfigError", "ModelConfig", "Transformer", "__version__", "count_parameters", "flops_per_token",
+           "interop", "list_presets", "ops", "train"]

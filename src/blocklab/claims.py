@@ -226,7 +226,7 @@ CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
 
 def select(ids: list[str] | None = None, papers: list[str] | None = None, quick: bool = False) -> list[Claim]:
     """The claims named by id, or of the named papers, or tagged quick; all of them by default."""
-    from blocklab.config import ConfigError
+    from blocklab.errors import ConfigError
 
     for name in ids or []:
         if name not in CLAIMS_BY_ID:

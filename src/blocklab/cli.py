@@ -1,19 +1,50 @@
-"""The `blocklab` command line: thin argument parsing over the library."""
+"""blocklab: train, compare and inspect the Transformer block and value-path variants of four papers
+(Simplifying Transformer Blocks, Value Residual Learning, Bank of Values), side by side."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import shutil
 import sys
+import textwrap
+from importlib import metadata
 
-import torch
-
-from blocklab.accounting import count_parameters, flops_per_token
-from blocklab.config import ConfigError, ModelConfig
+from blocklab import __version__
+from blocklab.errors import ConfigError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
-from blocklab.model import Transformer
-from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS, list_presets
+
+# torch and the model load inside the commands, so that --help and --version answer at once.
+
+EXAMPLES = """examples:
+  blocklab presets                                   every architecture, value path and size
+  blocklab train arch=sas-p size=tiny max_steps=300 --out runs/sas-p
+  blocklab train arch=pre-ln+bov model.value_path_options.layers=[2,3] max_steps=300
+  blocklab compare --archs pre-ln,sas-p,bov --seeds 3 --threads 2 --out runs/cmp
+  blocklab generate --run runs/sas-p --prompt "def main("
+  blocklab diagnose --run runs/sas-p
+  blocklab export --run runs/sas-p --out exported/sas-p
+
+`blocklab COMMAND --help` explains each command. Overrides are key=value pairs of TrainConfig fields,
+dotted for nested ones; values are read as YAML (lists [1,2], dicts {layers: [1, 2]})."""
+
+
+def _version() -> str:
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"blocklab {__version__} (torch {torch_version}, python {sys.version.split()[0]})"
+
+
+def _wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:
+    """`name` in a column of `width`, `text` wrapped to the terminal beside it."""
+    columns = max(60, shutil.get_terminal_size((100, 24)).columns)
+    pad = " " * (indent + width + 1)
+    body = textwrap.wrap(text, columns - len(pad)) or [""]
+    first = f"{' ' * indent}{name:<{width}} {body[0]}"
+    return "\n".join([first] + [pad + line for line in body[1:]])
 
 
 def _positive_int(text: str) -> int:
@@ -26,53 +57,35 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _params_row(arch: str, size: str) -> dict:
-    cfg = ModelConfig.from_preset(arch, size=size)
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    counts = count_parameters(model)
-    return dict(arch=arch, size=size, total=counts.total, embedding=counts.embedding,
-                value_tables=counts.value_tables, non_embedding=counts.non_embedding,
-                flops_per_token=flops_per_token(model))
-
-
-def _print_table(rows: list[dict]) -> None:
-    head = (f"{'arch':<32} {'size':<15} {'total':>9} {'embed':>9} {'v-tables':>9} {'non-emb':>9} "
-            f"{'FLOPs/tok':>10}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['arch']:<32} {r['size']:<15} {r['total'] / 1e6:>8.2f}M {r['embedding'] / 1e6:>8.2f}M "
-              f"{r['value_tables'] / 1e6:>8.2f}M {r['non_embedding'] / 1e6:>8.2f}M "
-              f"{r['flops_per_token'] / 1e6:>9.1f}M")
-    print("FLOPs/tok: analytic training FLOPs per token (forward + backward) at the context length.")
-
-
 def cmd_params(args: argparse.Namespace) -> None:
-    if args.all:  # every block preset, then every value path on a Pre-LN block
-        archs = list(BLOCK_PRESETS) + [f"pre-ln+{vp}" for vp in VALUE_PATHS if vp != "standard"]
-    else:
-        archs = args.arch.split(",")
-    sizes = args.size.split(",")
-    _print_table([_params_row(a, s) for s in sizes for a in archs])
+    from blocklab.report import params_rows, params_table
+
+    archs = None if args.all else args.arch.split(",")  # None: every block preset and value path
+    print(params_table(params_rows(archs, args.size.split(","))))
 
 
-def cmd_presets(args: argparse.Namespace) -> None:
+def cmd_presets(_args: argparse.Namespace) -> None:
+    from blocklab.presets import list_presets
+
     for group, entries in list_presets().items():
         print(f"{group}:")
         for name, text in entries.items():
-            print(f"  {name:<18} {text}")
+            print(_wrapped(name, text, width=max(map(len, entries)) + 1))
+    print("\ncombine a block preset and a value path with +, e.g. arch=sas-p+bov; see blocklab params")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     from blocklab.training import TrainingError, distributed, train
     from blocklab.training.config import resolve_config
+    from blocklab.training.loop import format_summary
 
     config, overrides = None, list(args.overrides)
     if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
         config = overrides.pop(0)
     if args.out:
         overrides.append(f"out_dir={args.out}")
+    if args.threads:
+        overrides.append(f"threads={args.threads}")
     # on --resume, DIR/config.yaml is the base: `blocklab train --resume --out DIR` needs nothing else
     cfg = resolve_config(config, overrides, resume=args.resume)
     try:
@@ -80,57 +93,42 @@ def cmd_train(args: argparse.Namespace) -> None:
     except TrainingError as err:
         print(f"blocklab: error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(cfg.out_dir)) from None
     if distributed.launch_rank() != 0:  # one summary line per run, not one per process
         return
-    s = result.summary
-    bpb = f", val bits/byte {s['val_bpb']:.3f}" if s["val_bpb"] is not None else ""
-    speed = f" ({s['tokens_per_s']:,.0f} tokens/s)" if s["tokens_per_s"] else ""
-    print(f"{result.run_dir}: {s['step']} steps, {s['tokens']:,} tokens in {s['train_time']:.0f} s"
-          f"{speed}; val loss {s['val_loss']:.4f}{bpb}")
+    print(f"{result.run_dir}: {format_summary(result)}")
 
 
+def _interrupted(out_dir: str) -> str:
+    """What a rerun after Ctrl-C does: go on from the last checkpoint, or start again."""
+    from blocklab.training.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(out_dir)
+    if last is None:
+        return (f"{out_dir} has no checkpoint yet, so a rerun starts from step 0 (add overwrite=true, or "
+                "--resume, which says so and starts again)")
+    return f"`blocklab train --resume --out {out_dir}` continues from {last.name}"
+
+
+THREADS_HELP = ("CPU threads for torch (torch.set_num_threads); default: torch's own, one per core or "
+                "OMP_NUM_THREADS; on a shared machine set it")
 DEFAULT_ARCHS = "pre-ln,sas,sas-p,resformer,svformer,bov"
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from blocklab.compare import BUDGETS, DEFAULT_STEPS, GRIDS, TINY_LR, Entry, compare, default_budget
-    from blocklab.training.config import _set_dotted, _split_override
+    from blocklab.compare import BUDGETS, GRIDS, compare, resolve_compare
+    from blocklab.report import summary_table
 
     if args.list_grids:
         for name, grid in GRIDS.items():
-            print(f"{name:<20} [equal {grid.budget}] {grid.description}: "
-                  f"{', '.join(e.label for e in grid.entries)}")
+            rows = ", ".join(e.label for e in grid.entries)
+            print(_wrapped(name, f"[equal {grid.budget}] {grid.description}: {rows}", width=20, indent=0))
         return
-    base: dict = {"size": args.size, "batch_size": args.batch_size, "seq_len": args.seq_len,
-                  "eval_every": args.eval_every, "progress": not args.quiet}
-    kind = "steps"
-    if args.grid:
-        if args.grid not in GRIDS:
-            raise ConfigError(f"--grid {args.grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
-        grid = GRIDS[args.grid]
-        entries, base, kind = list(grid.entries), {**base, **grid.train}, grid.budget
-    else:
-        entries = [Entry.parse(a.strip()) for a in args.archs.split(",") if a.strip()]
-    lr = args.lr if args.lr is not None else (TINY_LR if args.size == "tiny" else None)
-    if lr is not None:
-        _set_dotted(base, "optim.lr", lr)
-    for key, value in map(_split_override, args.overrides):  # an optim.lr=... override wins
-        _set_dotted(base, key, value)
-    chosen = [(name, getattr(args, name)) for name in BUDGETS if getattr(args, name) is not None]
-    if len(chosen) > 1:
-        raise ConfigError(f"give one budget, got {', '.join('--' + n for n, _ in chosen)}: the runs are "
-                          "equal in exactly one of steps, tokens, FLOPs or wall-clock time.")
-    if chosen:
-        kind, value = chosen[0]
-        base[BUDGETS[kind]] = value
-    elif not any(base.get(f) is not None for f in BUDGETS.values()):  # nor a max_*=... override
-        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 400 steps
-        value = default_budget(kind, entries, base)
-        if value is None:
-            raise ConfigError(f"--grid {args.grid} compares at equal wall-clock time, as the paper does, "
-                              "and no default fits every machine: give the seconds per run with --time "
-                              f"SECONDS, or --steps N for equal steps ({DEFAULT_STEPS} by default).")
-        base[BUDGETS[kind]] = value
+    base = {"size": args.size, "batch_size": args.batch_size, "seq_len": args.seq_len,
+            "eval_every": args.eval_every, "progress": not args.quiet, "threads": args.threads}
+    entries, base = resolve_compare([a.strip() for a in args.archs.split(",") if a.strip()], args.grid, base,
+                                    args.lr, {kind: getattr(args, kind) for kind in BUDGETS}, args.overrides)
     sweep = None
     if args.lr_sweep:
         try:
@@ -139,9 +137,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
             raise ConfigError(f"--lr-sweep {args.lr_sweep!r} is not allowed: give comma-separated learning "
                               "rates, e.g. 1e-3,3e-3,1e-2.") from None
     report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
-                     sweep_steps=args.sweep_steps)
+                     sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
+                     timing_rounds=args.timing_rounds)
     print(f"report: {report} (and {report.with_suffix('.html')})")
-    print(report.read_text().split("\n\n")[2])  # the table
+    print(summary_table(report.parent))
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
@@ -169,9 +168,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 def cmd_diagnose(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from blocklab.analysis import compare_reports, diagnose_run
-    from blocklab.data import load_tokenizer
-    from blocklab.training import TrainConfig
+    from blocklab.analysis import compare_runs, diagnose_run
 
     def ints(text):
         return [int(i) for i in text.split(",")] if text else None
@@ -180,18 +177,8 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
                    map_tokens=args.map_tokens, start=args.start)
     try:
         if args.compare:
-            a, b = args.compare
-            lengths = [TrainConfig.load(Path(r) / "config.yaml").seq_len for r in (a, b)]
-            if lengths[0] != lengths[1]:  # entropy, importance and similarity all depend on T
-                raise ConfigError(f"--compare needs two runs with the same seq_len, since entropy, "
-                                  f"importance and similarity depend on it: {a} has {lengths[0]}, {b} has "
-                                  f"{lengths[1]}.")
-            if load_tokenizer(a).hash != load_tokenizer(b).hash:
-                raise ConfigError(f"--compare needs two runs with the same tokenizer: {a} and {b} differ.")
-            res_a, res_b = diagnose_run(a, **options), diagnose_run(b, **options)
             out = Path(args.out or "diagnostics-compare")
-            arch_a, arch_b = (TrainConfig.load(Path(r) / "config.yaml").arch for r in (a, b))
-            compare_reports(res_a, res_b, out, labels=(arch_a, arch_b) if arch_a != arch_b else (a, b))
+            compare_runs(*args.compare, out, **options)
         else:
             if not args.run:
                 raise ConfigError("blocklab diagnose needs --run DIR, or --compare RUN_A RUN_B.")
@@ -209,11 +196,19 @@ def cmd_export(args: argparse.Namespace) -> None:
     from blocklab.training import load_run
 
     run = load_run(args.run)
-    folder = save_pretrained(run.model, args.out, tokenizer=Path(args.run) / "tokenizer.json")
-    print(f"exported {run.checkpoint} to {folder} (load with blocklab.interop.load_pretrained)")
+    try:
+        folder = save_pretrained(run.model, args.out, tokenizer=Path(args.run) / "tokenizer.json",
+                                 format=args.format)
+    except ImportError as err:  # format hf without the hf extra: a usage error, not a traceback
+        raise ConfigError(str(err)) from None
+    how = ("transformers.AutoModelForCausalLM.from_pretrained or blocklab.interop.from_hf"
+           if args.format == "hf" else "blocklab.interop.load_pretrained")
+    print(f"exported {run.checkpoint} to {folder} (load with {how})")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    import torch
+
     from blocklab.training import load_run
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -221,25 +216,19 @@ def cmd_generate(args: argparse.Namespace) -> None:
         run = load_run(args.run, device=device)
     except FileNotFoundError as err:  # no such run: a usage error, reported without a traceback
         raise ConfigError(str(err)) from None
-    prompt = run.tokenizer.encode(args.prompt)
-    if not prompt:
-        raise ConfigError("--prompt is empty: give at least one character of text to continue.")
-    ids = torch.tensor([prompt], device=device)
-    stops = None if args.no_stop else [run.tokenizer.eos_id]
     try:
-        out = run.model.generate(ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, stop_tokens=stops, seed=args.seed)
-    except ValueError as err:  # a sampling setting or a length the model cannot take
+        text = run.complete(args.prompt, args.max_new_tokens, stop=not args.no_stop,
+                            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    except ValueError as err:  # an empty prompt, a sampling setting or a length the model cannot take
         raise ConfigError(str(err)) from None
-    new = out[0, len(prompt):].tolist()
-    if stops and new and new[-1] in stops:
-        new = new[:-1]  # the stop token ends the text; it is not part of it
-    print(args.prompt + run.tokenizer.decode(new))
+    print(args.prompt + text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="blocklab", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="blocklab", description=__doc__, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     p = sub.add_parser("params", help="parameter counts and FLOPs per token of presets")
     p.add_argument("--arch", default="pre-ln", help="architecture preset(s), comma-separated")
     p.add_argument("--size", default="tiny", help="size preset(s), comma-separated")
@@ -255,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="run directory (same as out_dir=...)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in out_dir from its last checkpoint")
+    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("compare", help="train architectures side by side on one budget and write a report",
                        description="Train each architecture on the same data, tokenizer, batch order and "
@@ -285,7 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep-steps", type=int,
                    help="steps of each sweep run (default: a quarter of --steps, or 100)")
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--timing-rounds", type=int, default=5,
+                   help="interleaved rounds of timed steps per architecture after training, for the "
+                   "throughput table (0 skips them)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bars or data-preparation messages (each run's result line and the table "
+                   "still print)")
+    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
                        description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
@@ -321,9 +317,12 @@ def main(argv: list[str] | None = None) -> int:
                    "start token in every sequence (Value Residual App. A.2)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_diagnose)
-    p = sub.add_parser("export", help="export a run: config.json, model.safetensors, tokenizer.json")
+    p = sub.add_parser("export", help="export a run: blocklab's format, or --format hf for transformers")
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--out", required=True, help="the folder to write")
+    p.add_argument("--format", choices=("blocklab", "hf"), default="blocklab",
+                   help="blocklab (default): every field, read back with load_pretrained; hf: a GPT-2 or "
+                   "Llama folder for transformers (plain Pre-LN baselines only)")
     p.set_defaults(func=cmd_export)
     p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
                        description="Greedy decoding by default; --temperature with --top-k / --top-p "
@@ -340,14 +339,16 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_generate)
     finetune_cli.add_parsers(sub)
     eval_cli.add_parsers(sub)
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # the command line, for the report's method section
     try:
         args.func(args)
     except (ConfigError, FileNotFoundError, FileExistsError) as err:  # bad input: named, no traceback
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("blocklab: interrupted; rerun with --resume to continue from the last checkpoint",
+    except KeyboardInterrupt as err:
+        print(f"blocklab: interrupted; {err or 'rerun the same command: finished runs are reused'}",
               file=sys.stderr)
         return 130
     return 0

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 
 CHUNK = 1 << 20
 

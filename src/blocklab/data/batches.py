@@ -25,9 +25,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from blocklab.config import ConfigError
 from blocklab.data.config import OBJECTIVES
 from blocklab.data.prepare import PreparedData
+from blocklab.errors import ConfigError
 
 IGNORE = -100  # label value that torch.nn.functional.cross_entropy ignores by default
 _SHUFFLE, _MASK, _VAL_MASK = 0, 1, 2  # separate random streams for the three uses

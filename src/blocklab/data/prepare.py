@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,10 +32,10 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from blocklab.config import ConfigError
 from blocklab.data.config import DataConfig
 from blocklab.data.sources import Source, open_source, split_budgets, split_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
+from blocklab.errors import ConfigError
 
 FORMAT = 1  # bump when the shard or manifest layout changes
 SPLITS = ("train", "val")
@@ -80,12 +81,20 @@ def _no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
     return ConfigError(f"{source.description} holds no readable training documents{skipped}.")
 
 
+def _say(message: str) -> None:
+    """A progress message on stderr ("blocklab: ..."), written above any progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(f"blocklab: {message}", file=sys.stderr)
+
+
 # -- tokenizer ---------------------------------------------------------------------------------------
 
 
 def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
-                  root: Path) -> tuple[Tokenizer, bool]:
-    """The tokenizer `cfg` asks for, and whether a BPE was trained by this call."""
+                  root: Path, progress: bool = False) -> tuple[Tokenizer, bool]:
+    """The tokenizer `cfg` asks for, and whether a BPE was trained by this call; with `progress`, a
+    line before and after training one (not when it comes from the cache)."""
     if cfg.tokenizer == "byte":
         return byte_tokenizer(cfg.eos_token, cfg.mask_token), False
     if cfg.tokenizer != "bpe":
@@ -102,17 +111,26 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
     budget = split_budgets(cfg)["train"]
     if cfg.bpe_train_chars is not None:
         budget = min(budget or cfg.bpe_train_chars, cfg.bpe_train_chars)
-    n_docs = 0
+    n_docs = n_chars = 0
 
     def texts() -> Iterator[str]:
-        nonlocal n_docs
+        nonlocal n_docs, n_chars
         for _, _, text in split_documents(source, cfg, ("train",), max_chars={"train": budget}):
             n_docs += 1
+            n_chars += len(text)
             yield text
 
+    start = time.perf_counter()
+    if progress:
+        at_most = f" (at most {budget:,} characters)" if budget is not None else ""
+        _say(f"training a {cfg.vocab_size:,}-token BPE tokenizer on the training split of "
+             f"{source.description}{at_most} ...")
     tok = train_bpe(texts(), cfg.vocab_size, cfg.bpe_min_frequency, cfg.eos_token, cfg.mask_token)
     if n_docs == 0:
         raise _no_documents(source, "train", cfg)
+    if progress:
+        _say(f"tokenizer trained in {time.perf_counter() - start:.1f} s on {n_chars / 1e6:.1f} M characters "
+             f"({n_docs:,} documents); cached for the next run")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(tok.to_str(), encoding="utf-8")
@@ -183,7 +201,7 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
             "format": FORMAT,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "source": {"spec": cfg.source, "kind": source.kind, "description": source.description,
-                       "fingerprint": corpus["fingerprint"], "files": len(getattr(source, "files", [])),
+                       "fingerprint": corpus["fingerprint"], "files": source.file_count,
                        "skipped_files": list(source.skipped), "skipped_count": len(source.skipped),
                        "bad_records": getattr(source, "bad_records", 0)},
             "settings": {name: getattr(cfg, name) for name in
@@ -212,20 +230,29 @@ def _load_split(path: Path, dtype: np.dtype) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Read, split, tokenise and cache the corpus `cfg` describes; a second call reuses the cache."""
+def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
+    """Read, split, tokenise and cache the corpus `cfg` describes; a second call reuses the cache.
+    With `progress`, training a tokenizer and tokenising (the slow parts, done once) say so on stderr,
+    before and after."""
     start = time.perf_counter()
     root = cache_root(cfg)
     source = open_source(cfg)
     corpus = {"source": cfg.source, "kind": source.kind, "fingerprint": source.fingerprint(),
               "val_fraction": cfg.val_fraction, "max_chars": cfg.max_chars}
-    tokenizer, trained = get_tokenizer(cfg, source, corpus, root)
+    tokenizer, trained = get_tokenizer(cfg, source, corpus, root, progress)
     out_dir = root / "shards" / _key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
     tokenised = not (out_dir / "manifest.json").exists()
     if tokenised:
+        began = time.perf_counter()
+        if progress:
+            _say(f"tokenizing {source.description} with the {tokenizer.vocab_size:,}-token tokenizer ...")
         (root / "shards").mkdir(parents=True, exist_ok=True)
         build_shards(cfg, source, tokenizer, corpus, out_dir)
     manifest = json.loads((out_dir / "manifest.json").read_text())
+    if tokenised and progress:
+        counts = manifest["splits"]
+        _say(f"tokenized in {time.perf_counter() - began:.1f} s: {counts['train']['tokens']:,} training and "
+             f"{counts['val']['tokens']:,} validation tokens, cached in {out_dir.parent}")
     dtype = np.dtype(manifest["dtype"])
     splits = manifest["splits"]
     arrays = {s: _load_split(out_dir / splits[s]["file"], dtype) for s in SPLITS}

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab.config import ConfigError
 from blocklab.data.config import EMBEDDED, DataConfig
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
+from blocklab.errors import ConfigError
 
 Select = Callable[[str], bool]
 
@@ -49,6 +49,11 @@ class Source:
     description: str
     skipped: list[str] = field(default_factory=list)
 
+    @property
+    def file_count(self) -> int | None:
+        """How many files the source reads (None: not a file source, e.g. a hub dataset)."""
+        return None
+
     def fingerprint(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -62,6 +67,10 @@ class SnapshotSource(Source):
         info = snapshot_info()
         super().__init__("snapshot", f"embedded Python {info['python_version']} standard library "
                                      f"({info['documents']} files)")
+
+    @property
+    def file_count(self) -> int:
+        return snapshot_info()["documents"]
 
     def fingerprint(self) -> dict[str, Any]:
         info = snapshot_info()
@@ -80,6 +89,10 @@ class FileSource(Source):
     def __init__(self, files: list[Path], base: Path, text_field: str, description: str) -> None:
         super().__init__("files", description)
         self.files, self.base, self.text_field = files, base, text_field
+
+    @property
+    def file_count(self) -> int:
+        return len(self.files)
         self.bad_records = 0
 
     def _name(self, path: Path) -> str:

@@ -26,7 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 
 # Names other tokenizers give their separator and mask tokens, tried when loading a tokenizer.json.
 KNOWN_EOS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]", "<|eot_id|>")

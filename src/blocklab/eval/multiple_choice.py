@@ -28,7 +28,7 @@ from pathlib import Path
 
 from torch import nn
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.eval.loglik import check_causal, score_continuations
 
 

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
 
 

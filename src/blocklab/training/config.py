@@ -13,31 +13,46 @@ with `blocklab.interop.retrofit`, e.g. ``resformer-learnable``). The source then
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from blocklab.config import ConfigError, ModelConfig, check_fields
+from blocklab.config import ModelConfig
+from blocklab.configbase import ConfigBase, config_dataclass
 from blocklab.data import DataConfig
+from blocklab.errors import ConfigError
 from blocklab.training.optim import OptimConfig
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-BUDGET_FIELDS = ("max_steps", "max_tokens", "max_flops", "max_time")
+# The budget kinds (compare's --steps, --tokens, --flops, --time) and the field each one sets: the one
+# list of budgets that the trainer, compare and the reports read.
+BUDGETS = {"steps": "max_steps", "tokens": "max_tokens", "flops": "max_flops", "time": "max_time"}
+BUDGET_FIELDS = tuple(BUDGETS.values())
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "float32", "bfloat16")
 PARALLELISMS = ("auto", "ddp", "fsdp")
-# What a resumed run may change: the budget (extending a run) and how it is watched and stored. The
-# rest fixes the steps already taken (data, model, optimiser, batch, schedule so far, precision).
-RESUMABLE = frozenset({*BUDGET_FIELDS, "eval_every", "log_every", "ckpt_every", "keep_checkpoints",
-                       "progress", "tensorboard", "overwrite", "out_dir", "data.cache_dir"})
+# Fields that change how a run is watched or stored, not what it computes, so a saved run is reused
+# across them (compare, reproduce). Training is a pure function of the config minus these: progress
+# bars and TensorBoard only display; log_every only decides which train rows are written (the loss and
+# weights at every step are the same); ckpt_every and keep_checkpoints only decide which states are
+# saved (a resumed run equals an uninterrupted one); data.cache_dir is where the same shards are cached;
+# out_dir is where the run lives (a directory of runs may be moved) and overwrite whether a new run may
+# replace one there; threads is how many CPU threads compute the same steps (as on another machine, a
+# float sum may round differently in its last bits). Everything else counts, eval_every and eval_batches
+# included: they decide which validation losses are recorded.
+NOT_RESULTS = frozenset({"progress", "tensorboard", "log_every", "ckpt_every", "keep_checkpoints",
+                         "data.cache_dir", "out_dir", "overwrite", "threads"})
+# What a resumed run may change: those, the budget (extending a run) and eval_every (the validations
+# still to come). The rest fixes the steps already taken (data, model, optimiser, batch, schedule so
+# far, precision).
+RESUMABLE = NOT_RESULTS | {*BUDGET_FIELDS, "eval_every"}
 
 
-@dataclass
-class TrainConfig:
+@config_dataclass
+class TrainConfig(ConfigBase):
     # -- model -----------------------------------------------------------------------------------
     arch: str = "pre-ln"  # block preset, optionally "+value-path" (see `blocklab presets`)
     size: str = "tiny"
@@ -56,7 +71,7 @@ class TrainConfig:
     max_flops: float | None = None  # analytic training FLOPs (FLOPs per token x tokens)
     max_time: float | None = None  # wall-clock seconds of training (evaluation excluded)
     # -- evaluation, logging, checkpoints ----------------------------------------------------------
-    eval_every: int = 100  # steps; 0 turns periodic validation off (the final one still runs)
+    eval_every: int = 100  # steps, and once at step 0; 0 turns periodic validation off (the final one runs)
     eval_batches: int | None = 16  # None: the whole validation split
     log_every: int = 10
     ckpt_every: int = 200  # steps; 0 keeps only the final checkpoint
@@ -69,6 +84,7 @@ class TrainConfig:
     precision: str = "auto"  # auto: bf16 autocast on CUDA with bf16, float32 elsewhere (CPU bf16 is slow)
     compile: bool = False  # torch.compile each block separately
     parallel: str = "auto"  # under torchrun: ddp, or fsdp (FSDP2 fully_shard per block)
+    threads: int | None = None  # torch.set_num_threads for the run (per process); None: torch's default
     out_dir: str = "runs/run"
     overwrite: bool = False  # a new run into an out_dir holding a run first removes that run's files
 
@@ -94,27 +110,18 @@ class TrainConfig:
                               f"tokenizer) or give at least {vocab_size}.")
         return ModelConfig.from_preset(self.arch, self.size, **fields)
 
-    # -- serialisation -------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["data"], out["optim"] = self.data.to_dict(), self.optim.to_dict()
-        return out
+    def budgets(self) -> dict[str, int | float]:
+        """The budget fields that are set, e.g. {"max_steps": 400}."""
+        return {name: getattr(self, name) for name in BUDGET_FIELDS if getattr(self, name) is not None}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        check_fields(cls, data)
-        return cls(**data)
-
+    # -- serialisation (from_dict, to_dict and replace come from ConfigBase) --------------------------
     def to_yaml(self) -> str:
-        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | dict | None = None) -> TrainConfig:
         """Read a YAML file (or start from defaults), then apply ``key=value`` overrides."""
-        data = read_yaml(path) if path is not None else {}
-        for key, value in _pairs(overrides):
-            _set_dotted(data, key, value)
-        return cls.from_dict(data)
+        return cls.from_dict(apply_overrides(read_yaml(path) if path is not None else {}, overrides))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -165,6 +172,14 @@ def resolve_config(config: TrainConfig | dict | str | Path | None = None,
     return TrainConfig.from_dict(data)
 
 
+def apply_overrides(data: dict[str, Any], overrides: list[str] | dict | None) -> dict[str, Any]:
+    """`data` (TrainConfig fields, changed in place and returned) with `overrides` set on it: ``key=value``
+    strings (values read as YAML) or a dict, dotted for the nested sections (``optim.lr``)."""
+    for key, value in _pairs(overrides):
+        _set_dotted(data, key, value)
+    return data
+
+
 def changed_fields(old: TrainConfig, new: TrainConfig, ignore: frozenset[str] = frozenset()) -> str:
     """The dotted fields that differ between two configs, outside `ignore`, as "key: old -> new, ..."
     ("" when none do)."""
@@ -173,41 +188,50 @@ def changed_fields(old: TrainConfig, new: TrainConfig, ignore: frozenset[str] = 
     return ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys)
 
 
-def check_resumable(saved: TrainConfig, cfg: TrainConfig, run_dir: Path) -> None:
-    """Refuse a resume whose config differs from the saved one outside RESUMABLE."""
-    changes = changed_fields(saved, cfg, RESUMABLE)
+def check_saved_config(run_dir: str | Path, cfg: TrainConfig, ignore: frozenset[str], what: str,
+                       remedy: str) -> None:
+    """The one check of a saved run against the config it is to go on with (resume, compare's reuse):
+    refuse when the run's ``config.yaml`` cannot be read or differs from `cfg` in a field outside
+    `ignore` (dotted names: RESUMABLE, NOT_RESULTS). The ConfigError reads
+    "<what> with a different config (<field>: old -> new, ...); <remedy>"."""
+    path = Path(run_dir) / "config.yaml"
+    try:  # through TrainConfig, so that a field added since the run was saved takes its default
+        if not path.is_file():
+            raise ConfigError("it is missing")
+        saved = TrainConfig.from_dict(read_yaml(path))
+    except (ConfigError, OSError, TypeError, ValueError) as err:
+        raise ConfigError(f"{what}: its config.yaml cannot be read ({err}); {remedy}") from None
+    changes = changed_fields(saved, cfg, ignore)
     if changes:
-        raise ConfigError(f"cannot resume {str(run_dir)!r} with changed settings ({changes}): they would "
-                          "change the steps already taken, so the run would no longer be one curve. A "
-                          "resume may change only the budget (max_*), eval_every, log_every, ckpt_every, "
-                          "keep_checkpoints, progress and tensorboard; train a new out_dir for the rest.")
+        raise ConfigError(f"{what} with a different config ({changes}); {remedy}")
+
+
+def resume_rule() -> str:
+    """What a resume may change, written from RESUMABLE itself so that the two never disagree."""
+    return (f"a resume may change only {', '.join(sorted(RESUMABLE))}; anything else would change the "
+            "steps already taken, so the run would no longer be one curve")
+
+
+def check_resumable(cfg: TrainConfig, run_dir: str | Path) -> None:
+    """Refuse a resume whose config differs from the one saved in `run_dir` outside RESUMABLE."""
+    check_saved_config(run_dir, cfg, RESUMABLE, f"cannot resume {str(run_dir)!r}",
+                       f"{resume_rule()}. Train a new out_dir instead.")
 
 
 def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested sections as dotted keys (``optim.lr``), values as YAML would store them."""
+    """Nested sections of plain data (a `to_dict`) as dotted keys (``optim.lr``)."""
     out: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):  # an empty section adds no key
             out.update(flat(value, f"{prefix}{key}."))
         else:
-            out[prefix + key] = _plain(value)
+            out[prefix + key] = value
     return out
-
-
 
 
 def list_recipes() -> list[str]:
     """Names of the shipped training recipes (YAML files in blocklab/recipes)."""
     return sorted(p.stem for p in RECIPES.glob("*.yaml"))
-
-
-def _plain(value: Any) -> Any:
-    """Tuples to lists, so that YAML stays plain."""
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _pairs(overrides: list[str] | dict | None):
@@ -237,73 +261,94 @@ def _set_dotted(data: dict, key: str, value: Any) -> None:
     section = data.setdefault(head, {})
     if not isinstance(section, dict):  # a DataConfig/OptimConfig object given in Python
         section = data[head] = section.to_dict()
-    section[rest] = value
+    name, _, key = rest.partition(".")
+    if not key:
+        section[name] = value
+        return
+    # a key inside a dict-valued field: model.value_path_options.layers=[9,10,11]
+    inner = section.setdefault(name, {})
+    if not isinstance(inner, dict):
+        raise ConfigError(f"override {head}.{rest} is not allowed: {head}.{name} is not a dict. Dotted keys "
+                          f"reach one level into dict fields (model.value_path_options.layers=[1,2], "
+                          f"data.hf_kwargs.split=train); or give the whole dict: {head}.{name}={{...}}.")
+    _set_nested(inner, key, value)
 
 
-def _fail(name: str, value: Any, allowed: str) -> None:
-    raise ConfigError(f"TrainConfig.{name} = {value!r} is not allowed: {allowed}")
+def _set_nested(target: dict, key: str, value: Any) -> None:
+    name, _, rest = key.partition(".")
+    if rest:
+        inner = target.setdefault(name, {})
+        if not isinstance(inner, dict):
+            raise ConfigError(f"override key {key!r}: {name!r} is not a dict.")
+        _set_nested(inner, rest, value)
+    else:
+        target[name] = value
 
 
 def _validate(cfg: TrainConfig) -> None:
     for name in ("batch_size", "seq_len", "grad_accum", "keep_checkpoints", "log_every"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            _fail(name, value, "it must be a positive integer.")
+            cfg.fail(name, value, "it must be a positive integer.")
     for name in ("eval_every", "ckpt_every"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            _fail(name, value, "it must be an integer >= 0 (0 turns it off).")
+            cfg.fail(name, value, "it must be an integer >= 0 (0 turns it off).")
+    if cfg.threads is not None and (isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int)
+                                    or cfg.threads < 1):
+        cfg.fail("threads", cfg.threads, "it must be a positive integer, or None for torch's default "
+                                         "(one per core, or OMP_NUM_THREADS when it is set).")
     if cfg.eval_batches is not None and (not isinstance(cfg.eval_batches, int) or cfg.eval_batches < 1):
-        _fail("eval_batches", cfg.eval_batches, "it must be a positive integer or None (the whole split).")
+        cfg.fail("eval_batches", cfg.eval_batches, "it must be a positive integer or None (the whole split).")
     if cfg.batch_size % cfg.grad_accum:
-        _fail("batch_size", cfg.batch_size, f"it must be divisible by grad_accum={cfg.grad_accum}.")
-    budgets = {name: getattr(cfg, name) for name in BUDGET_FIELDS if getattr(cfg, name) is not None}
+        cfg.fail("batch_size", cfg.batch_size, f"it must be divisible by grad_accum={cfg.grad_accum}.")
+    budgets = cfg.budgets()
     if not budgets:
         raise ConfigError("TrainConfig has no budget: set at least one of "
                           f"{', '.join(BUDGET_FIELDS)} (e.g. max_steps=200 or max_time=300).")
     for name, value in budgets.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            _fail(name, value, "a budget must be a positive number or None.")
+            cfg.fail(name, value, "a budget must be a positive number or None.")
         if name in ("max_steps", "max_tokens") and not isinstance(value, int):
             if not float(value).is_integer():
-                _fail(name, value, "steps and tokens are counted whole: give a positive integer.")
+                cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
             setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     for name, choices in (("device", DEVICES), ("precision", PRECISIONS), ("parallel", PARALLELISMS)):
         if getattr(cfg, name) not in choices:
-            _fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
+            cfg.fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
     if not isinstance(cfg.model, dict):
-        _fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
+        cfg.fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
     if not isinstance(cfg.overwrite, bool):
-        _fail("overwrite", cfg.overwrite, "it must be true or false.")
+        cfg.fail("overwrite", cfg.overwrite, "it must be true or false.")
     if cfg.tensorboard:
         try:  # now, not after data preparation
             import tensorboard  # noqa: F401
         except ImportError:
-            _fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
-                                                  "'blocklab[tensorboard]', or set tensorboard=false.")
+            cfg.fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
+                                                     "'blocklab[tensorboard]', or set tensorboard=false.")
     model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data prep
     if "context_length" in cfg.model and model.context_length < cfg.seq_len:
-        _fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
-                                      "lower seq_len or raise model.context_length (it follows seq_len "
-                                      "by default).")
+        cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
+                                         "lower seq_len or raise model.context_length (it follows seq_len "
+                                         "by default).")
     _validate_init(cfg)
 
 
 def _validate_init(cfg: TrainConfig) -> None:
     """init_from / retrofit; whether init_from exists is checked when the Trainer loads it."""
     if cfg.init_from is not None and (not isinstance(cfg.init_from, str) or not cfg.init_from):
-        _fail("init_from", cfg.init_from, "give a run directory or a save_pretrained export folder.")
+        cfg.fail("init_from", cfg.init_from, "give a run directory or a save_pretrained export folder.")
     if cfg.init_from is not None and cfg.model:
-        _fail("model", cfg.model, "with init_from the model (and its config) comes from the source; "
-                                  "drop the model.* overrides.")
+        cfg.fail("model", cfg.model, "with init_from the model (and its config) comes from the source; "
+                                     "drop the model.* overrides.")
     if cfg.retrofit is None:
         return
     if cfg.init_from is None:
-        _fail("retrofit", cfg.retrofit, "it retrofits a pretrained baseline: set init_from too (a run "
-                                        "directory or a save_pretrained export).")
+        cfg.fail("retrofit", cfg.retrofit, "it retrofits a pretrained baseline: set init_from too (a run "
+                                           "directory or a save_pretrained export).")
     from blocklab.model.value_paths import VALUE_PATHS
 
     allowed = [v for v in VALUE_PATHS if v != "standard"]
     if not isinstance(cfg.retrofit, str) or cfg.retrofit.rpartition("+")[2] not in allowed:
-        _fail("retrofit", cfg.retrofit, f"name a value path ({', '.join(allowed)}), optionally after the "
-                                        "baseline's block preset (pre-ln+resformer).")
+        cfg.fail("retrofit", cfg.retrofit, f"name a value path ({', '.join(allowed)}), optionally after the "
+                                           "baseline's block preset (pre-ln+resformer).")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model import Transformer
 from blocklab.training.config import TrainConfig
 

@@ -17,11 +17,12 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from tqdm.std import tqdm as std_tqdm
 
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
@@ -30,7 +31,7 @@ from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
 from blocklab.training import distributed, init_from, memory, rundir
 from blocklab.training.budget import Budget
-from blocklab.training.config import TrainConfig, resolve_config
+from blocklab.training.config import TrainConfig, read_yaml, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
 from blocklab.training.schedules import lr_factor
@@ -45,6 +46,179 @@ class RunResult:
     run_dir: Path
     model: Transformer
     summary: dict[str, Any]
+
+
+def format_duration(seconds: float) -> str:
+    """"9.8 s", "1 min 35 s", "2 h 05 min"."""
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(round(seconds / 60), 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def format_summary(result: RunResult | dict[str, Any], wall_time: float | None = None) -> str:
+    """One line on a finished run, from its summary (a RunResult, or a run's summary.json read back):
+    what `blocklab train` prints after the run and `blocklab compare` after each, e.g. "pre-ln seed 0,
+    400 steps, 819,200 tokens in 1 min 35 s (8,623 tokens/s); val loss 4.1234, val bits/byte 1.2345".
+    The time is training's alone (validation and data preparation excluded); `wall_time`, the seconds
+    from start to end, is added when given. A field the summary lacks is left out."""
+    s = result.summary if isinstance(result, RunResult) else result
+    who = " ".join(str(part) for part in (s.get("arch"), f"seed {s['seed']}" if "seed" in s else None)
+                   if part is not None)
+    work = [who] if who else []
+    if s.get("step") is not None:
+        work.append(f"{s['step']:,} steps")
+    if s.get("tokens") is not None:
+        spent = f" in {format_duration(s['train_time'])}" if s.get("train_time") is not None else ""
+        speed = f" ({s['tokens_per_s']:,.0f} tokens/s)" if s.get("tokens_per_s") else ""
+        work.append(f"{s['tokens']:,} tokens{spent}{speed}")
+    parts = [", ".join(work)] if work else []
+    if s.get("val_loss") is not None:
+        bpb = f", val bits/byte {s['val_bpb']:.4f}" if s.get("val_bpb") is not None else ""
+        parts.append(f"val loss {s['val_loss']:.4f}{bpb}")
+    if wall_time is not None:
+        parts.append(f"{format_duration(wall_time)} wall time")
+    return "; ".join(parts)
+
+
+# -- progress --------------------------------------------------------------------------------------------
+# Progress goes to stderr. On a terminal (or in a notebook) tqdm redraws its bar in place; in a log file,
+# a pipe or CI the redrawn bar would be a run of carriage returns, so the same figures are written as
+# plain lines instead: one each time another LINE_EVERY of the total is done, at least every
+# LINE_INTERVAL seconds, and a last one at the end.
+LINE_EVERY = 0.1
+LINE_INTERVAL = 300.0
+
+
+def progress_mode(stream: IO[str] | None = None) -> str:
+    """How progress shows on `stream` (default: sys.stderr): "bar", tqdm's bar redrawn in place, on a
+    terminal or in a Jupyter notebook; "lines", plain lines without a carriage return, anywhere else."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        if stream is not None and stream.isatty():
+            return "bar"
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        pass
+    from tqdm.auto import tqdm as auto_tqdm  # the notebook's widget bar when running in Jupyter
+
+    return "bar" if any(c.__module__ == "tqdm.notebook" for c in auto_tqdm.__mro__) else "lines"
+
+
+class LineProgress(std_tqdm):
+    """A tqdm that writes plain lines, for a log file: one when another `every` of the total is done,
+    one at least every `interval` seconds, and a last one when it closes; no bar, no carriage return."""
+
+    def __init__(self, *args: Any, every: float = LINE_EVERY, interval: float = LINE_INTERVAL,
+                 **kwargs: Any) -> None:
+        self.every, self.interval = every, interval
+        self.printed_n: float | None = None  # n at the last line written
+        self.printed_t: float | None = None
+        super().__init__(*args, **kwargs)
+
+    def _due(self) -> bool:
+        if getattr(self, "start_t", None) is None or self.n == self.printed_n:  # still in __init__
+            return False
+        last_n = self.initial if self.printed_n is None else self.printed_n
+        size = self.total * self.every if self.total else 0  # the amount between two lines
+        if size and self.n // size > last_n // size:
+            return True
+        return self._time() - (self.start_t if self.printed_t is None else self.printed_t) >= self.interval
+
+    def _line(self) -> None:
+        fields = {**self.format_dict, "ncols": None}  # a line is not cut to a terminal's width ($COLUMNS)
+        self.fp.write(self.format_meter(**fields) + "\n")
+        self.fp.flush()
+        self.printed_n, self.printed_t = self.n, self._time()
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # noqa: ARG002 (tqdm's)
+        if msg is not None:  # tqdm clearing or replacing a bar: a written line stays as it is
+            return False
+        if self._due():
+            self._line()
+        return True
+
+    def clear(self, nolock: bool = False) -> None:
+        """Nothing to clear: every line stays."""
+
+    def close(self) -> None:
+        if not self.disable and getattr(self, "start_t", None) is not None and self.n != self.printed_n:
+            self._line()
+        self.leave = False  # tqdm would end a bar it keeps with a newline; each line has its own
+        super().close()
+
+
+def progress_bar(total: float | None, enabled: bool = True, stream: IO[str] | None = None,
+                 line_format: str | None = None, **kwargs: Any) -> std_tqdm:
+    """A tqdm bar on `stream` (default: sys.stderr) in the `progress_mode` of that stream: tqdm.auto's
+    bar with `kwargs` (bar_format ...), or a LineProgress whose lines follow `line_format` (a tqdm
+    bar_format without {bar}) and are written no matter what `leave` says. `enabled=False`: silent."""
+    stream = sys.stderr if stream is None else stream
+    if progress_mode(stream) == "lines":
+        for name in ("dynamic_ncols", "leave"):
+            kwargs.pop(name, None)
+        bar_format = line_format or kwargs.get("bar_format")
+        kwargs.pop("bar_format", None)
+        return LineProgress(total=total, disable=not enabled, file=stream, bar_format=bar_format, **kwargs)
+    from tqdm.auto import tqdm as auto_tqdm
+
+    return auto_tqdm(total=total, disable=not enabled, file=stream, **kwargs)
+
+
+class RunsProgress:
+    """One progress line over several runs (`blocklab compare`): each run still to train is one unit,
+    which its Trainer advances by the fraction of its budget done, so the ETA (from the average rate so
+    far) counts every run's steps or seconds alike. The postfix shows the caller's label for the
+    current run ("2/6 runs done, sas-seed0") and the Trainer's status (step, loss). `write` prints a
+    line, such as a finished run's result, above a terminal bar."""
+
+    def __init__(self, runs: int, enabled: bool = True, stream: IO[str] | None = None) -> None:
+        self.bar = progress_bar(
+            runs, enabled=enabled and runs > 0, stream=stream, desc="compare", smoothing=0,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
+            line_format="{desc}: {percentage:3.0f}% [{elapsed}<{remaining}{postfix}]", dynamic_ncols=True)
+        self.label, self.start, self.offset = "", 0.0, 0.0
+
+    def begin(self, label: str) -> None:
+        """A run starts."""
+        self.label, self.start, self.offset = label, self.bar.n, 0.0
+        self.bar.set_postfix_str(label)
+
+    def skip(self, done: float) -> None:
+        """The run resumes with `done` of its budget spent before: neither done now nor still to do."""
+        self.offset = done
+        self.bar.total -= done
+
+    def advance(self, fraction: float, status: str = "") -> None:
+        """The run has spent `fraction` of its budget."""
+        self.bar.set_postfix_str(f"{self.label}: {status}" if status else self.label, refresh=False)
+        self.bar.update(self.start + fraction - self.offset - self.bar.n)
+
+    def end(self) -> None:
+        """The run finished: its result line follows, so the postfix is cleared until the next run."""
+        self.label = ""
+        self.advance(1.0)
+
+    def write(self, message: str, log=print) -> None:
+        """`log(message)` with a terminal bar cleared first and drawn again after."""
+        with std_tqdm.external_write_mode():
+            log(message)
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> RunsProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def say(message: str) -> None:
+    """A message on stderr ("blocklab: ..."), written above any progress bar."""
+    std_tqdm.write(f"blocklab: {message}", file=sys.stderr)
 
 
 def resolve_device(name: str, env: distributed.DistEnv) -> torch.device:
@@ -124,8 +298,45 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     return Trainer(resolve_config(config, overrides, resume), resume=resume).run()
 
 
+def _announce_resume(run_dir: Path, checkpoint: Path | None, cfg: TrainConfig) -> None:
+    """Say what a resume does when it is not the obvious thing: no checkpoint yet, or a new budget."""
+    if checkpoint is None:
+        say(f"--resume: {run_dir} holds no checkpoint yet (one is written every ckpt_every={cfg.ckpt_every} "
+            f"/ eval_every={cfg.eval_every} steps); training starts from step 0")
+        return
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = TrainConfig.from_dict(read_yaml(saved_path)).budgets()
+    if saved != cfg.budgets():
+        say(f"--resume: the budget changes from {_plain_budget(saved)} to {_plain_budget(cfg.budgets())}; "
+            f"the learning-rate schedule is recomputed for the new budget from {checkpoint.name} on, so the "
+            "curve follows neither the old run's schedule nor a fresh run's")
+
+
+def _plain_budget(budgets: dict[str, int | float]) -> str:
+    return " and ".join(f"{k}={v:g}" for k, v in budgets.items()) or "none"
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, resume: bool = False):
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overall: RunsProgress | None = None):
+        """`overall`: a progress line over several runs (compare) that this run advances instead of
+        showing a bar of its own."""
+        self.overall = overall
+        self.threads_before = torch.get_num_threads() if cfg.threads is not None else None
+        if cfg.threads is not None:  # until the run ends: then the count before it comes back
+            torch.set_num_threads(cfg.threads)
+        try:
+            self._setup(cfg, resume)
+        except BaseException:
+            self._restore_threads()
+            raise
+
+    def _restore_threads(self) -> None:
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
+
+    def _setup(self, cfg: TrainConfig, resume: bool) -> None:
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
         if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
             cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
@@ -152,13 +363,13 @@ class Trainer:
 
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
-            self.data = prepare_data(cfg.data)
+            self.data = prepare_data(cfg.data, progress=cfg.progress)
             stats = self.data.stats  # one line with the counts; data_manifest.json lists the files
             counts = ((stats["skipped_count"], "files that are not UTF-8 text"),
                       (stats["bad_records"], "unreadable JSONL records"))
             skipped = [f"{n} {what}" for n, what in counts if n]
             if skipped:
-                print(f"blocklab: skipped {' and '.join(skipped)} (see data_manifest.json)", file=sys.stderr)
+                say(f"skipped {' and '.join(skipped)} (see data_manifest.json)")
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
@@ -193,6 +404,8 @@ class Trainer:
             _check_resume(self.checkpoint, self.model_cfg, self.data.tokenizer.hash)
         if not self.env.is_main:
             return
+        if self.resume:
+            _announce_resume(self.run_dir, self.checkpoint, self.cfg)
         if self.checkpoint is None and self.cfg.overwrite:
             rundir.clear_run(self.run_dir)
         ckpt.remove_partial_writes(self.run_dir)  # left by a process killed while saving
@@ -296,7 +509,7 @@ class Trainer:
                 scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
                 if logger is not None:
                     logger.log({"kind": "train", "step": 0, "tokens": 0, "scalars": scalars})
-            if cfg.init_from and not resumed:  # the starting point's validation loss (step 0)
+            if not resumed and (cfg.eval_every or cfg.init_from):  # step 0: every curve starts there
                 self._validate(logger)
             val = self._loop(logger, resumed)
             summary = self._summary(val)
@@ -306,17 +519,28 @@ class Trainer:
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
         finally:
             distributed.teardown(env)
+            self._restore_threads()
 
-    def _progress_bar(self):
-        from tqdm.auto import tqdm
-
-        show = self.cfg.progress and self.env.is_main
-        common = dict(disable=not show, dynamic_ncols=True, file=sys.stderr)
+    def _progress_bar(self) -> std_tqdm:
+        """This run's bar: tqdm's on a terminal, a line every tenth in a log file (`progress_mode`); off
+        with progress=false, on ranks other than 0 and under an `overall` line."""
+        show = self.cfg.progress and self.env.is_main and self.overall is None
         if self.budget.total_steps is None:  # a wall-clock budget: seconds of training, so tqdm has an ETA
-            return tqdm(total=self.budget.max_time, initial=self.state.train_time, unit="s",
-                        bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}{postfix}]",
-                        **common)
-        return tqdm(total=self.budget.total_steps, initial=self.state.step, unit="step", **common)
+            return progress_bar(
+                self.budget.max_time, show, initial=self.state.train_time, unit="s", dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s [{elapsed}<{remaining}{postfix}]",
+                line_format="{percentage:3.0f}% {n:.1f}/{total:.1f} s [{elapsed}<{remaining}{postfix}]")
+        return progress_bar(
+            self.budget.total_steps, show, initial=self.state.step, unit="step", dynamic_ncols=True,
+            line_format="{percentage:3.0f}% {n_fmt}/{total_fmt} steps [{elapsed}<{remaining}, {rate_fmt}"
+                        "{postfix}]")
+
+    def _status(self, loss: float) -> str:
+        """Where the run is, for an `overall` progress line: "step 120/400, loss 4.123"."""
+        state, budget = self.state, self.budget
+        if budget.total_steps is None:
+            return f"step {state.step}, {state.train_time:.0f}/{budget.max_time:g} s, loss {loss:.3f}"
+        return f"step {state.step}/{budget.total_steps}, loss {loss:.3f}"
 
     def _loop(self, logger: MetricsLogger | None, resumed: bool) -> dict[str, float]:
         cfg, state, budget = self.cfg, self.state, self.budget
@@ -325,6 +549,8 @@ class Trainer:
         first_step = state.step
         val: dict[str, float] | None = None
         window_tokens, window_start = 0, time.perf_counter()
+        if self.overall is not None and budget.progress(state) > 0:  # resumed: that part was done before
+            self.overall.skip(budget.progress(state))
         self.wrapped.train()
         done = self._done()
         while not done:
@@ -345,6 +571,8 @@ class Trainer:
                 window_tokens += self.tokens_per_step
             bar.update(min(state.train_time, budget.max_time) - bar.n if timed else 1)
             bar.set_postfix({"step": state.step, "loss": f"{loss:.3f}"} if timed else {"loss": f"{loss:.3f}"})
+            if self.overall is not None:
+                self.overall.advance(budget.progress(state), self._status(loss))
             done = self._done()  # a collective: every rank calls it exactly once per step
             # gathering FSDP-sharded gains (DTensor.full_tensor) is a collective: every rank takes part
             scalars = learned_scalars(self.model) if state.step % cfg.log_every == 0 or done else None
