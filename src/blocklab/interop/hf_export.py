@@ -67,14 +67,14 @@ def _common_mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def _field_mismatches(cfg: ModelConfig, needs: dict[str, tuple[Any, ...]]) -> list[str]:
+    """`needs`: field -> the values the target accepts."""
+    return [_mismatch(f, getattr(cfg, f), " or ".join(map(repr, allowed)))
+            for f, allowed in needs.items() if getattr(cfg, f) not in allowed]
+
+
 def _gpt2_mismatches(cfg: ModelConfig) -> list[str]:
-    out = []
-    if cfg.norm != "layernorm":
-        out.append(_mismatch("norm", cfg.norm, "'layernorm'"))
-    if cfg.positions != "learned":
-        out.append(_mismatch("positions", cfg.positions, "'learned'"))
-    if cfg.mlp_act not in GPT2_ACTS:
-        out.append(_mismatch("mlp_act", cfg.mlp_act, f"one of {', '.join(map(repr, GPT2_ACTS))}"))
+    out = _field_mismatches(cfg, {"norm": ("layernorm",), "positions": ("learned",), "mlp_act": GPT2_ACTS})
     if cfg.kv_heads != cfg.n_heads:
         out.append(_mismatch("n_kv_heads", cfg.n_kv_heads, f"None or n_heads = {cfg.n_heads}"))
     if cfg.head_size * cfg.n_heads != cfg.d_model:
@@ -83,13 +83,7 @@ def _gpt2_mismatches(cfg: ModelConfig) -> list[str]:
 
 
 def _llama_mismatches(cfg: ModelConfig) -> list[str]:
-    out = []
-    if cfg.norm != "rmsnorm":
-        out.append(_mismatch("norm", cfg.norm, "'rmsnorm'"))
-    if cfg.positions != "rope":
-        out.append(_mismatch("positions", cfg.positions, "'rope'"))
-    if cfg.mlp_act != "swiglu":
-        out.append(_mismatch("mlp_act", cfg.mlp_act, "'swiglu'"))
+    out = _field_mismatches(cfg, {"norm": ("rmsnorm",), "positions": ("rope",), "mlp_act": ("swiglu",)})
     if cfg.d_model % cfg.n_heads:  # transformers validates hidden_size % num_attention_heads
         out.append(_mismatch("d_model", cfg.d_model, f"a multiple of n_heads = {cfg.n_heads}"))
     return out
