@@ -29,7 +29,7 @@ from torch import Tensor
 
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.interop.export_files import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, export_metadata
-from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS
+from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS, _Weights
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -132,24 +132,17 @@ def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token
 
 
 # -- weights -----------------------------------------------------------------------------------
-class _Taken:
+class _Taken(_Weights):
     """Reads blocklab tensors by name, so that a weight the export would leave behind is an error."""
-
-    def __init__(self, state: dict[str, Tensor]):
-        self.state, self.used = state, set()
-
-    def __call__(self, name: str) -> Tensor:
-        self.used.add(name)
-        return self.state[name]
 
     def bias(self, name: str, like: Tensor) -> Tensor:
         """The bias `name`, or zeros when the model has none (GPT-2 always has biases)."""
         return self(name) if name in self.state else like.new_zeros(like.shape[0])
 
-    def check_all_used(self) -> None:
+    def check_all_used(self, model_type: str = "Hugging Face export") -> None:
         left = sorted(set(self.state) - self.used)
         if left:
-            raise ConfigError(f"the Hugging Face export would drop these weights: {', '.join(left[:8])}"
+            raise ConfigError(f"the {model_type} would drop these weights: {', '.join(left[:8])}"
                               f"{' ...' if len(left) > 8 else ''}. {_KEEP}.")
 
 
