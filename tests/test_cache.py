@@ -505,3 +505,82 @@ def test_sample_next_filters():
     assert abs((top_k == 2).float().mean().item() - 0.15 / 0.95) < 0.04
     hot = sample_next(logits, 100.0, generator=g)  # a high temperature flattens the distribution
     assert abs((hot == 3).float().mean().item() - 0.25) < 0.05
+
+
+# -- the decoding fast path keeps the behaviour of the plain one -----------------------------------
+def test_hooks_fire_during_generate_and_change_nothing():
+    """`dispatch.call` skips nn.Module.__call__ only when it would do nothing more: a module hook,
+    a global hook and a forward pre-hook on a block still run while generating."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    model = build("sas-p+resformer", seed=15)
+    prompt = ids_of(2, 4, seed=14)
+    plain = model.generate(prompt, 6)
+    calls = {"fc": 0, "global": 0, "block": 0}
+
+    def count(name):
+        def hook(*_):
+            calls[name] += 1
+        return hook
+
+    handles = [model.block(1).mlp.fc.register_forward_hook(count("fc")),
+               model.block(0).register_forward_pre_hook(count("block")),
+               register_module_forward_hook(count("global"))]
+    try:
+        hooked = model.generate(prompt, 6)
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.equal(hooked, plain)
+    assert calls["fc"] == 6 and calls["block"] == 6  # the prefill and five fed-back tokens
+    assert calls["global"] > 6 * len(model.blocks)  # every submodule call went through __call__
+    assert torch.equal(model.generate(prompt, 6), plain)  # and nothing is left behind
+
+
+def test_decode_hidden_states_equals_hidden_states_with_a_cache():
+    model = build("pre-ln+bov", seed=16, window_size=3, window_pattern="SL")
+    ids = ids_of(2, 9, seed=15)
+    with torch.no_grad():
+        checked, unchecked = model.new_cache(2, 9), model.new_cache(2, 9)
+        for s, e in ((0, 5), (5, 6), (6, 9)):
+            torch.testing.assert_close(model.decode_hidden_states(ids[:, s:e], unchecked),
+                                       model.hidden_states(ids[:, s:e], checked), rtol=0, atol=0)
+    assert checked.length == unchecked.length == 9
+    with pytest.raises(ValueError, match="exceed"):  # the cache still checks its room
+        model.decode_hidden_states(ids[:, :1], unchecked)
+
+
+def test_generate_returns_ordinary_tensors_and_leaves_the_cache_usable_with_autograd():
+    """The loop runs in inference mode; its output and a cache passed in still work under autograd."""
+    model = build("shaped+svformer", seed=17).train()
+    prompt = ids_of(2, 4, seed=16)
+    cache = model.new_cache(2, 12)
+    out = model.generate(prompt, 5, cache=cache)
+    assert not out.is_inference() and model.training and cache.length == 8
+    loss = model(out[:, -1:], cache=cache).logsumexp(-1).sum() + model(out).logsumexp(-1).sum()
+    loss.backward()  # a cache extended in inference mode, then a step with gradients
+    assert cache.length == 9 and model.tok_emb.weight.grad is not None
+
+
+def test_carry_update_copies_and_checks_the_fields():
+    from blocklab.model.carry import Carry
+
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    carry = Carry(token_ids=ids, positions=torch.arange(2))
+    new = carry.update(first_values=ids, values=(ids,))
+    assert new is not carry and carry.first_values is None and carry.values == ()
+    assert new.first_values is ids and new.token_ids is ids and new.values == (ids,)
+    with pytest.raises(TypeError, match="no field"):
+        carry.update(not_a_field=1)
+
+
+@pytest.mark.parametrize("t_k, causal, window, masked", [(7, True, None, False), (7, False, None, False),
+                                                          (7, True, 7, False), (7, True, 3, True),
+                                                          (7, False, 3, True), (1, True, None, False)])
+def test_a_single_query_builds_no_mask_when_it_sees_every_key(t_k, causal, window, masked):
+    mask = ops.attention_mask(1, t_k, causal, window)
+    assert (mask is not None) == masked
+    q, k, v = (torch.randn(2, 4, t, 8, dtype=torch.float64) for t in (1, t_k, t_k))
+    full = torch.ones(1, t_k, dtype=torch.bool) if mask is None else mask
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
+    torch.testing.assert_close(ops.attention(q, k, v, causal, window), expected)

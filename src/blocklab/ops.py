@@ -35,11 +35,18 @@ def key_bounds(t_q: int, t_k: int, causal: bool, window: int | None,
 def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
                    device: torch.device | None = None) -> Tensor | None:
     """Boolean (T_q, T_k) mask, True where a query may attend; None when every key is allowed."""
-    if not causal and window is None:
+    if (not causal and window is None) or sees_every_key(t_q, t_k, window):
         return None
     lo, hi = key_bounds(t_q, t_k, causal, window, device)
     keys = torch.arange(t_k, device=device)
     return (keys >= lo[:, None]) & (keys <= hi[:, None])
+
+
+def sees_every_key(t_q: int, t_k: int, window: int | None) -> bool:
+    """True when a single query, the last of the T_k positions (a decoding step), may attend to every
+    key it is given: under a causal mask it sits after them all, and a window of `window` keys reaches
+    back to the first. Such a query needs no mask (and builds none: no per-step allocations)."""
+    return t_q == 1 and (window is None or t_k <= window)
 
 
 # Queries per SDPA call under a sliding window (at least the window): memory O(T (block + window)).
@@ -57,6 +64,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, window: int 
     gqa = k.shape[-3] != q.shape[-3]
     if causal and window is None and t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    if sees_every_key(t_q, t_k, window):  # a decoding step: one query, every key visible, no mask
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=gqa)
     if window is not None and t_q > max(window, WINDOW_BLOCK):
         return windowed_attention(q, k, v, causal, window, scale)
     mask = attention_mask(t_q, t_k, causal, window, q.device)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from blocklab import ops
 from blocklab.model.carry import Carry
+from blocklab.model.dispatch import call
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.value_paths import make_value_path
@@ -86,22 +87,29 @@ class Attention(nn.Module):
 
     def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
         """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA)."""
-        q = self._position(ops.split_heads(self.q(x), self.head_dim), positions)
-        if self.k is None:
+        plain = not self.qk_norm and self.rope_base is None  # nothing to apply: no calls per token
+        q = ops.split_heads(call(self.q, x), self.head_dim)
+        if not plain:
+            q = self._position(q, positions)
+        k_map = self.k
+        if k_map is None:
             return q, None
-        return q, self._position(ops.split_heads(self.k(x), self.head_dim), positions)
+        k = ops.split_heads(call(k_map, x), self.head_dim)
+        return q, k if plain else self._position(k, positions)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         q, k = self.queries_keys(x, carry.positions)
-        out, carry = self.values(x, q, k, carry)  # for the current tokens only
-        if carry.cache is None:
+        path = self.values
+        out, carry = call(path, x, q, k, carry)  # for the current tokens only
+        cache = carry.cache
+        if cache is None:
             keys, values = out.k, ops.split_heads(out.v, self.head_dim)
             other_kv, past_sum = out.other_kv, None
         else:  # the cached past and the current tokens: every key and value these queries may see
-            seen = carry.cache.update(self.layer, out.k, out.v)
-            values = ops.split_heads(self.values.values_from_cache(seen.value_source, carry), self.head_dim)
+            seen = cache.update(self.layer, out.k, out.v)
+            values = ops.split_heads(path.values_from_cache(seen.value_source, carry), self.head_dim)
             keys, other_kv, past_sum = seen.keys, seen.other_kv, seen.value_sum
         y = self.attend(out.q, keys, values, other_kv, past_sum)
         if out.offset is not None:
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
-        return self.proj(ops.merge_heads(y)), carry
+        return call(self.proj, ops.merge_heads(y)), carry

@@ -200,19 +200,24 @@ class _Store:
     def update(self, new: Tensor, past: int, start: int) -> Tensor:
         """Store `new` (positions past .. past+T-1); return positions start .. past+T-1."""
         t = new.shape[1]
-        stored = new.detach().to(self.data.dtype)
-        present = new if new.requires_grad else stored.to(new.dtype)
+        data = self.data
+        grad = new.requires_grad
+        stored = new.detach() if grad else new  # the cache holds no graph
+        if stored.dtype != data.dtype:
+            stored = stored.to(data.dtype)
         if not self.ring:
-            self.data[:, past:past + t] = stored
-            if new.requires_grad:  # keep the current tokens' graph; the past is a constant
-                return torch.cat((self.data[:, start:past].to(new.dtype), new), dim=1)
-            return self.data[:, start:past + t].to(new.dtype)  # a view when the dtypes agree
-        device = self.data.device
+            data[:, past:past + t] = stored
+            if grad:  # keep the current tokens' graph; the past is a constant
+                return torch.cat((data[:, start:past].to(new.dtype), new), dim=1)
+            seen = data[:, start:past + t]  # a view
+            return seen if seen.dtype == new.dtype else seen.to(new.dtype)
+        present = new if grad else stored.to(new.dtype)
+        device = data.device
         # read the past before writing: a long chunk overwrites slots its own first queries still see
-        older = self.data.index_select(1, torch.arange(start, past, device=device) % self.capacity)
+        older = data.index_select(1, torch.arange(start, past, device=device) % self.capacity)
         keep = min(t, self.capacity)
         slots = torch.arange(past + t - keep, past + t, device=device) % self.capacity
-        self.data.index_copy_(1, slots, stored[:, t - keep:])
+        data.index_copy_(1, slots, stored[:, t - keep:])
         return torch.cat((older.to(new.dtype), present), dim=1)
 
 
@@ -257,6 +262,7 @@ class KVCache:
         sum_dtype = torch.promote_types(dtype, torch.float32)
         self.value_sums = {j: torch.zeros(batch_size, *heads[:1], 1, heads[1], dtype=sum_dtype, device=device)
                            for j in self.layout.summed_layers}
+        self._positions = torch.arange(max_len, device=device)  # sliced by `begin`: no arange per step
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
@@ -304,7 +310,10 @@ class KVCache:
         self._chunk, self._present = t, {}
         if self.token_ids is not None:
             self._write("token_ids", None, self.token_ids, token_ids)
-        return torch.arange(self.length, self.length + t, device=token_ids.device)
+        positions = self._positions
+        if positions.device != token_ids.device:
+            return torch.arange(self.length, self.length + t, device=token_ids.device)
+        return positions[self.length:self.length + t]
 
     def end(self) -> None:
         """Finish the forward pass: the new positions count as cached."""
@@ -322,19 +331,22 @@ class KVCache:
         values, another layer's keys and values it reads, and its running value sum."""
         key_layer, value_layer, reads = self.layout.routes[layer]
         start = _first_position(self.length, self.layout.windows[layer])
-        if key_layer == layer:
+        if key_layer == layer:  # its own keys: what it stores is what it reads
             assert k is not None
-            self._write("keys", layer, self.keys[layer], k.transpose(1, 2))
-        keys = self._read("keys", key_layer, start).transpose(1, 2)
+            keys = self._write("keys", layer, self.keys[layer], k.transpose(1, 2), start)
+        else:
+            keys = self._read("keys", key_layer, start)
+        keys = keys.transpose(1, 2)
         if value_layer == layer:
-            self._write("values", layer, self.values[layer], v)
-        source = self._read("token_ids" if value_layer is None else "values", value_layer, start)
+            source = self._write("values", layer, self.values[layer], v, start)
+        else:
+            source = self._read("token_ids" if value_layer is None else "values", value_layer, start)
         other = None
         if reads:  # the other layer's keys and values at the positions this layer sees
             first = self.length + self._chunk_length() - keys.shape[-2]
             other = (self._read("keys", reads[0], first).transpose(1, 2),
                      ops.split_heads(self._read("values", reads[0], first), self.cfg.head_size))
-        return Seen(keys, source, other, self._add_to_sum(layer, v))
+        return Seen(keys, source, other, self._add_to_sum(layer, v) if self.value_sums else None)
 
     def _chunk_length(self) -> int:
         assert self._chunk is not None, "update() and end() run after begin()"
@@ -351,9 +363,18 @@ class KVCache:
         sums += stored.sum(dim=-2, keepdim=True, dtype=sums.dtype)
         return before
 
-    def _write(self, kind: str, layer: int | None, store: _Store, new: Tensor) -> None:
-        start = _first_position(self.length, store.span)  # what its widest reader sees
-        self._present[kind, layer] = (start, store.update(new, self.length, start))
+    def _write(self, kind: str, layer: int | None, store: _Store, new: Tensor,
+               start: int | None = None) -> Tensor:
+        """Store `new` and keep what the store's widest reader sees for the later layers; returns the
+        positions from `start` on (for the writing layer itself), or all it keeps (start None)."""
+        first = _first_position(self.length, store.span)  # what its widest reader sees
+        seen = store.update(new, self.length, first)
+        self._present[kind, layer] = (first, seen)
+        if start is None or start == first:
+            return seen
+        if start < first:
+            raise AssertionError(f"the cached {kind} of layer {layer} start at {first}, not {start}")
+        return seen[:, start - first:]
 
     def _read(self, kind: str, layer: int | None, start: int) -> Tensor:
         if (kind, layer) not in self._present:

@@ -71,12 +71,13 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Transformer, ids: Tensor, cache: KVCache) -> Tensor:
-    """Next-token logits (B, vocab): the head runs on the last position only."""
-    return model.logits(model.hidden_states(ids, cache)[:, -1])
+def _last_logits(model: Transformer, ids: Tensor, cache: KVCache, checked: bool = False) -> Tensor:
+    """Next-token logits (B, vocab): the head runs on the last position only. `checked`: the ids
+    are the model's own samples (in range) and the cache has passed the checks of a first call."""
+    hidden = model.decode_hidden_states(ids, cache) if checked else model.hidden_states(ids, cache)
+    return model.logits(hidden[:, -1])
 
 
-@torch.no_grad()
 def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
@@ -87,6 +88,9 @@ def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, tempera
     extends), then one token per step. `seed` makes sampling reproducible (a private generator);
     a row stops after its first token in `stop_tokens`, and is filled with `pad_token` (default: the
     first stop token) until every row has stopped. The model runs in eval mode (no dropout).
+
+    The loop runs under `torch.inference_mode` (no autograd bookkeeping per op); the returned ids are
+    an ordinary tensor, and a `cache` passed in stays usable outside inference mode.
     """
     _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
     b, t = input_ids.shape
@@ -96,22 +100,38 @@ def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, tempera
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     stops = torch.tensor(list(stop_tokens or ()), dtype=input_ids.dtype, device=device)
     pad = stops[0] if pad_token is None and len(stops) else pad_token
-    done = torch.zeros(b, dtype=torch.bool, device=device)
     out = [input_ids]
     was_training = model.training
     model.eval()
     try:
-        logits = _last_logits(model, input_ids, cache)
-        for step in range(max_new_tokens):
-            ids = sample_next(logits, temperature, top_k, top_p, generator).to(input_ids.dtype)
-            if len(stops):
-                assert pad is not None  # the first stop token when no pad_token is given
-                ids = torch.where(done, pad, ids)
-                done = done | torch.isin(ids, stops)
-            out.append(ids[:, None])
-            if step + 1 == max_new_tokens or bool(done.all()):
-                break
-            logits = _last_logits(model, ids[:, None], cache)
+        with torch.inference_mode():
+            _decode(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, stops, pad, cache,
+                    out)
     finally:
         model.train(was_training)
-    return torch.cat(out, dim=1)
+    with torch.no_grad():  # outside inference mode: the ids can feed a later training step
+        return torch.cat(out, dim=1)
+
+
+def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+            top_p: float | None, generator: torch.Generator | None, stops: Tensor, pad: Tensor | int | None,
+            cache: KVCache, out: list[Tensor]) -> None:
+    """The prefill and the decoding steps of `generate`; appends each step's ids (B, 1) to `out`."""
+    b = input_ids.shape[0]
+    done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
+    stopping = len(stops) > 0
+    logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
+    for step in range(max_new_tokens):
+        ids = sample_next(logits, temperature, top_k, top_p, generator)
+        if ids.dtype != input_ids.dtype:
+            ids = ids.to(input_ids.dtype)
+        if stopping:
+            assert pad is not None  # the first stop token when no pad_token is given
+            ids = torch.where(done, pad, ids)
+            done = done | torch.isin(ids, stops)
+        column = ids[:, None]
+        out.append(column)
+        # the all-rows-stopped test reads a device value: only when there are stop tokens
+        if step + 1 == max_new_tokens or (stopping and bool(done.all())):
+            return
+        logits = _last_logits(model, column, cache, checked=True)  # sampled ids lie in the vocabulary

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from blocklab.model.dispatch import call
+
 GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": F.gelu}
 
 
@@ -40,4 +42,4 @@ class MLP(nn.Module):
         return F.gelu(h)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.activation(self.fc(x)))
+        return call(self.out, self.activation(call(self.fc, x)))

@@ -12,6 +12,7 @@ from blocklab import ops
 from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
+from blocklab.model.dispatch import call
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import make_norm
 from blocklab.model.value_paths import make_shared_module
@@ -129,14 +130,14 @@ class Transformer(nn.Module):
         """Add position embeddings to the token embeddings."""
         x = tokens
         if self.pos_emb is not None:
-            x = x + self.pos_emb(positions)
+            x = x + call(self.pos_emb, positions)
         elif self.cfg.positions == "sinusoidal":
             x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
         return x
 
     def logits(self, x: Tensor) -> Tensor:
-        x = self.norm(x)
-        logits = self.head(x) if self.head is not None else x @ self.tok_emb.weight.T
+        x = call(self.norm, x)
+        logits = call(self.head, x) if self.head is not None else x @ self.tok_emb.weight.T
         if self.cfg.logit_softcap is not None:
             cap = self.cfg.logit_softcap
             logits = cap * torch.tanh(logits / cap)
@@ -153,8 +154,10 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
         if input_ids.dtype not in (torch.long, torch.int32):
             raise ValueError(f"input_ids must hold integer token ids (torch.long); got {input_ids.dtype}")
-        if input_ids.device.type == "cpu" and input_ids.numel():  # on CUDA the check would cost a sync
-            low, high = int(input_ids.min()), int(input_ids.max())
+        # on CUDA the check would cost a sync; under torch.compile it would break the graph
+        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
+            bounds = torch.aminmax(input_ids)  # one pass over the ids
+            low, high = int(bounds.min), int(bounds.max)
             if low < 0 or high >= self.cfg.vocab_size:
                 raise ValueError(f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}); got ids from "
                                  f"{low} to {high}")
@@ -162,13 +165,21 @@ class Transformer(nn.Module):
         if cache is None:
             if t > self.cfg.context_length:
                 raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
-            positions = torch.arange(t, device=input_ids.device)
-        else:
-            if cache.cfg != self.cfg:
-                raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
-                                 "one with model.new_cache(...).")
-            positions = cache.begin(input_ids)  # continues after the cached positions
-        tokens = self.tok_emb(input_ids)
+            return self._run_blocks(input_ids, torch.arange(t, device=input_ids.device), None)
+        if cache.cfg is not self.cfg and cache.cfg != self.cfg:  # the same object: no field-by-field test
+            raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
+                             "one with model.new_cache(...).")
+        return self.decode_hidden_states(input_ids, cache)
+
+    def decode_hidden_states(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """`hidden_states(input_ids, cache)` without the checks of the ids and of the cache's config:
+        for a decoding loop whose ids the model itself produced (in range, shape (B, T)) and whose
+        cache it made or checked once (`generate` checks the prompt and calls this for every new
+        token). The cache still checks the batch size and its room (`KVCache.begin`)."""
+        return self._run_blocks(input_ids, cache.begin(input_ids), cache)  # positions after the cached
+
+    def _run_blocks(self, input_ids: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
+        tokens = call(self.tok_emb, input_ids)
         x = self.embed(tokens, positions)
         carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
                       embedding_table=self.tok_emb.weight, cache=cache)
@@ -176,10 +187,13 @@ class Transformer(nn.Module):
         if shared is not None:
             carry = shared.before_blocks(carry)
         try:
-            for layer, block in enumerate(self.blocks):
-                x, carry = block(x, carry)
-                if shared is not None:  # outside the block: reads the outputs of earlier blocks
-                    x, carry = shared.after_block(layer, x, carry)
+            if shared is None:
+                for block in self.blocks:
+                    x, carry = call(block, x, carry)
+            else:
+                for layer, block in enumerate(self.blocks):
+                    x, carry = call(block, x, carry)
+                    x, carry = shared.after_block(layer, x, carry)  # outside the block: reads earlier outputs
         except BaseException:
             if cache is not None:
                 cache.abort()

@@ -1,0 +1,302 @@
+"""Greedy decoding at the limit: blocklab `generate` against a hand-written loop on the same weights.
+
+The hand-written contender (`HandDecoder`) reads the weights of a blocklab Pre-LN `Transformer` with
+standard values and GPT-2's block (LayerNorm, learned positions, GELU, biases, tied or untied head)
+into plain tuples and runs its own forward pass: `F.embedding`, `F.layer_norm`, `F.linear`,
+`F.scaled_dot_product_attention`, the MLP activation, K and V written into tensors preallocated for
+the whole sequence in the (layer, B, H, T, D) layout SDPA reads, no mask while decoding (one query
+sees every cached key), under `torch.inference_mode`, no module calls and no objects per step. It is
+what blocklab's decode path would cost with no bookkeeping at all: the same kernels in the same
+order (Q, K and V are three matmuls as in blocklab, not one fused QKV matmul), so any gap is
+per-token Python and dispatch overhead. Before timing, its tokens are checked to equal `generate`'s.
+
+Measurement: one process, one thread (`--threads`), both contenders built from one model per size;
+for each (size, batch) cell a warm-up call each, then `--repeats` calls each, round-robin with the
+starting contender alternating. A call is a full greedy generation: the prompt's prefill, then
+`--new` tokens one at a time (prompt 64 + 128 new tokens by default); tokens/s = batch x new /
+wall time of the call. The table gives the median with the min-max over repeats and the ratio of
+medians blocklab / hand loop (>= 1.00: blocklab is as fast), and the median of the per-repeat
+ratios (paired, the same repeat), which is steadier on a shared machine.
+
+Sizes (GPT-2's block on each): ``small`` (blocklab's `small` preset dims: d 256, 6 layers, 4 heads,
+MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP 3072, vocab 50257);
+``tiny`` (d 64, 2 layers) is for the tests.
+
+    PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
+        [--quick] [--device cuda] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import blocklab
+
+SIZES = {
+    "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
+    "small": dict(d_model=256, n_layers=6, n_heads=4, mlp_hidden=1024, vocab_size=8192),
+    "gpt2": dict(d_model=768, n_layers=12, n_heads=12, mlp_hidden=3072, vocab_size=50257),
+}
+GPT2_BLOCK = dict(norm="layernorm", norm_eps=1e-5, positions="learned", mlp_act="gelu", bias=True,
+                  tie_embeddings=True, final_norm=True, dropout=0.0)
+ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu}
+RESULTS = Path(__file__).parent / "results"
+OURS, HAND = "blocklab generate", "hand loop"
+
+
+def make_model(size: str, context: int, seed: int = 0) -> blocklab.Transformer:
+    """A blocklab Pre-LN model of GPT-2's block at `size` (a key of SIZES), eval mode, random weights."""
+    torch.manual_seed(seed)
+    cfg = blocklab.ModelConfig.from_preset("pre-ln", "small", **SIZES[size], **GPT2_BLOCK,
+                                           context_length=context)
+    return blocklab.Transformer(cfg).eval()
+
+
+# -- the hand-written contender --------------------------------------------------------------------
+class Layer(NamedTuple):
+    ln1_w: Tensor
+    ln1_b: Tensor | None
+    q_w: Tensor
+    q_b: Tensor | None
+    k_w: Tensor
+    k_b: Tensor | None
+    v_w: Tensor
+    v_b: Tensor | None
+    o_w: Tensor
+    o_b: Tensor | None
+    ln2_w: Tensor
+    ln2_b: Tensor | None
+    fc_w: Tensor
+    fc_b: Tensor | None
+    out_w: Tensor
+    out_b: Tensor | None
+
+
+def _linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    if not isinstance(module, nn.Linear):
+        raise ValueError(f"the hand loop reads plain nn.Linear weights, not {type(module).__name__}")
+    return module.weight.detach(), None if module.bias is None else module.bias.detach()
+
+
+def _norm(module: nn.Module) -> tuple[Tensor, Tensor | None]:
+    if not isinstance(module, nn.LayerNorm) or module.weight is None:
+        raise ValueError(f"the hand loop reads LayerNorm weights, not {type(module).__name__}")
+    return module.weight.detach(), None if module.bias is None else module.bias.detach()
+
+
+def _is_one(gain: nn.Module | None) -> bool:
+    return gain is not None and getattr(gain, "gain", 0) is None and getattr(gain, "init", 0) == 1.0
+
+
+class HandDecoder:
+    """Greedy decoding of a blocklab Pre-LN, GPT-2-block model by a minimal loop over its weights."""
+
+    def __init__(self, model: blocklab.Transformer):
+        cfg = model.cfg
+        supported = (cfg.block_layout == "pre-ln" and cfg.attn_matrix == "softmax" and cfg.causal
+                     and cfg.value_path == "standard" and cfg.norm == "layernorm" and cfg.final_norm
+                     and cfg.norm_layers == "all" and cfg.positions == "learned" and not cfg.qk_norm
+                     and cfg.window_size is None and cfg.logit_softcap is None and cfg.kv_heads == cfg.n_heads
+                     and cfg.mlp_act in ACTIVATIONS)
+        if not supported:
+            raise ValueError("the hand loop covers Pre-LN GPT-2 blocks only (softmax attention, standard "
+                             "values, LayerNorm, learned positions, full context, no soft-cap)")
+        layers = []
+        for block in model.block_list():
+            gains = (block.attn_skip, block.attn_branch, block.mlp_skip, block.mlp_branch)
+            if not all(_is_one(g) for g in gains) or not isinstance(block.dropout, nn.Identity):
+                raise ValueError("the hand loop needs fixed unit skip and branch gains and no dropout")
+            assert block.norm2 is not None and block.attn.k is not None
+            layers.append(Layer(*_norm(block.norm1), *_linear(block.attn.q), *_linear(block.attn.k),
+                                *_linear(block.attn.values.w_v), *_linear(block.attn.proj),
+                                *_norm(block.norm2), *_linear(block.mlp.fc), *_linear(block.mlp.out)))
+        assert model.pos_emb is not None
+        self.layers = layers
+        self.tok = model.tok_emb.weight.detach()
+        self.pos = model.pos_emb.weight.detach()
+        self.head = self.tok if model.head is None else model.head.weight.detach()
+        self.ln_f = _norm(model.norm)
+        self.eps, self.d = cfg.norm_eps, cfg.d_model
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_size
+        self.act = ACTIVATIONS[cfg.mlp_act]
+
+    def _block(self, x: Tensor, w: Layer, keys: Tensor, values: Tensor, at: int) -> Tensor:
+        """One Pre-LN block over the tokens x (B, T, d) at positions at .. at+T-1; fills keys and
+        values (B, H, max_len, D) there and attends over positions 0 .. at+T-1."""
+        b, t, d = x.shape
+        heads, hd = self.n_heads, self.head_dim
+        h = F.layer_norm(x, (d,), w.ln1_w, w.ln1_b, self.eps)
+        q = F.linear(h, w.q_w, w.q_b).view(b, t, heads, hd).transpose(1, 2)
+        keys[:, :, at:at + t] = F.linear(h, w.k_w, w.k_b).view(b, t, heads, hd).transpose(1, 2)
+        values[:, :, at:at + t] = F.linear(h, w.v_w, w.v_b).view(b, t, heads, hd).transpose(1, 2)
+        # a prefill is causal over itself; one new query sees every cached key: no mask
+        y = F.scaled_dot_product_attention(q, keys[:, :, :at + t], values[:, :, :at + t], is_causal=t > 1)
+        x = F.linear(y.transpose(1, 2).reshape(b, t, d), w.o_w, w.o_b) + x
+        h = F.layer_norm(x, (d,), w.ln2_w, w.ln2_b, self.eps)
+        return F.linear(self.act(F.linear(h, w.fc_w, w.fc_b)), w.out_w, w.out_b) + x
+
+    def _next(self, x: Tensor) -> Tensor:
+        h = F.layer_norm(x[:, -1], (self.d,), *self.ln_f, self.eps)
+        return (h @ self.head.T).argmax(dim=-1)
+
+    @torch.inference_mode()
+    def generate(self, prompt: Tensor, new: int) -> Tensor:
+        """Prompt + `new` greedy tokens (B, T + new), as `model.generate(prompt, new)`."""
+        b, t = prompt.shape
+        total = t + new - 1  # the last token is never fed back
+        shape = (len(self.layers), b, self.n_heads, total, self.head_dim)
+        keys = torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device)
+        values = torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device)
+        out = torch.empty(b, t + new, dtype=prompt.dtype, device=prompt.device)
+        out[:, :t] = prompt
+        x = F.embedding(prompt, self.tok) + self.pos[:t]
+        for i, w in enumerate(self.layers):
+            x = self._block(x, w, keys[i], values[i], 0)
+        ids = self._next(x)
+        out[:, t] = ids
+        for at in range(t, total):
+            x = (F.embedding(ids, self.tok) + self.pos[at])[:, None]
+            for i, w in enumerate(self.layers):
+                x = self._block(x, w, keys[i], values[i], at)
+            ids = self._next(x)
+            out[:, at + 1] = ids
+        return out
+
+
+# -- measurement -----------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def check_same_tokens(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int) -> None:
+    ours, theirs = model.generate(prompt, new), hand.generate(prompt, new)
+    if not torch.equal(ours, theirs):
+        diff = (ours != theirs).nonzero()
+        raise RuntimeError(f"the hand loop's tokens differ from generate's at {diff[:5].tolist()}")
+
+
+def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int,
+                 repeats: int) -> dict[str, list[float]]:
+    """tokens/s of every contender per repeat, round-robin, the first contender alternating."""
+    device = prompt.device
+    calls = {OURS: lambda: model.generate(prompt, new), HAND: lambda: hand.generate(prompt, new)}
+    for call in calls.values():  # warm-up
+        call()
+    names = list(calls)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % 2:] + names[:r % 2]:
+            sync(device)
+            start = time.perf_counter()
+            calls[name]()
+            sync(device)
+            rates[name].append(prompt.shape[0] * new / (time.perf_counter() - start))
+    return rates
+
+
+def summarize(rates: dict[str, list[float]]) -> dict:
+    ours, hand = rates[OURS], rates[HAND]
+    out = {name: dict(median=statistics.median(r), min=min(r), max=max(r)) for name, r in rates.items()}
+    out["ratio"] = statistics.median(ours) / statistics.median(hand)
+    paired = [a / b for a, b in zip(ours, hand, strict=True)]
+    out["ratio_paired"] = dict(median=statistics.median(paired), min=min(paired), max=max(paired))
+    return out
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def _spread(r: dict) -> str:
+    return f"{_rate(r['median'])} ({_rate(r['min'])}-{_rate(r['max'])})"
+
+
+def table(cells: list[dict]) -> str:
+    header = ["size", "batch", f"{OURS} tok/s (min-max)", f"{HAND} tok/s (min-max)",
+              "blocklab / hand (medians)", "paired ratio median (min-max)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in cells:
+        s = c["summary"]
+        p = s["ratio_paired"]
+        lines.append(f"| {c['size']} | {c['batch']} | {_spread(s[OURS])} | {_spread(s[HAND])} | "
+                     f"{s['ratio']:.2f} | {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f}) |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--sizes", default="small,gpt2", help=f"comma-separated, from {', '.join(SIZES)}")
+    p.add_argument("--batches", default="1,8")
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--new", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="size small, 16 new tokens, 3 repeats")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON results (default benchmarks/results/decode-<device>.json; none with --quick)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.sizes, args.new, args.repeats = "small", 16, 3
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    sizes = args.sizes.split(",")
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise SystemExit(f"--sizes {','.join(unknown)} is not allowed: choose from {', '.join(SIZES)}")
+    batches = [int(b) for b in args.batches.split(",")]
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    from _measure import machine_info
+
+    info = machine_info(args.device, args.threads)
+    print(f"# bench_decode: sizes {sizes}, batches {batches}, prompt {args.prompt} + {args.new} new tokens, "
+          f"{args.repeats} repeats, {device}, {args.threads} thread(s); load {info['load_avg_at_start']}",
+          flush=True)
+    start = time.time()
+    cells = []
+    for size in sizes:
+        model = make_model(size, args.prompt + args.new).to(device)
+        hand = HandDecoder(model)
+        for batch in batches:
+            g = torch.Generator().manual_seed(batch)
+            prompt = torch.randint(0, SIZES[size]["vocab_size"], (batch, args.prompt), generator=g).to(device)
+            check_same_tokens(model, hand, prompt, args.new)
+            t0 = time.time()
+            rates = measure_cell(model, hand, prompt, args.new, args.repeats)
+            cells.append(dict(size=size, batch=batch, tokens_per_s=rates, summary=summarize(rates)))
+            print(f"  {size} batch {batch}: {time.time() - t0:.0f} s, blocklab / hand "
+                  f"{cells[-1]['summary']['ratio']:.3f}", flush=True)
+    text = table(cells)
+    print(text)
+    elapsed = time.time() - start
+    print(f"# total {elapsed:.0f} s")
+    result = dict(machine=info, command=" ".join(["python", *sys.argv]),
+                  args=dict(sizes=sizes, dims={s: SIZES[s] for s in sizes}, gpt2_block=GPT2_BLOCK,
+                            batches=batches, prompt=args.prompt, new_tokens=args.new, repeats=args.repeats,
+                            threads=args.threads, quick=args.quick),
+                  same_tokens_checked=True, elapsed_s=round(elapsed, 1), cells=cells, table=text)
+    out = args.out or (None if args.quick else RESULTS / f"decode-{device.type}.json")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1))
+        print(f"# wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

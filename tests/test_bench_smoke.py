@@ -1,0 +1,104 @@
+"""The benchmark scripts run: bench_gpu.py's CPU smoke mode end to end, and bench_decode.py's
+hand-written decoding loop gives the tokens of `Transformer.generate` on the same weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import blocklab
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))  # the scripts import their neighbours (_measure, bench_decode)
+
+import bench_decode  # noqa: E402
+import bench_gpu  # noqa: E402
+
+
+def perturbed(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
+    """Every parameter moved from its init: zero biases and unit LayerNorm gains would hide a bug."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
+    out = tmp_path / "gpu-smoke.json"
+    cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln,bov",
+           "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    header = "| arch | mode | params | tokens/s (min-max) | step ms |"
+    assert header in run.stdout
+    assert "| pre-ln | eager |" in run.stdout and "| bov | eager |" in run.stdout
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True and result["table"] in run.stdout
+    peaks = result["peaks"]
+    assert peaks["measured_tflops"] > 0 and peaks["datasheet_tflops"] is None  # a CPU has no table entry
+    rows = {r["arch"]: r for r in result["rows"]}
+    assert set(rows) == {"pre-ln", "bov"} and all(r["mode"] == "eager" for r in rows.values())
+    for r in rows.values():
+        assert r["tokens_per_s"] > 0 and len(r["runs"]) == 1 and r["batch"] == 2 and r["seq_len"] == 32
+        assert r["flops_per_token"] > 0 and 0 < r["mfu_measured"] and r["mfu_datasheet"] is None
+        assert r["peak_memory_gib"] is None  # CUDA only
+        assert set(r["decode"]) == {"1", "2"} and r["decode"]["1"]["blocklab_tokens_per_s"] > 0
+    hand = rows["pre-ln"]["decode"]["1"]  # the hand-written loop covers plain pre-ln only
+    assert hand["same_tokens"] is True and hand["hand_tokens_per_s"] > 0
+    assert "hand_tokens_per_s" not in rows["bov"]["decode"]["1"]
+    assert not (BENCH / "results" / "bench_gpu-smoke.json").exists()
+
+
+@pytest.mark.parametrize("name, entry", [("NVIDIA H100 80GB HBM3", ("H100", 989.0)),
+                                         ("NVIDIA H100 PCIe", ("H100 PCIe", 756.0)),
+                                         ("NVIDIA H200", ("H200", 989.0)),
+                                         ("NVIDIA A100-SXM4-80GB", ("A100", 312.0)),
+                                         ("NVIDIA GeForce RTX 4090", None)])
+def test_datasheet_peak_by_device_name(name, entry):
+    assert bench_gpu.datasheet_peak(name) == entry
+
+
+def test_bench_gpu_budget_skips_configurations(tmp_path):
+    out = tmp_path / "skipped.json"
+    result = bench_gpu.main(["--device", "cpu", "--smoke", "--archs", "pre-ln,sas", "--budget-s", "0",
+                             "--out", str(out)])
+    assert [r["skipped"].startswith("time budget") for r in result["rows"]] == [True, True]
+    assert json.loads(out.read_text())["rows"] == result["rows"]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_hand_loop_gives_the_tokens_of_generate(batch):
+    model = perturbed(bench_decode.make_model("tiny", 40))
+    hand = bench_decode.HandDecoder(model)
+    prompt = torch.randint(0, 512, (batch, 7), generator=torch.Generator().manual_seed(batch))
+    ours = model.generate(prompt, 20)
+    assert ours.shape == (batch, 27)
+    assert torch.equal(hand.generate(prompt, 20), ours)
+    bench_decode.check_same_tokens(model, hand, prompt, 20)
+
+
+def test_hand_loop_refuses_what_it_does_not_compute():
+    for arch in ("sas", "pre-ln+resformer"):
+        cfg = blocklab.ModelConfig.from_preset(arch, "small", **bench_decode.SIZES["tiny"],
+                                               **bench_decode.GPT2_BLOCK, context_length=32)
+        with pytest.raises(ValueError, match="hand loop"):
+            bench_decode.HandDecoder(blocklab.Transformer(cfg))
+
+
+def test_bench_decode_main_measures_both_contenders(tmp_path):
+    out = tmp_path / "decode.json"
+    result = bench_decode.main(["--sizes", "tiny", "--batches", "1,2", "--prompt", "8", "--new", "6",
+                                "--repeats", "3", "--out", str(out)])
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["size"], c["batch"]) for c in cells] == [("tiny", 1), ("tiny", 2)]
+    for c in result["cells"]:
+        assert [len(c["tokens_per_s"][name]) for name in (bench_decode.OURS, bench_decode.HAND)] == [3, 3]
+        paired = c["summary"]["ratio_paired"]
+        assert c["summary"]["ratio"] > 0 and paired["min"] <= paired["median"] <= paired["max"]
+    assert "| tiny | 1 |" in result["table"]
