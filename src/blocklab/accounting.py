@@ -8,7 +8,8 @@ step (forward + backward):
     6 * N_matmul + sum over layers of 12 * H * d_head * T_eff
 
 with N_matmul the weights used in matrix multiplications (the output head included even when
-tied; embedding and value-table lookups, norms, biases and scalar gains excluded; a
+tied; embedding and value-table lookups, norms, biases, scalar gains and nanochat's 24-weight smear
+gate excluded, as Bank of Values' FLOPs count does; a
 reparameterised W = a W_init + b dW counts once, as one d x d matmul) and T_eff the keys a query
 sees in that layer: min(window, T) at sequence length T (context_length by default), times the
 number of key sets it attends over (2 for the exact cross-layer attention of Value Residual Eq. 2).
@@ -50,7 +51,9 @@ def count_parameters(model: nn.Module) -> ParameterCounts:
 def matmul_weights(model: nn.Module) -> int:
     """Weights used in matrix multiplications per token (see module docstring)."""
     n = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
+        if name.startswith("smear."):
+            continue
         if isinstance(module, nn.Linear):
             n += module.weight.numel()
         elif isinstance(module, ReparamLinear):

@@ -34,7 +34,7 @@ class ModelConfig(ConfigBase):
     causal: bool = True  # False: bidirectional encoder (masked LM)
     # -- components ----------------------------------------------------------------------------
     norm: str = "layernorm"
-    norm_eps: float = 1e-5
+    norm_eps: float | None = 1e-5  # None: the dtype's machine epsilon (RMSNorm only; nanochat)
     norm_layers: str = "all"  # "first": only block 0 keeps its input norm (SAS-P without norms)
     final_norm: bool = True
     qk_norm: bool = False  # parameter-free RMSNorm on queries and keys (nanochat)
@@ -49,6 +49,14 @@ class ModelConfig(ConfigBase):
     logit_softcap: float | None = None  # softcap * tanh(z / softcap) on the logits (nanochat)
     init_std: float = 0.02
     dropout: float = 0.0
+    # -- nanochat's trunk (the Bank of Values set-up; model/trunk.py, model/init_schemes.py) --------
+    norm_affine: bool = True  # False: no learnable scale or shift in any norm (nanochat)
+    embed_norm: bool = False  # x0 = Norm(embedding) before the first block (Bank of Values Sec. 2)
+    attn_logit_scale: float = 1.0  # logits s q.k / sqrt(d_h); nanochat: q and k x 1.2 each, 1.44
+    smear: bool = False  # x_t += lambda_s sigmoid(W_s x_t[:24]) x_{t-1} on the embeddings
+    residual_scalars: bool = False  # x <- lambda_r,i x + lambda_0,i x0 before block i
+    backout: bool = False  # x <- x - lambda_b x_{L/2} before the final norm
+    init_scheme: str = "normal"  # normal: N(0, init_std) weights; nanochat: nanochat's init
     # -- block layout and skip/branch gains (Simplifying Transformer Blocks, Eqs. 1 and 7) -------
     block_layout: str = "pre-ln"
     attn_skip_gain: float = 1.0  # alpha_SA; 0 removes the attention skip

@@ -69,11 +69,16 @@ _CODEPARROT = dict(d_model=768, n_heads=12, mlp_act="relu", mlp_hidden=3072, nor
                    positions="sinusoidal", context_length=128, vocab_size=50257, tie_embeddings=True)
 _LLAMA = dict(mlp_act="swiglu", positions="rope", rope_base=10000.0, norm="rmsnorm",
               tie_embeddings=False, vocab_size=50277, context_length=2048)
-# nanochat's short window (512, 0) is 512 keys to the left plus the token itself; our window_size
-# counts the token, so 513.
-_NANOCHAT = dict(vocab_size=32768, head_dim=128, mlp_act="relu2", positions="rope",
-                 rope_base=100000.0, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
-                 context_length=2048, window_size=513, window_pattern="SSSL", logit_softcap=15.0)
+# nanochat's shape. Its short window (512, 0) is 512 keys to the left plus the token itself; our
+# window_size counts the token, so 513.
+_NANOCHAT_SHAPE = dict(vocab_size=32768, head_dim=128, mlp_act="relu2", positions="rope",
+                       rope_base=100000.0, norm="rmsnorm", qk_norm=True, tie_embeddings=False,
+                       context_length=2048, window_size=513, window_pattern="SSSL", logit_softcap=15.0)
+# nanochat's trunk as Bank of Values trains it (its `gpt_base`): parameter-free RMSNorm with the
+# dtype's eps, a normed embedding, the smear, q and k x 1.2 after QK-norm, nanochat's init. Upstream
+# nanochat's GPT adds per-layer residual scalars, a backout and value embeddings (README).
+_NANOCHAT = dict(_NANOCHAT_SHAPE, norm_affine=False, norm_eps=None, embed_norm=True, smear=True,
+                 attn_logit_scale=1.2 ** 2, init_scheme="nanochat")
 
 SIZE_PRESETS: dict[str, Preset] = {
     "tiny": Preset("4 layers, d 128, 4 heads, context 128, vocab 4096: trains in minutes on a CPU",
@@ -94,12 +99,20 @@ SIZE_PRESETS: dict[str, Preset] = {
     "resformer-468m": Preset("Llama-like 24 layers, d 1024, 16 heads, SwiGLU 3584 (468M)",
                              dict(_LLAMA, n_layers=24, d_model=1024, n_heads=16, mlp_hidden=3584),
                              "Value Residual Learning Table 4"),
-    "nanochat-d12": Preset("nanochat 12 layers, d 768, 6 heads of 128, ReLU^2, SSSL windows (135.3M)",
+    "nanochat-d12": Preset("nanochat's model (Bank of Values' trunk): 12 layers, d 768, 6 heads of 128, "
+                           "ReLU^2, SSSL windows, smear, nanochat init (135.3M)",
                            dict(_NANOCHAT, n_layers=12, d_model=768, n_heads=6),
                            "Bank of Values Table 8"),
-    "nanochat-d24": Preset("nanochat 24 layers, d 1536, 12 heads of 128, ReLU^2, SSSL windows (780.1M)",
-                           dict(_NANOCHAT, n_layers=24, d_model=1536, n_heads=12),
+    "nanochat-d24": Preset("nanochat's model (Bank of Values' trunk): 24 layers, d 1536, 12 heads of 128 "
+                           "(780.1M)", dict(_NANOCHAT, n_layers=24, d_model=1536, n_heads=12),
                            "Bank of Values Table 8"),
+    "nanochat-tiny": Preset("nanochat's trunk at CPU size: 4 layers, d 128, 4 heads of 32, context 128, "
+                            "no windows", dict(_NANOCHAT, n_layers=4, d_model=128, n_heads=4, head_dim=32,
+                                               mlp_hidden=512, vocab_size=4096, context_length=128,
+                                               window_size=None, window_pattern="L")),
+    "nanochat-shape-d12": Preset("nanochat's d12 shape with blocklab's default trunk (learned norms, "
+                                 "N(0, 0.02) init, no smear): the pre-issue-14 nanochat-d12",
+                                 dict(_NANOCHAT_SHAPE, n_layers=12, d_model=768, n_heads=6)),
     "crammed-bert": Preset("encoder: 16 layers, d 768, 12 heads, GEGLU MLP, LayerNorm eps 1e-12, "
                            "vocab 32768, context 128", dict(
                                n_layers=16, d_model=768, n_heads=12, mlp_act="geglu", mlp_hidden=1536,

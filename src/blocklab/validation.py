@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from blocklab.errors import ConfigError
+from blocklab.model.trunk import SMEAR_CHANNELS
 from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ ATTN_MATRICES = ("softmax", "skipinit", "shaped")
 LINEAR_FORMS = ("linear", "identity", "reparam")
 REPARAM_INITS = ("identity", "orthogonal")
 REPARAM_TIES = ("none", "all-tied", "ll-tied")
+INIT_SCHEMES = ("normal", "nanochat")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -63,6 +65,24 @@ def _check_types(cfg: ModelConfig) -> None:
             _fail(f.name, value, f"it must be {words}" + (" or None." if optional else "."))
 
 
+def _check_trunk(cfg: ModelConfig) -> None:
+    """nanochat's trunk fields (model/trunk.py)."""
+    if cfg.attn_logit_scale <= 0:
+        _fail("attn_logit_scale", cfg.attn_logit_scale, "it must be > 0 (1 is the usual 1/sqrt(d_h)).")
+    if cfg.smear and cfg.d_model < SMEAR_CHANNELS:
+        _fail("smear", cfg.smear, f"the smear gate reads the first {SMEAR_CHANNELS} channels: it needs "
+              f"d_model >= {SMEAR_CHANNELS} (d_model={cfg.d_model}).")
+    if cfg.smear and not cfg.causal:
+        _fail("smear", cfg.smear, "it mixes in the previous token, which only a causal model reads in order; "
+              "set causal=True or smear=False.")
+    if cfg.backout and cfg.n_layers < 2:
+        _fail("backout", cfg.backout, "it subtracts the output of block n_layers // 2, which needs "
+              "n_layers >= 2.")
+    if cfg.init_scheme == "nanochat" and cfg.tie_embeddings:
+        _fail("init_scheme", cfg.init_scheme, "nanochat's init gives the embedding std 0.8 and the head "
+              "std 0.001, which one tied matrix cannot have; set tie_embeddings=False.")
+
+
 def validate(cfg: ModelConfig) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
@@ -81,6 +101,7 @@ def validate(cfg: ModelConfig) -> None:
         _choice(cfg, "first_value_form", LINEAR_FORMS)
     _choice(cfg, "reparam_init", REPARAM_INITS)
     _choice(cfg, "reparam_tie", REPARAM_TIES)
+    _choice(cfg, "init_scheme", INIT_SCHEMES)
 
     if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
         _fail("d_model", cfg.d_model,
@@ -92,8 +113,12 @@ def validate(cfg: ModelConfig) -> None:
         _fail("head_dim", cfg.head_size, "rotary positions need an even head size.")
     if cfg.positions == "sinusoidal" and cfg.d_model % 2:
         _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
-    if cfg.norm_eps <= 0:
-        _fail("norm_eps", cfg.norm_eps, "it must be > 0.")
+    if cfg.norm_eps is None and cfg.norm == "layernorm":
+        _fail("norm_eps", None, "None (the dtype's epsilon) is for RMSNorm; LayerNorm needs a number "
+              "such as 1e-5.")
+    if cfg.norm_eps is not None and cfg.norm_eps <= 0:
+        _fail("norm_eps", cfg.norm_eps, "it must be > 0 (or None for RMSNorm: the dtype's epsilon).")
+    _check_trunk(cfg)
     for name in ("init_std", "query_init_std"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
             _fail(name, getattr(cfg, name), "a standard deviation must be >= 0.")

@@ -57,8 +57,12 @@ def _common_mismatches(cfg: ModelConfig) -> list[str]:
     wanted = {"causal": True, "block_layout": "pre-ln", "norm_layers": "all", "final_norm": True,
               "attn_skip_gain": 1.0, "attn_branch_gain": 1.0, "mlp_skip_gain": 1.0, "mlp_branch_gain": 1.0,
               "trainable_block_gains": False, "attn_matrix": "softmax", "value_form": "linear",
-              "proj_form": "linear", "value_path": "standard", "qk_norm": False, "logit_softcap": None}
+              "proj_form": "linear", "value_path": "standard", "qk_norm": False, "logit_softcap": None,
+              "norm_affine": True, "embed_norm": False, "attn_logit_scale": 1.0, "smear": False,
+              "residual_scalars": False, "backout": False}
     out = [_mismatch(f, getattr(cfg, f), repr(v)) for f, v in wanted.items() if getattr(cfg, f) != v]
+    if cfg.norm_eps is None:
+        out.append(_mismatch("norm_eps", None, "a number"))
     if cfg.first_value_form not in (None, "linear"):
         out.append(_mismatch("first_value_form", cfg.first_value_form, "None or 'linear'"))
     if any(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):

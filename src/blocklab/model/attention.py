@@ -40,6 +40,7 @@ class Attention(nn.Module):
         self.causal, self.window = cfg.causal, cfg.layer_window(layer)
         self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
         self.qk_norm, self.form = cfg.qk_norm, cfg.attn_matrix
+        self.logit_scale = cfg.attn_logit_scale  # s in softmax(s q.k / sqrt(d_h)); on q (nanochat: 1.2^2)
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
         self.values = make_value_path(cfg, layer)
         self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=cfg.bias)
@@ -91,6 +92,8 @@ class Attention(nn.Module):
         q = ops.split_heads(call(self.q, x), self.head_dim)
         if not plain:
             q = self._position(q, positions)
+        if self.logit_scale != 1.0:  # after QK-norm, which would undo it
+            q = q * self.logit_scale
         k_map = self.k
         if k_map is None:
             return q, None

@@ -19,7 +19,8 @@ from blocklab.model.carry import Carry
 from blocklab.model.dispatch import call
 from blocklab.model.gains import Gain, apply_gain
 from blocklab.model.mlp import MLP
-from blocklab.model.norms import make_norm
+from blocklab.model.norms import norm_of
+from blocklab.model.trunk import ResidualScalars
 
 if TYPE_CHECKING:
     from blocklab.config import ModelConfig
@@ -36,9 +37,9 @@ class Block(nn.Module):
         has_norm = cfg.norm_layers == "all" or layer == 0
         norm = cfg.norm if has_norm else "none"
         trainable = cfg.trainable_block_gains
-        self.norm1 = make_norm(norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.norm2 = make_norm(norm if cfg.norm_layers == "all" else "none", cfg.d_model,
-                               cfg.norm_eps, cfg.bias) if self.layout != "parallel" else None
+        self.norm1 = norm_of(cfg, norm)
+        second = norm if cfg.norm_layers == "all" else "none"
+        self.norm2 = norm_of(cfg, second) if self.layout != "parallel" else None
         self.attn = Attention(cfg, layer)
         self.mlp = MLP(cfg.d_model, cfg.mlp_width, cfg.mlp_act, cfg.bias, cfg.leaky_relu_slope)
         self.attn_skip = _skip(cfg.attn_skip_gain, trainable)
@@ -47,6 +48,7 @@ class Block(nn.Module):
         self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.has_dropout = cfg.dropout > 0  # without, the branches skip the identity module's call
+        self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
 
     def _branch(self, out: Tensor, gain: Gain) -> Tensor:
         """gain(dropout(out)), with no module calls for what is the identity."""
@@ -59,6 +61,8 @@ class Block(nn.Module):
         return branch if skip is None else branch + apply_gain(skip, x)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        if self.residual is not None:  # nanochat: x <- lambda_r x + lambda_0 x0
+            x = self.residual(x, carry.x0)
         if self.layout == "parallel":
             h = call(self.norm1, x)
             a, carry = call(self.attn, h, carry)

@@ -263,6 +263,9 @@ class KVCache:
         self.value_sums = {j: torch.zeros(batch_size, *heads[:1], 1, heads[1], dtype=sum_dtype, device=device)
                            for j in self.layout.summed_layers}
         self._positions = torch.arange(max_len, device=device)  # sliced by `begin`: no arange per step
+        # the last token of every row, cached and pending (nanochat's smear reads the previous token)
+        self._last_ids = (torch.zeros(2, batch_size, 1, dtype=TOKEN_ID_DTYPE, device=device)
+                          if cfg.smear else None)
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
@@ -310,6 +313,8 @@ class KVCache:
         self._chunk, self._present = t, {}
         if self.token_ids is not None:
             self._write("token_ids", None, self.token_ids, token_ids)
+        if self._last_ids is not None:
+            self._last_ids[1].copy_(token_ids[:, -1:])
         positions = self._positions
         if positions.device != token_ids.device:
             return torch.arange(self.length, self.length + t, device=token_ids.device)
@@ -319,6 +324,15 @@ class KVCache:
         """Finish the forward pass: the new positions count as cached."""
         self.length += self._chunk_length()
         self._chunk, self._present = None, {}
+        if self._last_ids is not None:
+            self._last_ids[0].copy_(self._last_ids[1])
+
+    def last_token_ids(self) -> Tensor:
+        """(B, 1) the last cached token of every row (for a model with a smear, after a first pass)."""
+        if self._last_ids is None or self.length == 0:
+            raise RuntimeError("this cache keeps the last token ids only for a model with smear=True, "
+                               "after its first forward pass")
+        return self._last_ids[0]
 
     def abort(self) -> None:
         """A forward pass failed part-way: some layers hold the new positions, others do not."""

@@ -13,8 +13,10 @@ from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.dispatch import call
+from blocklab.model.init_schemes import nanochat_init
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
-from blocklab.model.norms import make_norm
+from blocklab.model.norms import norm_of
+from blocklab.model.trunk import Backout, Smear
 from blocklab.model.value_paths import make_shared_module
 
 if TYPE_CHECKING:
@@ -56,9 +58,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.positions == "learned" else None
+        self.embed_norm = norm_of(cfg) if cfg.embed_norm else None
+        self.smear = Smear(cfg.d_model) if cfg.smear else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.value_shared = make_shared_module(cfg)  # model-level module of a value path, if any
-        self.norm = make_norm(cfg.norm if cfg.final_norm else "none", cfg.d_model, cfg.norm_eps, cfg.bias)
+        self.backout = Backout(cfg.n_layers) if cfg.backout else None
+        self.norm = norm_of(cfg, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if self.tok_emb.weight.device.type != "meta":
             self.init_weights()
@@ -80,6 +85,8 @@ class Transformer(nn.Module):
         blocks = self.block_list()
         for block in blocks:
             nn.init.normal_(block.attn.q.weight, std=q_std)
+        if cfg.init_scheme == "nanochat":
+            nanochat_init(self)
         if cfg.reparam_tie != "none":
             values = [_reparam(b.attn.values.w_v) for b in blocks]
             projs = [_reparam(b.attn.proj) for b in blocks]
@@ -127,13 +134,21 @@ class Transformer(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Add position embeddings to the token embeddings."""
+        """Token embeddings plus position embeddings, then the embedding norm if any (no smear)."""
         x = tokens
         if self.pos_emb is not None:
             x = x + call(self.pos_emb, positions)
         elif self.cfg.positions == "sinusoidal":
             x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
-        return x
+        return x if self.embed_norm is None else call(self.embed_norm, x)
+
+    def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
+        """The smear over the new tokens; while decoding its first token mixes in the cached last one."""
+        previous = None
+        if cache is not None and cache.length > 0:
+            last = positions[:1] - 1
+            previous = self.embed(call(self.tok_emb, cache.last_token_ids()), last)
+        return smear(x, previous)
 
     def logits(self, x: Tensor) -> Tensor:
         x = call(self.norm, x)
@@ -148,7 +163,7 @@ class Transformer(nn.Module):
         return self.logits(self.hidden_states(input_ids, cache))
 
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """The last block's output (B, T, d), before the final norm and the head."""
+        """The last block's output (B, T, d), less the backout if any, before the final norm and head."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
@@ -181,26 +196,28 @@ class Transformer(nn.Module):
     def _run_blocks(self, input_ids: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
         tokens = call(self.tok_emb, input_ids)
         x = self.embed(tokens, positions)
+        if self.smear is not None:
+            x = self._smear(self.smear, x, positions, cache)
         carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
                       embedding_table=self.tok_emb.weight, cache=cache)
         shared = self.value_shared
         if shared is not None:
             carry = shared.before_blocks(carry)
+        backout, saved = self.backout, x
         try:
-            if shared is None:
-                for block in self.blocks:
-                    x, carry = call(block, x, carry)
-            else:
-                for layer, block in enumerate(self.blocks):
-                    x, carry = call(block, x, carry)
-                    x, carry = shared.after_block(layer, x, carry)  # outside the block: reads earlier outputs
+            for layer, block in enumerate(self.blocks):
+                x, carry = call(block, x, carry)
+                if shared is not None:  # outside the block: reads the outputs of earlier blocks
+                    x, carry = shared.after_block(layer, x, carry)
+                if backout is not None and layer == backout.layer:
+                    saved = x
         except BaseException:
             if cache is not None:
                 cache.abort()
             raise
         if cache is not None:
             cache.end()
-        return x
+        return x if backout is None else backout(x, saved)
 
     # -- decoding ------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
