@@ -557,3 +557,36 @@ def test_compare_progress_is_one_line_over_all_runs(corpus, tmp_path, capsys):
     assert any("0/2 runs done, pre-ln-seed0: step " in line for line in progress)
     assert " steps [" not in err  # the runs' own bars are off under the compare's line
     assert len([line for line in captured.out.splitlines() if "val loss" in line]) == 2
+
+
+def test_bov_table1_grid_runs_on_nanochats_trunk_at_cpu_size(corpus, tmp_path):
+    """Bank of Values Table 1 at equal FLOPs on the nanochat trunk (the grid's own size, nanochat-tiny,
+    narrowed further here): every row trains, spends the same FLOPs within one step's worth, and BoV,
+    with no W^V in its target layers, gets at least the baseline's steps (training/budget.py rounds a
+    FLOPs budget up to whole steps)."""
+    from blocklab.accounting import flops_per_token
+    from blocklab.compare import GRIDS
+
+    narrow = {"d_model": 32, "n_layers": 3, "n_heads": 2, "head_dim": 16, "mlp_hidden": 64}
+    fields = {**base(corpus, tmp_path / "cache"), "model": narrow, "eval_every": 0, "ckpt_every": 0}
+    del fields["size"], fields["max_steps"]  # the grid's size; the budget in FLOPs below
+    entries, shared = resolve_compare(grid="bov-table1", base=fields, budget={"flops": 1.0})
+    assert shared["size"] == "nanochat-tiny" and shared["optim"]["name"] == GRIDS["bov-table1"].train[
+        "optim"]["name"]
+    baseline = run_configs(entries[:1], 1, tmp_path, shared)[0][1]
+    with torch.device("meta"):
+        model = blocklab.Transformer(baseline.model_config(256))
+    assert model.cfg.smear and model.cfg.init_scheme == "nanochat"  # the trunk, narrowed
+    tokens_per_step = baseline.batch_size * baseline.seq_len
+    shared["max_flops"] = 3 * tokens_per_step * flops_per_token(model)  # three baseline steps
+    out = tmp_path / "grid"
+    compare(entries, out, base=shared, log=lambda *_: None)
+    steps = {}
+    for entry in entries:
+        summary = json.loads((out / "runs" / f"{entry.label.replace(' ', '_')}-seed0" / "summary.json")
+                             .read_text())
+        steps[entry.label] = summary["step"]
+        spent = summary["step"] * tokens_per_step * summary["flops_per_token"]
+        one_step = tokens_per_step * summary["flops_per_token"]
+        assert shared["max_flops"] <= spent < shared["max_flops"] + one_step
+    assert steps["1 V"] == 3 and steps["BoV"] >= 3

@@ -125,8 +125,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
             rows = ", ".join(e.label for e in grid.entries)
             print(_wrapped(name, f"[equal {grid.budget}] {grid.description}: {rows}", width=20, indent=0))
         return
-    base = {"size": args.size, "batch_size": args.batch_size, "seq_len": args.seq_len,
+    base = {"batch_size": args.batch_size, "seq_len": args.seq_len,
             "eval_every": args.eval_every, "progress": not args.quiet, "threads": args.threads}
+    if args.size:
+        base["size"] = args.size
     entries, base = resolve_compare([a.strip() for a in args.archs.split(",") if a.strip()], args.grid, base,
                                     args.lr, {kind: getattr(args, kind) for kind in BUDGETS}, args.overrides)
     sweep = None
@@ -255,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated presets (default {DEFAULT_ARCHS})")
     p.add_argument("--grid", help="a named grid of a paper experiment instead of --archs (see --list-grids)")
     p.add_argument("--list-grids", action="store_true", help="list the named grids")
-    p.add_argument("--size", default="tiny")
+    p.add_argument("--size", help="size preset of every run (default: tiny, or the grid's own, e.g. "
+                   "nanochat-tiny for bov-table1)")
     p.add_argument("--seeds", type=_positive_int, default=1, help="seeds per architecture (paired by seed)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "

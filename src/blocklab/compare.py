@@ -66,6 +66,7 @@ class Grid:
     budget: str  # the paper's budget kind, a key of BUDGETS: the default when the user gives none
     entries: tuple[Entry, ...]
     train: dict[str, Any] = field(default_factory=dict)  # TrainConfig overrides of the paper's setup
+    size: str = "tiny"  # the size when the user gives none: the paper's model at a CPU width
 
 
 def _bov_row(label: str, vp: str, layers: str, learnable: bool) -> Entry:
@@ -99,7 +100,8 @@ GRIDS: dict[str, Grid] = {
         tuple(Entry.parse(a) for a in ("pre-ln", "resformer", "denseformer", "neutreno")),
         {"optim": {"schedule": "cosine", "final_lr_fraction": 0.1, "warmup_fraction": 0.12}}),
     "bov-table1": Grid(
-        "Bank of Values Table 1: substitutive and additive value sources, target layers and "
+        "Bank of Values Table 1 on nanochat's trunk (size nanochat-tiny by default; nanochat-d12 is the "
+        "paper's): substitutive and additive value sources, target layers and "
         "coefficients (Muon, equal FLOPs); labels start with the paper's row. Not expressible: row 2 "
         "(a learnable gamma on the layer's own V alone: ResFormer's lambda_2 is learnable only with "
         "lambda_1) and rows 12-13 (V + x0 W_V: x0-value substitutes V, it does not add to it)",
@@ -115,7 +117,7 @@ GRIDS: dict[str, Grid] = {
          _resformer_row("10 V+V1 last-third 0.5", False),
          _resformer_row("11 V+V1 last-third gamma", True),
          Entry("BoV", "pre-ln+bov")),
-        {"optim": {"name": "muon", "schedule": "wsd"}}),
+        {"optim": {"name": "muon", "schedule": "wsd"}}, size="nanochat-tiny"),
 }
 
 
@@ -192,8 +194,8 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
                     ) -> tuple[list[Entry], dict[str, Any]]:
     """The entries and the shared TrainConfig fields of a comparison, with `blocklab compare`'s defaults.
 
-    A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base` and its budget kind;
-    otherwise the entries are `archs` and the kind is steps. The peak learning rate is `lr`, else TINY_LR
+    A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base`, its budget kind and its
+    size (when `base` names none); otherwise the entries are `archs` and the kind is steps. The peak learning rate is `lr`, else TINY_LR
     at size tiny; `overrides` (``key=value``, an optim.lr=... too) come last. `budget` maps at most one
     kind of BUDGETS to its amount (None: not given); without one, nor a max_* override, the runs get the
     kind's `default_budget`.
@@ -204,6 +206,7 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
         if grid not in GRIDS:
             raise ConfigError(f"--grid {grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
         entries, base, kind = list(GRIDS[grid].entries), merge(base, GRIDS[grid].train), GRIDS[grid].budget
+        base.setdefault("size", GRIDS[grid].size)
     else:
         entries = [Entry.parse(a) for a in archs or []]
     if lr is None and base.get("size", TrainConfig.size) == "tiny":
