@@ -196,9 +196,9 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
 
     A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base`, its budget kind and its
     size (when `base` names none); otherwise the entries are `archs` and the kind is steps. The peak
-    learning rate is `lr`, else TINY_LR at size tiny; `overrides` (``key=value``, an optim.lr=... too) come last. `budget` maps at most one
-    kind of BUDGETS to its amount (None: not given); without one, nor a max_* override, the runs get the
-    kind's `default_budget`.
+    learning rate is `lr`, else TINY_LR at size tiny; `overrides` (``key=value``, an optim.lr=... too)
+    come last. `budget` maps at most one kind of BUDGETS to its amount (None: not given); without one,
+    nor a max_* override, the runs get the kind's `default_budget`.
     """
     base = dict(base or {})
     kind = "steps"
