@@ -175,3 +175,36 @@ def test_config_from_nanochat_reads_the_shapes():
     assert cfg.window_pattern == "L"  # a 64-token context: nanochat's quarter window rounds up to all of it
     with pytest.raises(ConfigError, match="not a nanochat state dict"):
         config_from_nanochat({"tok_emb.weight": torch.zeros(2, 2)})
+
+
+@pytest.mark.parametrize("value_path", ["resformer-learnable", "denseformer", "value-embed", "bov"])
+def test_retrofit_keeps_the_trunk(value_path):
+    """A value path retrofitted onto a trained-looking nanochat-trunk baseline keeps every trunk weight
+    (smear, residual scalars, backout); the paths that start at the baseline keep its logits."""
+    from blocklab.interop import retrofit
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("pre-ln", "nanochat-tiny", residual_scalars=True, backout=True, n_layers=3)
+    baseline = Transformer(cfg).double()
+    with torch.no_grad():
+        for p in baseline.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    model = retrofit(baseline, value_path)
+    state = model.state_dict()
+    trunk = [k for k in baseline.state_dict() if k.startswith(("smear.", "backout.")) or ".residual." in k]
+    assert len(trunk) == 2 + 1 + 2 * 3
+    assert all(torch.equal(state[k], baseline.state_dict()[k]) for k in trunk)
+    if value_path != "bov":
+        ids = torch.randint(0, cfg.vocab_size, (2, 12))
+        torch.testing.assert_close(model(ids), baseline(ids), atol=1e-10, rtol=0)
+
+
+def test_params_counts_the_trunk():
+    from blocklab.report import params_rows
+
+    rows = params_rows(["pre-ln", "pre-ln+bov"], ["nanochat-d12"])
+    assert rows[0]["total"] == 2 * 32768 * 768 + 12 * 12 * 768 * 768 + 25
+    assert rows[0]["embedding"] == 32768 * 768
+    # BoV: no W_V in the last third (layers 8-11), one 32768 x 768 table each instead
+    assert rows[1]["value_tables"] == 4 * 32768 * 768
+    assert rows[1]["total"] == rows[0]["total"] - 4 * 768 * 768 + 4 * 32768 * 768 + 4  # + gamma_v
