@@ -208,3 +208,17 @@ def test_params_counts_the_trunk():
     # BoV: no W_V in the last third (layers 8-11), one 32768 x 768 table each instead
     assert rows[1]["value_tables"] == 4 * 32768 * 768
     assert rows[1]["total"] == rows[0]["total"] - 4 * 768 * 768 + 4 * 32768 * 768 + 4  # + gamma_v
+
+
+def test_a_d12_state_dict_gives_the_nanochat_d12_preset():
+    """nanochat's d12 shapes (meta tensors: no memory) map to exactly the nanochat-d12 preset."""
+    w = random_nanochat_weights(n_layer=2, d=64, head_dim=16, n_kv_head=4, vocab=100, upstream=False)
+    shapes = {"transformer.wte.weight": (32768, 768), "lm_head.weight": (32768, 768)}
+    for i in range(12):
+        for name, shape in (("attn.c_q", (768, 768)), ("attn.c_k", (768, 768)), ("attn.c_v", (768, 768)),
+                            ("attn.c_proj", (768, 768)), ("mlp.c_fc", (3072, 768)),
+                            ("mlp.c_proj", (768, 3072))):
+            shapes[f"transformer.h.{i}.{name}.weight"] = shape
+    state = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
+    state.update({k: torch.empty(w[k].shape, device="meta") for k in ("smear_gate.weight", "smear_lambda")})
+    assert config_from_nanochat(state) == ModelConfig.from_preset("pre-ln", "nanochat-d12")

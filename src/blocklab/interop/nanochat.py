@@ -51,10 +51,12 @@ def config_from_nanochat(state_dict: Mapping[str, Tensor], vocab_size: int = 327
     short = -(-sequence_len // 4 // 128) * 128  # nanochat's S window: a quarter context, in tiles of 128
     if short >= sequence_len and "window_size" not in overrides:  # its S window is the whole context
         window_pattern = "L"
-    fields: dict[str, Any] = dict(
-        n_layers=len(layers), d_model=d_model, n_heads=d_model // head_dim, head_dim=head_dim,
-        n_kv_heads=kv_dim // head_dim, vocab_size=vocab_size, context_length=sequence_len,
-        mlp_hidden=state_dict["transformer.h.0.mlp.c_fc.weight"].shape[0],
+    n_heads, kv_heads = d_model // head_dim, kv_dim // head_dim
+    hidden = state_dict["transformer.h.0.mlp.c_fc.weight"].shape[0]
+    fields: dict[str, Any] = dict(  # None where the default says the same (configs compare equal)
+        n_layers=len(layers), d_model=d_model, n_heads=n_heads, head_dim=head_dim,
+        n_kv_heads=None if kv_heads == n_heads else kv_heads, vocab_size=vocab_size,
+        context_length=sequence_len, mlp_hidden=None if hidden == 4 * d_model else hidden,
         window_pattern=window_pattern, window_size=short + 1 if "S" in window_pattern else None,
         residual_scalars="resid_lambdas" in state_dict, backout="backout_lambda" in state_dict)
     if any(k.startswith("value_embeds.") for k in state_dict):
