@@ -153,6 +153,22 @@ def test_import_keeps_dtype():
     hf = llama().to(torch.bfloat16)
     ours = from_hf(hf)
     assert {p.dtype for p in ours.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in from_hf(gpt2()).parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("name", ["gpt2-tied-gelu_new", "llama-gqa-headdim-untied"])
+def test_float64_import_is_exact(name):
+    """Built in float64 and loaded: every weight bit-identical. GPT-2's logits agree to float64
+    rounding (a detour through float32 left them 1e-7 apart); HF Llama computes its rotary angles in
+    float32 even in a float64 model (`LlamaRotaryEmbedding` casts with `.float()`), which alone
+    leaves about 3e-6, so Llama is held to float32's tolerance."""
+    hf = perturb(HF_MODELS[name]().double(), seed=5, scale=1e-3)  # weights float32 cannot hold
+    ours = from_hf(hf)
+    assert {p.dtype for p in ours.parameters()} == {torch.float64}
+    hf_state = hf.state_dict()
+    embed = "transformer.wte.weight" if name.startswith("gpt2") else "model.embed_tokens.weight"
+    assert torch.equal(ours.tok_emb.weight, hf_state[embed])
+    assert max_diff(ours, hf) <= (1e-12 if name.startswith("gpt2") else TOL)
 
 
 def test_config_from_hf_fields():

@@ -224,7 +224,9 @@ def from_hf(model_or_path, **overrides: Any) -> Transformer:
     state = _WEIGHTS[hf.config.model_type](weights, cfg)
     weights.check_all_used(hf.config.model_type)
     ref = next(hf.parameters())
-    with torch.device(ref.device):
+    with torch.device("meta"):  # built in the weights' own dtype: float64 is never rounded via float32
         model = Transformer(cfg)
+    model = model.to_empty(device=ref.device).to(ref.dtype)
+    model.init_weights()  # the buffers; every parameter is then loaded
     model.load_state_dict(state, strict=True)  # copies, so the two models never share storage
-    return model.to(ref.dtype)
+    return model
