@@ -35,6 +35,7 @@ class ModelConfig(ConfigBase):
     # -- components ----------------------------------------------------------------------------
     norm: str = "layernorm"
     norm_eps: float | None = 1e-5  # None: the dtype's machine epsilon (RMSNorm only; nanochat)
+    rmsnorm_eps: str = "inside"  # inside: x / sqrt(ms + eps) (torch); outside: x / (sqrt(ms) + eps)
     norm_layers: str = "all"  # "first": only block 0 keeps its input norm (SAS-P without norms)
     final_norm: bool = True
     qk_norm: bool = False  # parameter-free RMSNorm on queries and keys (nanochat)
@@ -44,6 +45,7 @@ class ModelConfig(ConfigBase):
     leaky_relu_slope: float = 0.0  # only for mlp_act="leaky_relu" (the skipless-MLP ablation)
     tie_embeddings: bool = True
     bias: bool = False
+    qk_bias: bool = False  # biases on the Q and K projections only (Simplifying's code)
     window_size: int | None = None  # keys a sliding-window ("S") layer sees, itself included
     window_pattern: str = "L"  # tiled over layers, e.g. "SSSL"; the last layer is always "L"
     logit_softcap: float | None = None  # softcap * tanh(z / softcap) on the logits (nanochat)

@@ -88,7 +88,8 @@ SIZE_PRESETS: dict[str, Preset] = {
                     dict(_CODEPARROT, n_layers=6, d_model=256, n_heads=4, mlp_hidden=1024,
                          vocab_size=8192, context_length=256)),
     "codeparrot-18l": Preset("18 layers, d 768, ReLU MLP 3072, RMSNorm, sinusoidal, context 128 "
-                             "(Pre-LN ~167M, SAS ~146M)", dict(_CODEPARROT, n_layers=18),
+                             "(Pre-LN ~167M, SAS ~146M); the SAS code's Q/K biases and RMSNorm eps outside "
+                             "the root", dict(_CODEPARROT, n_layers=18, qk_bias=True, rmsnorm_eps="outside"),
                              "Simplifying Sec. 4"),
     "resformer-82m": Preset("Llama-like 8 layers, d 512, 8 heads, SwiGLU 1792 (82M)",
                             dict(_LLAMA, n_layers=8, d_model=512, n_heads=8, mlp_hidden=1792),

@@ -28,6 +28,7 @@ LINEAR_FORMS = ("linear", "identity", "reparam")
 REPARAM_INITS = ("identity", "orthogonal")
 REPARAM_TIES = ("none", "all-tied", "ll-tied")
 INIT_SCHEMES = ("normal", "nanochat")
+RMSNORM_EPS = ("inside", "outside")
 
 
 def _fail(name: str, value: Any, allowed: str) -> None:
@@ -102,6 +103,13 @@ def validate(cfg: ModelConfig) -> None:
     _choice(cfg, "reparam_init", REPARAM_INITS)
     _choice(cfg, "reparam_tie", REPARAM_TIES)
     _choice(cfg, "init_scheme", INIT_SCHEMES)
+    _choice(cfg, "rmsnorm_eps", RMSNORM_EPS)
+    if cfg.qk_bias and cfg.bias:
+        _fail("qk_bias", cfg.qk_bias, "it gives Q and K alone a bias, and bias=True already gives every "
+              "linear map one; set one of the two.")
+    if cfg.rmsnorm_eps == "outside" and (cfg.norm != "rmsnorm" or cfg.norm_eps is None):
+        _fail("rmsnorm_eps", cfg.rmsnorm_eps, "eps outside the root applies to norm='rmsnorm' with a "
+              "numeric norm_eps.")
 
     if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
         _fail("d_model", cfg.d_model,

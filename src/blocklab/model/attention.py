@@ -43,8 +43,9 @@ class Attention(nn.Module):
         self.logit_scale = cfg.attn_logit_scale  # s in softmax(s q.k / sqrt(d_h)); on q (nanochat: 1.2^2)
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
         self.values = make_value_path(cfg, layer)
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=cfg.bias)
-        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=cfg.bias) if self.values.owns_keys else None
+        qk_bias = cfg.bias or cfg.qk_bias  # Simplifying's code: biases on Q and K only
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=qk_bias)
+        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=qk_bias) if self.values.owns_keys else None
         self.proj = make_proj_map(cfg)
         if self.form != "softmax":
             heads = cfg.n_heads if cfg.headwise_gains else 1
