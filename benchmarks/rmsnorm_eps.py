@@ -42,7 +42,8 @@ def differences(rms: float, eps: float, dim: int, rows: int = 256) -> tuple[floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eps", type=float, default=1e-5)
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "rmsnorm-eps.json"))
