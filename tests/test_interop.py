@@ -493,11 +493,13 @@ IDENTICAL = {  # variants whose formula has the baseline as a starting point: (v
     "resformer-dense": ("resformer-dense", {}),
     "denseformer": ("denseformer", {}),
     "value-embed": ("value-embed", {}),
+    "value-embed-unet-lambda": ("value-embed", dict(shared_tables=1, gate="lambda")),
     "resformer-sparse-learnable": ("resformer-sparse", dict(learnable=True)),
     "resformer-query-learnable": ("resformer", dict(learnable=True, residual_on="query")),
 }
 DIFFERENT = {  # variants whose formula replaces or fixes something the baseline has
-    name: (name, {}) for name in ("resformer", "resformer-constant", "resformer-sparse", "neutreno",
+    name: (name, {}) for name in ("resformer", "resformer-constant", "resformer-sparse", "resformer-mix",
+                                  "neutreno",
                                   "svformer", "cla", "cross-layer-attn", "bov", "x0-value", "v1-value")
 }
 DIFFERENT["bov-shared"] = ("bov", dict(shared=True))

@@ -123,6 +123,14 @@ CASES = [
     ("pre-ln+v1-value", dict(layers="every-2", learnable=False, coef=0.6), GQA),
     ("pre-ln+value-embed", {}, {}),
     ("pre-ln+value-embed", dict(gate_channels=5, layers="last-third"), GQA),
+    ("pre-ln+value-embed", dict(gate="lambda"), {}),
+    ("pre-ln+value-embed", dict(shared_tables=2), dict(GQA, n_layers=5)),
+    ("pre-ln+value-embed", dict(shared_tables=1, gate="lambda"), ROPE),
+    ("pre-ln+resformer-mix", {}, {}),
+    ("pre-ln+resformer-mix", dict(layers="every-2", neutreno=0.3), dict(GQA, **ROPE)),
+    ("sas-p+resformer-mix", {}, {}),
+    ("pre-ln+resformer", dict(neutreno=0.2), {}),
+    ("pre-ln+resformer-learnable", dict(neutreno=0.2), GQA),
     ("sas-p", {}, {}),
     ("sas-p+bov", {}, {}),
     ("sas-p+bov", dict(shared=True), dict(n_layers=6)),
@@ -607,6 +615,12 @@ def test_cla_group_must_be_between_2_and_n_layers(group):
     ("pre-ln+denseformer", dict(period=-1), "period"),
     ("pre-ln+value-embed", dict(gate_channels=D + 1), "gate_channels"),  # more than x has
     ("pre-ln+svformer", dict(anchors=[True]), "anchors"),
+    ("pre-ln+value-embed", dict(gate="tanh"), "'nanochat', 'lambda'"),
+    ("pre-ln+value-embed", dict(shared_tables=3), "2N <= n_layers = 4"),
+    ("pre-ln+value-embed", dict(shared_tables=True), "shared_tables"),
+    ("pre-ln+resformer", dict(neutreno=1.5), r"\[0, 1\)"),
+    ("pre-ln+resformer", dict(neutreno=0.2, residual_on="query"), "residual_on='value'"),
+    ("pre-ln+resformer-mix", dict(lambda1=0.3), "layers, source"),
 ])
 def test_bad_option_values(arch, options, match):
     _assert_config_error(match, arch, options)

@@ -9,6 +9,8 @@ name and the *meaning* of the config from the papers:
     standard   U_n = A_n V_n,          V_n = H_{n-1} W^V_n
     ResFormer  U_n = A_n (lambda_{n,2} V_n + lambda_{n,1} V_1)               Eq. (7) and variants
                Plus: lambda_{n,1} = lambda * softmax(lambda')_n over the mixing layers
+               learned mix (x-transformers): V'_n = m V_n + (1 - m) V_1, m = sigmoid(x W^T + b) per
+               token and KV head; + NeuTRENO: U_n = A_n V'_n + mu (V_1 - V'_n) (Value Residual code)
     Dense      V'_n = lambda_{n,n} V_n + sum_{i<n} lambda_{n,i} V_i
     SVFormer   U_n = A_n V_1                                                 Eq. (10)
     NeuTRENO   U_n = (A_n - lambda I) V_n + lambda V_1                       Eq. (8)
@@ -17,7 +19,9 @@ name and the *meaning* of the config from the papers:
     CLA        followers reuse the group leader's K and V (Brandon et al.)
     BoV        v_p = gamma_v E_v[i_p] in the target layers                   BoV Eq. (5)
     x0-value   v_p = c RMSNorm(e_p) W^V ; v1-value  v_p = c V_1              BoV Table 1
-    value-emb  v = x W^V + 3 sigmoid(x[:12] W_g) E_v[id]   (per KV head, nanochat)
+    value-emb  v = x W^V + 3 sigmoid(x[:12] W_g) E_v[id]   (per KV head, nanochat), or
+               v = lambda_0 x W^V + lambda_1 E_v[id] (modded-nanogpt); U-net layout: table i in layers
+               i and L - N + i
     SAS(-P)    (alpha_h I + beta_h A_h - gamma_h C) V_h, C = softmax(0 + M)  Simplifying Eqs. (5), (13)
     RoPE       q_p <- R(p) q_p, k_p <- R(p) k_p per head, applied to the Q and K that enter A_n,
                i.e. after the query/key residual Q'_n = lambda_{n,1} Q_1 + lambda_{n,2} Q_n (Fig. 9)
@@ -39,7 +43,8 @@ from torch import Tensor
 DTYPE = torch.float64
 
 # The option defaults of every value path, written from the papers (not read from blocklab).
-_RESFORMER = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0, residual_on="value")
+_RESFORMER = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0, residual_on="value",
+                  neutreno=0.0)
 _SUBSTITUTIVE = dict(layers="last-third", coef=1.0, learnable=True)
 DEFAULTS: dict[str, dict] = {
     "standard": {},
@@ -48,6 +53,7 @@ DEFAULTS: dict[str, dict] = {
     "resformer-sparse": dict(_RESFORMER, lambda1=5.0, lambda2=1.0, layers="last-3"),
     "resformer-learnable": dict(_RESFORMER, learnable=True),
     "resformer-learnable-plus": dict(_RESFORMER, learnable=True),
+    "resformer-mix": _RESFORMER,
     "resformer-dense": {},
     "svformer": dict(anchors=[]),
     "neutreno": dict(lambda_=0.4),
@@ -57,10 +63,10 @@ DEFAULTS: dict[str, dict] = {
     "bov": dict(_SUBSTITUTIVE, shared=False),
     "x0-value": dict(_SUBSTITUTIVE),
     "v1-value": dict(_SUBSTITUTIVE),
-    "value-embed": dict(layers="every-2", gate_channels=12),
+    "value-embed": dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0),
 }
 RESFORMERS = ("resformer", "resformer-constant", "resformer-sparse", "resformer-learnable",
-              "resformer-learnable-plus")
+              "resformer-learnable-plus", "resformer-mix")
 
 
 def layer_set(spec, n_layers: int) -> set[int]:
@@ -320,12 +326,21 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
             state["first"] = own
         elif n in mixing_layers(cfg):
             lt = o["learnable"]
-            if vp == "resformer-learnable-plus":
-                lam1 = state["plus"][n]
+            if vp == "resformer-mix":  # one gate per token and KV head, on the layer's input x
+                w_m, b_m = params(f"{pre}.values.gate.weight"), params(f"{pre}.values.gate.bias")
+                m = torch.sigmoid(x @ w_m.T + b_m)  # (B, T, H_kv)
+                mixed = torch.cat([m[..., j:j + 1] * vn + (1 - m[..., j:j + 1]) * v1 for j, (vn, v1) in
+                                   enumerate(zip(heads(own, n_kv, d_h), heads(state["first"], n_kv, d_h),
+                                                 strict=True))], -1)
             else:
-                lam1 = params.gain(f"{pre}.values.lambda1", o["lambda1"], lt)
-            lam2 = params.gain(f"{pre}.values.lambda2", o["lambda2"], lt)
-            mixed = lam1 * state["first"] + lam2 * own
+                if vp == "resformer-learnable-plus":
+                    lam1 = state["plus"][n]
+                else:
+                    lam1 = params.gain(f"{pre}.values.lambda1", o["lambda1"], lt)
+                lam2 = params.gain(f"{pre}.values.lambda2", o["lambda2"], lt)
+                mixed = lam1 * state["first"] + lam2 * own
+            if o["neutreno"]:  # U_n = A_n V'_n + mu (V_1 - V'_n), token-wise
+                correction = o["neutreno"] * (state["first"] - mixed)
             if o["residual_on"] == "value":
                 v = mixed
             elif o["residual_on"] == "query":
@@ -380,11 +395,22 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
                 v = c * state["v1"]
     elif vp == "value-embed":
         v = project()
-        if n in layer_set(o["layers"], cfg.n_layers):
-            ch = min(o["gate_channels"], cfg.d_model)
-            g = 3.0 * torch.sigmoid(x[..., :ch] @ params(f"{pre}.values.gate.weight").T)  # (B, T, H_kv)
-            table = params(f"{pre}.values.value_table")[state["ids"]]  # (B, T, H_kv d_h)
-            v = v + torch.cat([g[..., j:j + 1] * e for j, e in enumerate(heads(table, n_kv, d_h))], -1)
+        big_n, L = o["shared_tables"], cfg.n_layers
+        if big_n:  # U-net: table i in layer i and in layer L - N + i
+            index = n if n < big_n else (n - (L - big_n) if n >= L - big_n else None)
+            name = None if index is None else f"value_shared.tables.{index}.value_table"
+        else:
+            name = f"{pre}.values.value_table" if n in layer_set(o["layers"], L) else None
+        if o["gate"] == "lambda":
+            v = params(f"{pre}.values.lambda0.gain") * v
+        if name is not None:
+            table = params(name)[state["ids"]]  # (B, T, H_kv d_h)
+            if o["gate"] == "lambda":
+                v = v + params(f"{pre}.values.lambda1.gain") * table
+            else:
+                ch = min(o["gate_channels"], cfg.d_model)
+                g = 3.0 * torch.sigmoid(x[..., :ch] @ params(f"{pre}.values.gate.weight").T)  # (B, T, H_kv)
+                v = v + torch.cat([g[..., j:j + 1] * e for j, e in enumerate(heads(table, n_kv, d_h))], -1)
     else:
         raise NotImplementedError(vp)
 

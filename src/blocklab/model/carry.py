@@ -28,6 +28,7 @@ class Carry:
     # -- set by a value path's model-level module (`SharedModule.before_blocks`) ------------------
     source_weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
     value_table: Tensor | None = None  # Bank of Values with one table for every target layer
+    value_tables: tuple[Tensor, ...] = ()  # value embeddings' shared tables (the U-net layout)
     # -- set by a layer for the layers after it ---------------------------------------------------
     first_values: Tensor | None = None  # V of the source layer (V_1), (B, T, kv_dim)
     first_queries: Tensor | None = None  # Q of the source layer (query-residual ablation), heads

@@ -17,10 +17,20 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 if TYPE_CHECKING:
+    from blocklab.config import ModelConfig
     from blocklab.model.transformer import Transformer
+
+
+def init_projection_(weight: Tensor, cfg: ModelConfig) -> None:
+    """A Q, K or V projection's weight under the config's scheme: N(0, init_std), or nanochat's U(-s, s)."""
+    if cfg.init_scheme == "nanochat":
+        s = math.sqrt(3.0 / cfg.d_model)
+        nn.init.uniform_(weight, -s, s)
+    else:
+        nn.init.normal_(weight, std=cfg.init_std)
 
 
 def _linear(module: object) -> nn.Linear | None:
@@ -44,7 +54,7 @@ def nanochat_init(model: Transformer) -> None:
         for module in (attn.q, attn.k, w_v):
             linear = _linear(module)
             if linear is not None:
-                nn.init.uniform_(linear.weight, -s, s)
+                init_projection_(linear.weight, model.cfg)
         proj = _linear(attn.proj)
         if proj is not None:
             nn.init.zeros_(proj.weight)

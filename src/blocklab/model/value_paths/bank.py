@@ -3,7 +3,8 @@
     BoV:         v_p = gamma_v * E_v[token id]              in the target layers   (Eq. 5)
     x0-value:    v_p = c * RMSNorm(x0_p) W^V                 (Table 1)
     v1-value:    v_p = c * V_1                               (Table 1)
-    value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat / modded-nanogpt)
+    value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat), or
+                 v_p = lambda_0 x_p W^V + lambda_1 E_v[id]   (modded-nanogpt)
 
 x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default to the last third
 (layer index >= floor(2L/3)). BoV's target layers have no value projection at all.
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
+from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear
 from blocklab.model.value_paths.base import (
     LayerValues,
@@ -124,8 +126,8 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig
     """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
     if w_v is None:
         w_v = ValuePath.make_value_map(cfg, layer).to(embedding.device, embedding.dtype)
-        if isinstance(w_v, nn.Linear):
-            nn.init.normal_(w_v.weight, std=cfg.init_std)
+        if isinstance(w_v, nn.Linear):  # as the model initialises a W^V (nanochat's law under its scheme)
+            init_projection_(w_v.weight, cfg)
         elif isinstance(w_v, ReparamLinear):
             w_v.reset_parameters()
     wide = embedding.to(torch.promote_types(embedding.dtype, torch.float32))
@@ -233,46 +235,86 @@ class V1Value(_Substitutive):
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
 
 
+VALUE_EMBED_GATES = ("nanochat", "lambda")
+
+
 class ValueEmbed(ValuePath):
-    """v = x W^V + g * E_v[token id] with g = 3 sigmoid(W_g x[..., :12]) per KV head, in every
-    second layer ending with the last (nanochat's value embeddings; gate in (0, 3), about 1.5 at
-    initialisation with W_g ~ U(0, 0.02); tables ~ N(0, 1/d)). Option ``gate_channels``: how many
-    leading channels of x the gate reads, at most d_model (the default 12 shrinks to d_model).
+    """Value embeddings: a token-indexed table E added to the values of chosen layers.
+
+        gate "nanochat":  v = x W^V + g * E[token id],  g = 3 sigmoid(W_g x[..., :12]) per KV head
+                          (in (0, 3), about 1.5 at initialisation with W_g ~ U(0, 0.02))
+        gate "lambda":    v = lambda_0 x W^V + lambda_1 E[token id],  per-layer scalars, init 1/2
+                          (modded-nanogpt; layers without a table keep v = lambda_0 x W^V)
+
+    Layout: by default each layer of ``layers`` (every second one ending with the last: nanochat)
+    owns one table. ``shared_tables=N`` is modded-nanogpt's U-net layout (its 2025-02-01 record):
+    N tables, table i used by layer i and by layer L - N + i, held by the model-level
+    `ValueEmbedTables` (``layers`` is then not used). Tables start N(0, 1/d). Option
+    ``gate_channels``: how many leading channels of x the nanochat gate reads, at most d_model (the
+    default 12 shrinks to d_model).
     """
 
     description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
-    options = dict(layers="every-2", gate_channels=12)
+    options = dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0)
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
+        o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
-        self.target = layer in target_layers(self.opts["layers"], cfg.n_layers)
         self.kv_heads, self.head_dim, self.d_model = cfg.kv_heads, cfg.head_size, cfg.d_model
-        if self.target:  # the default 12 shrinks to a narrower model; a given value is checked
-            self.channels = min(self.opts["gate_channels"], cfg.d_model)
+        shared = o["shared_tables"]
+        self.table_index = _unet_table(layer, shared, cfg.n_layers) if shared else None
+        self.target = (self.table_index is not None if o["shared_tables"]
+                       else layer in target_layers(o["layers"], cfg.n_layers))
+        if self.target and not o["shared_tables"]:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+        if o["gate"] == "lambda":
+            self.lambda0 = Gain(0.5, trainable=True)
+            self.lambda1 = Gain(0.5, trainable=True) if self.target else None
+        elif self.target:  # the default 12 shrinks to a narrower model; a given value is checked
+            self.channels = min(o["gate_channels"], cfg.d_model)
             self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
+
+    def table(self, carry: Carry) -> Tensor:
+        if self.table_index is None:
+            return self.value_table
+        return carry.value_tables[self.table_index]
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         v = self.w_v(x)
+        lam = self.opts["gate"] == "lambda"
+        if lam:
+            v = self.lambda0(v)
         if self.target:
-            b, t, _ = v.shape
-            g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
-            e = F.embedding(carry.token_ids, self.value_table).view(b, t, self.kv_heads, self.head_dim)
-            v = v + (g[..., None] * e).view(b, t, -1)
+            e = F.embedding(carry.token_ids, self.table(carry))
+            if lam:
+                assert self.lambda1 is not None
+                v = v + self.lambda1(e)
+            else:
+                b, t, _ = v.shape
+                g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
+                v = v + (g[..., None] * e.view(b, t, self.kv_heads, self.head_dim)).view(b, t, -1)
         return LayerValues(q, k, v), carry
 
     @torch.no_grad()
     def init_from_model(self, model: Transformer) -> None:  # noqa: ARG002 (the interface)
-        if self.target:
+        if self.target and self.table_index is None:
             nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
+        if self.target and self.opts["gate"] == "nanochat":
             nn.init.uniform_(self.gate.weight, 0.0, 0.02)
 
     @torch.no_grad()
     def start_at_baseline(self) -> None:
-        if self.target:  # E_v = 0: v = x W_V + g(x) * 0
+        if self.target and self.table_index is None:  # E_v = 0: v = x W_V + g(x) * 0
             self.value_table.zero_()
+        if self.opts["gate"] == "lambda":  # lambda_0 = 1 (and the tables 0): v = x W_V
+            self.lambda0.param.fill_(1.0)
+
+    @classmethod
+    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:
+        n = resolve_options(cls, cfg)["shared_tables"]
+        return ValueEmbedTables(cfg, n) if n else None
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
@@ -281,7 +323,56 @@ class ValueEmbed(ValuePath):
         if opts["gate_channels"] < 1:
             raise ConfigError(f"value_path_options['gate_channels'] = {opts['gate_channels']!r} is not "
                               "allowed: the gate reads at least one channel (nanochat uses 12).")
+        if opts["gate"] not in VALUE_EMBED_GATES:
+            raise ConfigError(f"value_path_options['gate'] = {opts['gate']!r} is not allowed: choose one of "
+                              f"{', '.join(map(repr, VALUE_EMBED_GATES))}.")
+        n = opts["shared_tables"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= 2 * n <= cfg.n_layers:
+            raise ConfigError(f"value_path_options['shared_tables'] = {n!r} is not allowed: 0 gives each "
+                              "target layer its own table; N > 0 shares N tables between the first N and "
+                              f"the last N layers, so 2N <= n_layers = {cfg.n_layers}.")
         given = cfg.value_path_options.get("gate_channels")
         if given is not None and given > cfg.d_model:  # would silently read only d_model channels
             raise ConfigError(f"value_path_options['gate_channels'] = {given!r} is not allowed: the gate "
                               f"reads the first channels of x, so it must be <= d_model={cfg.d_model}.")
+
+
+def _unet_table(layer: int, n: int, n_layers: int) -> int | None:
+    """modded-nanogpt's U-net layout: table i in layer i and layer L - n + i, none in between."""
+    if layer < n:
+        return layer
+    if layer >= n_layers - n:
+        return layer - (n_layers - n)
+    return None
+
+
+class ValueEmbedTables(SharedModule):
+    """The N value-embedding tables of the U-net layout (`ValueEmbed` option ``shared_tables``):
+    each is read by two layers, so they live outside the blocks."""
+
+    def __init__(self, cfg: ModelConfig, n: int):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.kv_dim) for _ in range(n))
+
+    def table_list(self) -> list[nn.Parameter]:
+        return [t.value_table for t in self.tables if isinstance(t, _Table)]
+
+    def before_blocks(self, carry: Carry) -> Carry:
+        return carry.update(value_tables=tuple(self.table_list()))
+
+    @torch.no_grad()
+    def init_from_model(self, model: Transformer) -> None:  # noqa: ARG002 (the interface)
+        for table in self.table_list():
+            nn.init.normal_(table, std=self.d_model ** -0.5)
+
+    @torch.no_grad()
+    def start_at_baseline(self) -> None:
+        for table in self.table_list():
+            table.zero_()
+
+
+class _Table(nn.Module):
+    def __init__(self, vocab: int, width: int):
+        super().__init__()
+        self.value_table = nn.Parameter(torch.empty(vocab, width))

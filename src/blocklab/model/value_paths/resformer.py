@@ -2,6 +2,10 @@
 
     ResFormer:  U_n = A_n (lambda_{n,2} V_n + lambda_{n,1} V_1),  n >= 2      (Eqs. 7, 9-10 of the
                 paper's variants; Identity-ResFormer is lambda_1 = lambda_2 = 1/2)
+    + NeuTRENO: U_n = A_n V'_n + mu (V_1 - V'_n)   with V'_n the mixed value (option ``neutreno`` = mu;
+                the Value Residual code's ResFormer + NeuTRENO uses mu = 0.2)
+    Learned mix: V'_n = m V_n + (1 - m) V_1,  m = sigmoid(x W_m + b_m) per token and KV head
+                (x-transformers' `learned_value_residual_mix`)
     Dense:      V'_n = lambda_{n,n} V_n + sum_{i<n} lambda_{n,i} V_i
     SVFormer:   U_n = A_n V_1                                                (Eq. 10)
 
@@ -40,12 +44,13 @@ class ValueResidual(ValuePath):
     Options: ``lambda1`` (weight of the source value), ``lambda2`` (weight of the layer's own
     value), ``learnable`` (per-layer trainable lambdas), ``layers`` (target layers),
     ``source`` (0-based index of the source layer: 0 is V_1, 1 is V_2), ``residual_on``
-    (``"value"``; ``"query"`` or ``"key"`` mix Q or K instead, the ablation of Fig. 9).
+    (``"value"``; ``"query"`` or ``"key"`` mix Q or K instead, the ablation of Fig. 9), ``neutreno``
+    (mu > 0 adds NeuTRENO's token-wise mu (V_1 - V'_n) to the attention output of the mixing layers).
     """
 
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
     options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
-                   residual_on="value")
+                   residual_on="value", neutreno=0.0)
     scalar_titles = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
                      "lambda2": "ResFormer lambda_2 (weight on V_n)"}
 
@@ -69,18 +74,26 @@ class ValueResidual(ValuePath):
         assert k is not None
         v = self.w_v(x)
         on = self.opts["residual_on"]
+        offset = None
         if self.is_source:
             first = {"value": ("first_values", v), "query": ("first_queries", q),
                      "key": ("first_keys", k)}[on]
             carry = carry.update(**{first[0]: first[1]})
         elif self.mixes:
             if on == "value":
-                v = self.source_weight(_given(carry.first_values), carry) + self.lambda2(v)
+                v1 = _given(carry.first_values)
+                v = self.mix(x, v1, v, carry)
+                if self.opts["neutreno"]:  # token-local, so a KV cache needs nothing more
+                    offset = self.opts["neutreno"] * (v1 - v)
             elif on == "query":
                 q = self.source_weight(_given(carry.first_queries), carry) + self.lambda2(q)
             else:
                 k = self.source_weight(_given(carry.first_keys), carry) + self.lambda2(k)
-        return LayerValues(q, k, v), carry
+        return LayerValues(q, k, v, offset=offset), carry
+
+    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
+        """V'_n from the source value V_1 and this layer's V_n (and its input x)."""
+        return self.source_weight(v1, carry) + self.lambda2(v)
 
     @classmethod
     def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +107,14 @@ class ValueResidual(ValuePath):
         if o["residual_on"] not in RESIDUAL_TARGETS:
             raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
                               f"choose one of {', '.join(RESIDUAL_TARGETS)}.")
+        mu = o["neutreno"]
+        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu < 1:
+            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed: NeuTRENO's weight "
+                              "mu lies in [0, 1) (0: off; the Value Residual code uses 0.2 with ResFormer).")
+        if mu and o["residual_on"] != "value":
+            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed with residual_on="
+                              f"{o['residual_on']!r}: NeuTRENO corrects the values, so it needs residual_on="
+                              "'value'.")
         if not (isinstance(o["source"], int) and 0 <= o["source"] < cfg.n_layers - 1):
             raise ConfigError(f"value_path_options['source'] = {o['source']!r} is not allowed: it is the "
                               f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
@@ -119,6 +140,42 @@ class SparseResFormer(ValueResidual):
 class LearnableResFormer(ValueResidual):
     description = "Learnable-ResFormer: lambda_{n,1} V_1 + lambda_{n,2} V_n, both learned per layer"
     options = dict(ValueResidual.options, learnable=True)
+
+
+class LearnedMixResFormer(ValueResidual):
+    """V'_n = m V_n + (1 - m) V_1 per head, m = sigmoid(x W_m + b_m), one gate per token and KV head
+    from the layer's attention input x (x-transformers' `learned_value_residual_mix`, its default
+    value-residual form; it reads one gate per attention head, blocklab's values have KV heads).
+    W_m and b_m take the model's init (N(0, init_std), b = 0), so m starts near 1/2: Identity-
+    ResFormer. Options: ``layers``, ``source``, ``neutreno``; the lambdas are not used.
+    """
+
+    description = "learned-mix ResFormer: V'_n = m V_n + (1 - m) V_1, m = sigmoid(W x + b) per token, head"
+    options = dict(layers="all", source=0, neutreno=0.0, residual_on="value", lambda1=0.5, lambda2=0.5,
+                   learnable=False)
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        self.kv_heads = cfg.kv_heads
+        if self.mixes:
+            self.gate = nn.Linear(cfg.d_model, cfg.kv_heads, bias=True)
+
+    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
+        b, t, width = v.shape
+        m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, kv_heads, 1)
+        heads = v.view(b, t, self.kv_heads, -1)
+        return torch.lerp(v1.view_as(heads), heads, m).view(b, t, width)  # V_1 + m (V_n - V_1)
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        super().validate(cfg)
+        o = resolve_options(cls, cfg)
+        fixed = {k: o[k] for k in ("residual_on", "lambda1", "lambda2", "learnable")
+                 if o[k] != cls.options[k]}
+        if fixed:
+            raise ConfigError(f"value_path_options {fixed} is not allowed for resformer-mix: its gate m "
+                              "replaces the lambdas and it mixes values only; its options are layers, source "
+                              "and neutreno.")
 
 
 def _given(first: Tensor | None) -> Tensor:
