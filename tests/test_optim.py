@@ -19,6 +19,7 @@ from blocklab import ConfigError, ModelConfig, Transformer
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.training import TrainConfig
 from blocklab.training.optim import (
     GROUPS,
     OptimConfig,
@@ -483,3 +484,91 @@ def test_loss_falls_over_30_steps(arch, optimizer):
         losses.append(loss.item())
     assert math.isfinite(losses[-1])
     assert losses[-1] < 0.8 * losses[0], losses  # ln(48) = 3.87 -> about 1.6 to 2.7
+
+
+# -- nanochat's recipe (training/nanochat_recipe.py) ---------------------------------------------
+def _nanochat_model(d_model: int = 256, **fields) -> Transformer:
+    cfg = ModelConfig.from_preset("pre-ln+bov", "nanochat-tiny", d_model=d_model, n_heads=2,
+                                  head_dim=d_model // 2, mlp_hidden=2 * d_model, residual_scalars=True,
+                                  backout=True, qk_bias=True, **fields)
+    return Transformer(cfg)
+
+
+def _groups(optimizers) -> dict[str, dict]:
+    return {g["name"]: g for opt in optimizers for g in opt.param_groups}
+
+
+@pytest.mark.parametrize("d_model, tokens", [(768, 2 ** 19), (256, 2 ** 17), (1536, None)])
+def test_nanochat_recipe_groups_by_hand(d_model, tokens):
+    """Each group's lr, betas, eps and weight decay, computed by hand from nanochat's numbers."""
+    model = _nanochat_model(d_model)
+    optimizers = build_optimizers(model, OptimConfig(name="nanochat"), tokens)
+    assert [type(o).__name__ for o in optimizers] == ["Muon", "AdamW"]
+    s_d = math.sqrt(768 / d_model)
+    s_b = math.sqrt(tokens / 2 ** 19) if tokens else 1.0
+    expected = {  # name: (lr, betas, weight decay)
+        "head": (0.008 * s_d * s_b, (0.8, 0.96), 0.01),
+        "embeddings": (0.3 * s_d * s_b, (0.8, 0.995), 0.001),
+        "value_tables": (0.15 * s_d * s_b, (0.8, 0.995), 0.01),
+        "smear": (0.2, (0.8, 0.95), 0.0),
+        "resid_scalars": (0.005 * s_b, (0.8, 0.95), 0.05),
+        "x0_scalars": (0.5 * s_b, (0.96, 0.95), 0.0),
+        "scalars": (0.5 * s_b, (0.96, 0.95), 0.0),
+        "no_decay": (0.02 * s_b, (0.8, 0.95), 0.0),
+    }
+    groups = _groups(optimizers)
+    for name, (lr, betas, wd) in expected.items():
+        g = groups[name]
+        assert (g["lr"], g["base_lr"], g["eps"], g["weight_decay"]) == pytest.approx((lr, lr, 1e-10, wd))
+        assert g["betas"] == betas, name
+    assert groups["muon"]["lr"] == pytest.approx(0.02 * s_b)
+    assert groups["muon"]["weight_decay"] == pytest.approx(0.28 * s_b)
+    assert groups["muon"]["momentum"] == 0.95
+    # every trainable parameter in exactly one group, in the group its name says
+    seen = [id(p) for g in groups.values() for p in g["params"]]
+    assert sorted(seen) == sorted(id(p) for p in model.parameters() if p.requires_grad)
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_group = {k: {names[id(p)] for p in g["params"]} for k, g in groups.items()}
+    assert by_group["smear"] == {"smear.gate.weight", "smear.strength.gain", "backout.strength.gain"}
+    assert by_group["x0_scalars"] == {f"blocks.{i}.residual.x0_lambda.gain" for i in range(4)}
+    # BoV's gamma_v in its target layers, the last third: floor(2 L / 3) = 2 onwards
+    assert by_group["scalars"] == {f"blocks.{i}.attn.values.coef.gain" for i in (2, 3)}
+    assert by_group["no_decay"] == {f"blocks.{i}.attn.{m}.bias" for i in range(4) for m in "qk"}
+    assert all(n.startswith("blocks.") and model.get_parameter(n).ndim == 2 for n in by_group["muon"])
+    assert by_group["head"] == {"head.weight"} and by_group["embeddings"] == {"tok_emb.weight"}
+
+
+def test_nanochat_recipe_adamw_step_is_nanochats_update():
+    """One AdamW step of the x0 group against the update written out in float64 (betas 0.96/0.95,
+    eps 1e-10, no decay) and one of the resid group (decay 0.05), away from initialisation."""
+    torch.manual_seed(0)
+    model = _nanochat_model(64).double()
+    [_, adamw] = build_optimizers(model, OptimConfig(name="nanochat"), 2 ** 19)
+    p_x0 = model.get_parameter("blocks.1.residual.x0_lambda.gain")
+    p_r = model.get_parameter("blocks.1.residual.resid_lambda.gain")
+    before = {n: p.detach().clone() for n, p in (("x0", p_x0), ("r", p_r))}
+    g_x0, g_r = torch.tensor([0.3], dtype=torch.float64), torch.tensor([-0.7], dtype=torch.float64)
+    p_x0.grad, p_r.grad = g_x0.clone(), g_r.clone()
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    adamw.step()
+
+    def by_hand(p0, g, lr, b1, b2, wd):
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        return p0 * (1 - lr * wd) - lr * (m / (1 - b1)) / ((v / (1 - b2)).sqrt() + 1e-10)
+
+    expected_x0 = by_hand(before["x0"], g_x0, 0.5, 0.96, 0.95, 0.0)
+    expected_r = by_hand(before["r"], g_r, 0.005, 0.8, 0.95, 0.05)
+    torch.testing.assert_close(p_x0.detach(), expected_x0, atol=1e-12, rtol=0)
+    torch.testing.assert_close(p_r.detach(), expected_r, atol=1e-12, rtol=0)
+
+
+def test_nanochat_recipe_muon_weight_decay_override_and_validation():
+    model = _nanochat_model(64)
+    [muon, _] = build_optimizers(model, OptimConfig(name="nanochat", muon_weight_decay=0.0597))
+    assert muon.param_groups[0]["weight_decay"] == 0.0597
+    with pytest.raises(ConfigError, match="'adamw', 'muon', 'nanochat'"):
+        OptimConfig(name="nanochats")
+    cfg = TrainConfig.from_dict({"optim": {"name": "nanochat"}, "max_steps": 1})
+    assert TrainConfig.from_dict(cfg.to_dict()).optim.name == "nanochat"

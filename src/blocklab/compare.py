@@ -101,8 +101,8 @@ GRIDS: dict[str, Grid] = {
         {"optim": {"schedule": "cosine", "final_lr_fraction": 0.1, "warmup_fraction": 0.12}}),
     "bov-table1": Grid(
         "Bank of Values Table 1 on nanochat's trunk (size nanochat-tiny by default; nanochat-d12 is the "
-        "paper's): substitutive and additive value sources, target layers and "
-        "coefficients (Muon, equal FLOPs); labels start with the paper's row. Not expressible: row 2 "
+        "paper's) and nanochat's optimiser recipe: substitutive and additive value sources, target "
+        "layers and coefficients (equal FLOPs); labels start with the paper's row. Not expressible: row 2 "
         "(a learnable gamma on the layer's own V alone: ResFormer's lambda_2 is learnable only with "
         "lambda_1) and rows 12-13 (V + x0 W_V: x0-value substitutes V, it does not add to it)",
         "flops",
@@ -117,7 +117,7 @@ GRIDS: dict[str, Grid] = {
          _resformer_row("10 V+V1 last-third 0.5", False),
          _resformer_row("11 V+V1 last-third gamma", True),
          Entry("BoV", "pre-ln+bov")),
-        {"optim": {"name": "muon", "schedule": "wsd"}}, size="nanochat-tiny"),
+        {"optim": {"name": "nanochat", "schedule": "wsd"}}, size="nanochat-tiny"),
 }
 
 
@@ -334,7 +334,7 @@ class StepProbe:
         self.model.to(device).train()
         if cfg.compile:
             self.model.compile_blocks()
-        self.optimizers = build_optimizers(self.model, cfg.optim)
+        self.optimizers = build_optimizers(self.model, cfg.optim, cfg.batch_size * cfg.seq_len)
         self.autocast = autocast_for(cfg.precision, device)
         rows = cfg.batch_size // cfg.grad_accum
         generator = torch.Generator().manual_seed(cfg.seed)

@@ -393,8 +393,9 @@ class Trainer:
         if cfg.compile:
             self.model.compile_blocks()
         self.wrapped = distributed.wrap(self.model, self.env, cfg.parallel, self.device)
-        self.optimizers = build_optimizers(self.model, cfg.optim)  # after FSDP swaps in sharded params
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
+        # after FSDP swaps in sharded params; the tokens per step scale nanochat's learning rates
+        self.optimizers = build_optimizers(self.model, cfg.optim, self.tokens_per_step)
         self.budget = Budget(cfg, self.tokens_per_step, self.flops_per_token)
         self.state = ckpt.TrainState()
 

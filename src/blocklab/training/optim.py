@@ -14,6 +14,10 @@ Every trainable parameter lands in exactly one group, chosen from its name and o
                   the reparameterised dW of Eq. (6), value-embedding gates
     decay         everything else: with AdamW the block matrices; decayed
 
+``name="nanochat"`` is nanochat's recipe (`training/nanochat_recipe.py`): the same Muon group and
+AdamW groups with nanochat's learning rates, betas, eps and weight decay, scaled by width and batch as
+nanochat scales them; its own lr fields (lr, lr_*, muon_lr) are not read.
+
 Simplifying Transformer Blocks (App. B) decays everything but scalar gains, norms and biases
 with AdamW (wd 0.1). Bank of Values (Table 8) follows nanochat: Muon (lr 0.02) for the block
 matrices and AdamW for embeddings, head, tables and scalars, each with its own learning rate.
@@ -50,17 +54,18 @@ from blocklab.errors import ConfigError
 from blocklab.model.gains import is_gain
 from blocklab.model.value_paths import is_value_table
 
-# relative: the two modules move together (the trainer package may be renamed)
+# relative: the modules move together (the trainer package may be renamed)
+from . import nanochat_recipe
 from .schedules import SCHEDULES
 
-OPTIMIZERS = ("adamw", "muon")
+OPTIMIZERS = ("adamw", "muon", "nanochat")
 MUON_LR_ADJUST = ("original", "match_rms_adamw")
 NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm)
 
 
 @config_dataclass
 class OptimConfig(ConfigBase):
-    name: str = "adamw"  # "adamw" | "muon" (Muon for block matrices, AdamW for the rest)
+    name: str = "adamw"  # "adamw" | "muon" (Muon for block matrices, AdamW for the rest) | "nanochat"
     lr: float = 1e-3  # base lr of the AdamW "decay" / "no_decay" groups
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -174,17 +179,21 @@ def group_of(model: nn.Module, name: str, param: Tensor, muon: bool) -> str:
     return "decay"
 
 
-def named_groups(model: nn.Module, muon: bool = False) -> dict[str, list[tuple[str, Tensor]]]:
+def named_groups(model: nn.Module, muon: bool = False, nanochat: bool = False
+                 ) -> dict[str, list[tuple[str, Tensor]]]:
     """Group name -> (parameter name, parameter) for every trainable parameter of `model`.
 
     Frozen parameters (``requires_grad=False``) are left out; buffers (the frozen W_init of
-    Eq. 6) are not parameters. Shared (tied) parameters appear once.
+    Eq. 6) are not parameters. Shared (tied) parameters appear once. `nanochat`: the groups of
+    nanochat's recipe (`nanochat_recipe.group_names`), Muon included.
     """
     model = _unwrap(model)
-    groups: dict[str, list[tuple[str, Tensor]]] = {g: [] for g in GROUPS}
+    names = nanochat_recipe.group_names() if nanochat else GROUPS
+    groups: dict[str, list[tuple[str, Tensor]]] = {g: [] for g in names}
     for name, param in model.named_parameters():
         if param.requires_grad:
-            groups[group_of(model, name, param, muon)].append((name, param))
+            group = group_of(model, name, param, muon or nanochat)
+            groups[nanochat_recipe.nanochat_group(name, group) if nanochat else group].append((name, param))
     return groups
 
 
@@ -205,30 +214,39 @@ def _or(value: float | None, default: float) -> float:
     return default if value is None else value
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
+def build_optimizers(model: nn.Module, cfg: OptimConfig, tokens_per_step: int | None = None
+                     ) -> list[torch.optim.Optimizer]:
     """[AdamW] or [Muon, AdamW] over every trainable parameter of `model`, one group per kind.
 
     Every group carries ``name`` (see `GROUPS`) and ``base_lr``; the trainer sets
     ``group["lr"] = group["base_lr"] * lr_factor(...)`` each step. Empty groups are left out.
-    Build the optimisers after any sharding that replaces parameters (FSDP2's ``fully_shard``).
+    `tokens_per_step` (the global batch in tokens) scales nanochat's learning rates. Build the
+    optimisers after any sharding that replaces parameters (FSDP2's ``fully_shard``).
     """
-    use_muon = cfg.name == "muon"
+    nanochat = cfg.name == "nanochat"
+    use_muon = cfg.name == "muon" or nanochat
     if use_muon and not hasattr(torch.optim, "Muon"):
-        raise ConfigError(f"OptimConfig.name = 'muon' is not allowed with torch {torch.__version__}: "
+        raise ConfigError(f"OptimConfig.name = {cfg.name!r} is not allowed with torch {torch.__version__}: "
                           "torch.optim.Muon needs torch >= 2.9. Use name='adamw' or upgrade torch.")
-    named = named_groups(model, use_muon)
-    adamw_groups = [
-        {"params": [p for _, p in named[g]], "name": g, "lr": lr, "base_lr": lr, "weight_decay": wd}
-        for g, (lr, wd) in _adamw_settings(cfg).items() if named[g]
-    ]
+    named = named_groups(model, use_muon, nanochat)
+    if nanochat:
+        adamw_groups = nanochat_recipe.adamw_groups(named, _unwrap(model).cfg.d_model, tokens_per_step)
+        muon_lr, muon_wd = nanochat_recipe.muon_settings(tokens_per_step, cfg.muon_weight_decay)
+        muon_momentum = nanochat_recipe.MUON_MOMENTUM
+    else:
+        adamw_groups = [
+            {"params": [p for _, p in named[g]], "name": g, "lr": lr, "base_lr": lr, "weight_decay": wd}
+            for g, (lr, wd) in _adamw_settings(cfg).items() if named[g]
+        ]
+        muon_lr, muon_wd = cfg.muon_lr, _or(cfg.muon_weight_decay, cfg.weight_decay)
+        muon_momentum = cfg.muon_momentum
     if not adamw_groups:
         raise ConfigError("the model has no trainable parameters for AdamW; nothing to optimise.")
     optimizers: list[torch.optim.Optimizer] = []
     if use_muon and named["muon"]:
-        wd = _or(cfg.muon_weight_decay, cfg.weight_decay)
         optimizers.append(torch.optim.Muon(
-            [{"params": [p for _, p in named["muon"]], "name": "muon", "base_lr": cfg.muon_lr}],
-            lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=wd, nesterov=True,
+            [{"params": [p for _, p in named["muon"]], "name": "muon", "base_lr": muon_lr}],
+            lr=muon_lr, momentum=muon_momentum, weight_decay=muon_wd, nesterov=True,
             adjust_lr_fn=cfg.muon_adjust_lr))
     # fused / foreach left to torch: it picks the fastest implementation for the device
     optimizers.append(torch.optim.AdamW(adamw_groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
