@@ -16,7 +16,9 @@ Bank of Values' and value embeddings' tables are listed apart (parameters, not c
 Decode throughput: for each context length T, every model gets a cache holding T positions of random
 keys, values and token ids (a prefill's content does not change the cost of a decode step, and
 skipping it keeps the run short); then `generate` runs N greedy steps of one token, the first
-attending to T cached positions. tokens/s = N / wall time. The models are measured round-robin,
+attending to T cached positions. The "hand loop" contender is bench_decode.py's `HandDecoder` over
+pre-ln's weights (`F.*` calls, keys and values preallocated in the layout SDPA reads): what a decode
+step costs with no bookkeeping at all. tokens/s = N / wall time. The models are measured round-robin,
 one generate call each per repeat and the starting model rotating, after a warm-up; the figure is
 the median over repeats with the min-max. Ratios divide medians of the same run. On CPU the run
 uses one thread by default (`--threads`).
@@ -40,6 +42,7 @@ import torch
 
 import blocklab
 from _measure import machine_info
+from bench_decode import HandDecoder
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
@@ -54,7 +57,9 @@ LENGTHS = (128, 512, 1024, 2048, 4096, 8192)
 QUICK_LENGTHS = (128, 1024)
 WINDOW = 64  # below every length, so the sliding-window layers always drop positions
 HF = "hf-gpt2"
+HAND = "hand loop"  # bench_decode's hand-written loop over pre-ln's weights: the per-token floor
 BASELINE = "pre-ln"
+OTHERS = (HF, HAND)  # contenders that are not blocklab models
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -127,6 +132,21 @@ class HFDecoder:
                                 max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
 
+class HandLoopDecoder:
+    """bench_decode's `HandDecoder` over the pre-ln model's weights, from a filled past of `length`."""
+
+    def __init__(self, model, length: int, new: int, vocab: int, device):
+        self.hand, self.length = HandDecoder(model), length
+        self.keys, self.values = self.hand.new_cache(1, length + new)
+        g = torch.Generator(device=device).manual_seed(0)
+        self.keys.normal_(generator=g)
+        self.values.normal_(generator=g)
+        self.ids = torch.randint(0, vocab, (1,), device=device, generator=g)
+
+    def run(self, n: int) -> None:
+        self.hand.decode(self.ids, self.keys, self.values, self.length, n)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -135,10 +155,11 @@ def sync(device: torch.device) -> None:
 def measure_length(models: dict, length: int, new: int, repeats: int, size: dict, device) -> dict:
     """tokens/s of every model at one context length, round-robin over repeats."""
     vocab = size["vocab_size"]
-    decoders = {name: (HFDecoder if name == HF else OurDecoder)(m, length, new, vocab, device)
+    kinds = {HF: HFDecoder, HAND: HandLoopDecoder}
+    decoders = {name: kinds.get(name, OurDecoder)(m, length, new, vocab, device)
                 for name, m in models.items()}
     for name, d in decoders.items():  # the timing caches must be what the formula says
-        if name != HF:
+        if name not in OTHERS:
             formula = cache_bytes_per_token(models[name].cfg, 4, length + new)["total_bytes"]
             assert d.cache.nbytes == formula, (name, d.cache.nbytes, formula)
     hf_bytes = decoders[HF].nbytes() if HF in decoders else None
@@ -162,7 +183,7 @@ def memory_rows(models: dict, lengths) -> dict:
     """Measured nbytes of a cache made for exactly T positions, its formula and the value tables."""
     out = {}
     for name, model in models.items():
-        if name == HF:
+        if name in OTHERS:
             continue
         rows = {}
         for t in lengths:
@@ -249,6 +270,8 @@ def table(names, lengths, memory, summary, hf_bytes) -> str:
             b = hf_bytes.get(last)
             row = [f"{HF} (transformers)", f"{b / 2**20:.1f}" if b else "-",
                    f"{b / base_bytes:.3f}" if b else "-"]
+        elif name == HAND:  # the same cache as pre-ln, preallocated
+            row = [f"{HAND} (pre-ln's weights)", "-", "-"]
         else:
             b = memory[name][last]["cache_bytes"]
             row = [name, f"{b / 2**20:.1f}", f"{b / base_bytes:.3f}"]
@@ -294,6 +317,7 @@ def main() -> None:
     models = {}
     for name, (arch, overrides) in configs.items():
         models[name] = blocklab.Transformer(make_cfg(arch, size, context, **overrides)).to(device).eval()
+    models[HAND] = models[BASELINE]  # the hand loop reads pre-ln's weights
     if not args.no_hf:
         models[HF] = hf_model(size, context).to(device)
     memory = memory_rows(models, lengths)

@@ -149,28 +149,36 @@ class HandDecoder:
         h = F.layer_norm(x[:, -1], (self.d,), *self.ln_f, self.eps)
         return (h @ self.head.T).argmax(dim=-1)
 
+    def new_cache(self, batch: int, positions: int) -> tuple[Tensor, Tensor]:
+        """Keys and values (layers, B, H, positions, D), preallocated in the layout SDPA reads."""
+        shape = (len(self.layers), batch, self.n_heads, positions, self.head_dim)
+        return (torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device),
+                torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device))
+
+    @torch.inference_mode()
+    def decode(self, ids: Tensor, keys: Tensor, values: Tensor, at: int, new: int) -> Tensor:
+        """Greedy tokens (B, new) after feeding `ids` (B,) at position `at`, one token per step,
+        over keys and values already filled for positions 0 .. at-1."""
+        out = torch.empty(ids.shape[0], new, dtype=ids.dtype, device=ids.device)
+        for step in range(new):
+            x = (F.embedding(ids, self.tok) + self.pos[at + step])[:, None]
+            for i, w in enumerate(self.layers):
+                x = self._block(x, w, keys[i], values[i], at + step)
+            ids = self._next(x)
+            out[:, step] = ids
+        return out
+
     @torch.inference_mode()
     def generate(self, prompt: Tensor, new: int) -> Tensor:
         """Prompt + `new` greedy tokens (B, T + new), as `model.generate(prompt, new)`."""
         b, t = prompt.shape
-        total = t + new - 1  # the last token is never fed back
-        shape = (len(self.layers), b, self.n_heads, total, self.head_dim)
-        keys = torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device)
-        values = torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device)
-        out = torch.empty(b, t + new, dtype=prompt.dtype, device=prompt.device)
-        out[:, :t] = prompt
+        keys, values = self.new_cache(b, t + new - 1)  # the last token is never fed back
         x = F.embedding(prompt, self.tok) + self.pos[:t]
         for i, w in enumerate(self.layers):
             x = self._block(x, w, keys[i], values[i], 0)
-        ids = self._next(x)
-        out[:, t] = ids
-        for at in range(t, total):
-            x = (F.embedding(ids, self.tok) + self.pos[at])[:, None]
-            for i, w in enumerate(self.layers):
-                x = self._block(x, w, keys[i], values[i], at)
-            ids = self._next(x)
-            out[:, at + 1] = ids
-        return out
+        first = self._next(x)
+        rest = self.decode(first, keys, values, t, new - 1) if new > 1 else first[:, :0]
+        return torch.cat((prompt, first[:, None], rest), dim=1)
 
 
 # -- measurement -----------------------------------------------------------------------------------

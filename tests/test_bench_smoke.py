@@ -83,6 +83,24 @@ def test_hand_loop_gives_the_tokens_of_generate(batch):
     bench_decode.check_same_tokens(model, hand, prompt, 20)
 
 
+def test_hand_loop_decodes_from_a_filled_past_as_generate_does():
+    """bench_cache's hand-loop contender: `HandDecoder.decode` over keys and values copied from a
+    blocklab cache after a prefill gives the tokens `generate` gives from that cache."""
+    model = perturbed(bench_decode.make_model("tiny", 40))
+    hand = bench_decode.HandDecoder(model)
+    prompt = torch.randint(0, 512, (2, 9), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(2, 30)
+    with torch.no_grad():
+        first = model(prompt, cache=cache)[:, -1].argmax(-1)
+    keys, values = hand.new_cache(2, 30)
+    heads, d = model.cfg.n_heads, model.cfg.head_size
+    for j in range(model.cfg.n_layers):
+        keys[j, :, :, :9] = cache.keys[j].data[:, :9].transpose(1, 2)
+        values[j, :, :, :9] = cache.values[j].data[:, :9].view(2, 9, heads, d).transpose(1, 2)
+    ours = model.generate(first[:, None], 12, cache=cache)[:, 1:]
+    assert torch.equal(hand.decode(first, keys, values, 9, 12), ours)
+
+
 def test_hand_loop_refuses_what_it_does_not_compute():
     for arch in ("sas", "pre-ln+resformer"):
         cfg = blocklab.ModelConfig.from_preset(arch, "small", **bench_decode.SIZES["tiny"],
