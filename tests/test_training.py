@@ -640,6 +640,27 @@ def test_two_processes_match_one(corpus, tmp_path, arch, parallel):
     ckpt.load_weights(ckpt.latest_checkpoint(tmp_path / "two"), blocklab.Transformer(cfg))
 
 
+def test_two_fsdp_processes_train_nanochats_trunk_as_one(corpus, tmp_path):
+    """The trunk's model-level parts (smear, backout) sit in FSDP's root unit and the per-layer scalars
+    in their blocks; with nanochat's optimiser recipe (Muon included) two processes give one's losses.
+    The learned scalars are only compared loosely: AdamW with eps 1e-10 turns the float noise of a
+    near-zero gradient into a full-size step of either sign."""
+    common = ["max_steps=3", "batch_size=4", "seq_len=16", "eval_every=2", "eval_batches=4", "log_every=1",
+              "progress=false", "arch=pre-ln", "size=nanochat-tiny", f"data.source={corpus}",
+              "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}", "model.d_model=32",
+              "model.n_layers=2", "model.n_heads=2", "model.head_dim=16", "model.residual_scalars=true",
+              "model.backout=true", "optim.name=nanochat", "parallel=fsdp"]
+    _torchrun(1, [*common, f"out_dir={tmp_path / 'one'}"], tmp_path)
+    _torchrun(2, [*common, f"out_dir={tmp_path / 'two'}"], tmp_path)
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=2e-5)
+    one, two = (read_metrics(tmp_path / name / "metrics.jsonl", "train")[-1]["scalars"]
+                for name in ("one", "two"))
+    assert set(one) == set(two) == {"smear.strength", "backout.strength", *(
+        f"blocks.{i}.residual.{s}_lambda" for i in range(2) for s in ("resid", "x0"))}
+    for name, values in one.items():
+        assert two[name] == pytest.approx(values, abs=0.05), name
+
+
 def test_load_run_gives_the_trained_model_and_tokenizer(corpus, tmp_path):
     from blocklab.training import load_run
 
