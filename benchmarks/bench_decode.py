@@ -22,8 +22,11 @@ Sizes (GPT-2's block on each): ``small`` (blocklab's `small` preset dims: d 256,
 MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP 3072, vocab 50257);
 ``tiny`` (d 64, 2 layers) is for the tests.
 
+`--compile` adds a third contender, a copy of the model with `compile_blocks(dynamic=True)` (per-block
+`torch.compile`), its compilation done in the warm-up.
+
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
-        [--quick] [--device cuda] [--out FILE]
+        [--quick] [--compile] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ GPT2_BLOCK = dict(norm="layernorm", norm_eps=1e-5, positions="learned", mlp_act=
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu}
 RESULTS = Path(__file__).parent / "results"
 OURS, HAND = "blocklab generate", "hand loop"
+COMPILED = "blocklab generate, compile_blocks"  # --compile: per-block torch.compile (dynamic shapes)
 
 
 def make_model(size: str, context: int, seed: int = 0) -> blocklab.Transformer:
@@ -107,7 +111,8 @@ class HandDecoder:
                      and cfg.value_path == "standard" and cfg.norm == "layernorm" and cfg.final_norm
                      and cfg.norm_layers == "all" and cfg.positions == "learned" and not cfg.qk_norm
                      and cfg.window_size is None and cfg.logit_softcap is None and cfg.kv_heads == cfg.n_heads
-                     and cfg.mlp_act in ACTIVATIONS)
+                     and cfg.mlp_act in ACTIVATIONS and cfg.attn_logit_scale == 1.0
+                     and not (cfg.embed_norm or cfg.smear or cfg.residual_scalars or cfg.backout))
         if not supported:
             raise ValueError("the hand loop covers Pre-LN GPT-2 blocks only (softmax attention, standard "
                              "values, LayerNorm, learned positions, full context, no soft-cap)")
@@ -195,16 +200,19 @@ def check_same_tokens(model: blocklab.Transformer, hand: HandDecoder, prompt: Te
 
 
 def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int,
-                 repeats: int) -> dict[str, list[float]]:
-    """tokens/s of every contender per repeat, round-robin, the first contender alternating."""
+                 repeats: int, compiled: blocklab.Transformer | None = None) -> dict[str, list[float]]:
+    """tokens/s of every contender per repeat, round-robin, the first contender rotating."""
     device = prompt.device
     calls = {OURS: lambda: model.generate(prompt, new), HAND: lambda: hand.generate(prompt, new)}
-    for call in calls.values():  # warm-up
+    if compiled is not None:
+        calls[COMPILED] = lambda: compiled.generate(prompt, new)
+    for call in calls.values():  # warm-up (and, compiled, the compilation)
         call()
     names = list(calls)
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
-        for name in names[r % 2:] + names[:r % 2]:
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
             sync(device)
             start = time.perf_counter()
             calls[name]()
@@ -213,12 +221,17 @@ def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor,
     return rates
 
 
-def summarize(rates: dict[str, list[float]]) -> dict:
-    ours, hand = rates[OURS], rates[HAND]
-    out = {name: dict(median=statistics.median(r), min=min(r), max=max(r)) for name, r in rates.items()}
-    out["ratio"] = statistics.median(ours) / statistics.median(hand)
+def _ratios(ours: list[float], hand: list[float]) -> tuple[float, dict]:
     paired = [a / b for a, b in zip(ours, hand, strict=True)]
-    out["ratio_paired"] = dict(median=statistics.median(paired), min=min(paired), max=max(paired))
+    return (statistics.median(ours) / statistics.median(hand),
+            dict(median=statistics.median(paired), min=min(paired), max=max(paired)))
+
+
+def summarize(rates: dict[str, list[float]]) -> dict:
+    out: dict = {name: dict(median=statistics.median(r), min=min(r), max=max(r)) for name, r in rates.items()}
+    out["ratio"], out["ratio_paired"] = _ratios(rates[OURS], rates[HAND])
+    if COMPILED in rates:
+        out["compiled_ratio"], out["compiled_ratio_paired"] = _ratios(rates[COMPILED], rates[HAND])
     return out
 
 
@@ -233,12 +246,20 @@ def _spread(r: dict) -> str:
 def table(cells: list[dict]) -> str:
     header = ["size", "batch", f"{OURS} tok/s (min-max)", f"{HAND} tok/s (min-max)",
               "blocklab / hand (medians)", "paired ratio median (min-max)"]
+    compiled = any(COMPILED in c["summary"] for c in cells)
+    if compiled:
+        header += [f"{COMPILED} tok/s (min-max)", "compiled / hand (medians)", "paired (min-max)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in cells:
         s = c["summary"]
         p = s["ratio_paired"]
-        lines.append(f"| {c['size']} | {c['batch']} | {_spread(s[OURS])} | {_spread(s[HAND])} | "
-                     f"{s['ratio']:.2f} | {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f}) |")
+        row = (f"| {c['size']} | {c['batch']} | {_spread(s[OURS])} | {_spread(s[HAND])} | "
+               f"{s['ratio']:.2f} | {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f}) |")
+        if compiled:
+            q = s["compiled_ratio_paired"]
+            row += (f" {_spread(s[COMPILED])} | {s['compiled_ratio']:.2f} | "
+                    f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f}) |")
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -252,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="size small, 16 new tokens, 3 repeats")
+    p.add_argument("--compile", action="store_true",
+                   help="a third contender: a copy of the model with compile_blocks(dynamic=True)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON results (default benchmarks/results/decode-<device>.json; none with --quick)")
     args = p.parse_args(argv)
@@ -280,12 +303,18 @@ def main(argv: list[str] | None = None) -> dict:
     for size in sizes:
         model = make_model(size, args.prompt + args.new).to(device)
         hand = HandDecoder(model)
+        compiled = None
+        if args.compile:
+            compiled = make_model(size, args.prompt + args.new).to(device)  # the same seed: the same weights
+            compiled.compile_blocks(dynamic=True)
         for batch in batches:
             g = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, SIZES[size]["vocab_size"], (batch, args.prompt), generator=g).to(device)
             check_same_tokens(model, hand, prompt, args.new)
+            if compiled is not None:
+                check_same_tokens(compiled, hand, prompt, args.new)
             t0 = time.time()
-            rates = measure_cell(model, hand, prompt, args.new, args.repeats)
+            rates = measure_cell(model, hand, prompt, args.new, args.repeats, compiled)
             cells.append(dict(size=size, batch=batch, tokens_per_s=rates, summary=summarize(rates)))
             print(f"  {size} batch {batch}: {time.time() - t0:.0f} s, blocklab / hand "
                   f"{cells[-1]['summary']['ratio']:.3f}", flush=True)
@@ -296,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = dict(machine=info, command=" ".join(["python", *sys.argv]),
                   args=dict(sizes=sizes, dims={s: SIZES[s] for s in sizes}, gpt2_block=GPT2_BLOCK,
                             batches=batches, prompt=args.prompt, new_tokens=args.new, repeats=args.repeats,
-                            threads=args.threads, quick=args.quick),
+                            threads=args.threads, quick=args.quick, compile=args.compile),
                   same_tokens_checked=True, elapsed_s=round(elapsed, 1), cells=cells, table=text)
     out = args.out or (None if args.quick else RESULTS / f"decode-{device.type}.json")
     if out is not None:
