@@ -115,6 +115,8 @@ OPTION_CASES = [
     ("pre-ln+value-embed", dict(shared_tables=2, gate="lambda"), dict(n_layers=5, window_size=3,
                                                                       window_pattern="SL")),
     ("pre-ln+resformer-mix", dict(neutreno=0.3, layers="every-2"), dict(n_kv_heads=2, positions="rope")),
+    ("pre-ln+x0-value", dict(add=True, layers="every-2"), dict(window_size=3, window_pattern="SL")),
+    ("sas+x0-value", dict(add=True, learnable=False), {}),
     ("sas+resformer-learnable", dict(neutreno=0.2), dict(window_size=3, window_pattern="SL")),
     ("pre-ln", {}, dict(positions="none", logit_softcap=3.0, qk_norm=True, bias=True)),
     ("pre-ln", {}, dict(positions="sinusoidal", window_size=1, window_pattern="S")),

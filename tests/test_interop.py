@@ -494,6 +494,8 @@ IDENTICAL = {  # variants whose formula has the baseline as a starting point: (v
     "denseformer": ("denseformer", {}),
     "value-embed": ("value-embed", {}),
     "value-embed-unet-lambda": ("value-embed", dict(shared_tables=1, gate="lambda")),
+    "v-scale": ("v-scale", {}),
+    "x0-value-add-learnable": ("x0-value", dict(add=True)),
     "resformer-sparse-learnable": ("resformer-sparse", dict(learnable=True)),
     "resformer-query-learnable": ("resformer", dict(learnable=True, residual_on="query")),
 }

@@ -19,6 +19,7 @@ name and the *meaning* of the config from the papers:
     CLA        followers reuse the group leader's K and V (Brandon et al.)
     BoV        v_p = gamma_v E_v[i_p] in the target layers                   BoV Eq. (5)
     x0-value   v_p = c RMSNorm(e_p) W^V ; v1-value  v_p = c V_1              BoV Table 1
+               x0-value add: v_p = a x_p W^V + b RMSNorm(e_p) W^V ; v-scale  v_p = c x_p W^V
     value-emb  v = x W^V + 3 sigmoid(x[:12] W_g) E_v[id]   (per KV head, nanochat), or
                v = lambda_0 x W^V + lambda_1 E_v[id] (modded-nanogpt); U-net layout: table i in layers
                i and L - N + i
@@ -61,7 +62,8 @@ DEFAULTS: dict[str, dict] = {
     "cla": dict(group=2),
     "cross-layer-attn": {},
     "bov": dict(_SUBSTITUTIVE, shared=False),
-    "x0-value": dict(_SUBSTITUTIVE),
+    "x0-value": dict(_SUBSTITUTIVE, add=False),
+    "v-scale": dict(_SUBSTITUTIVE),
     "v1-value": dict(_SUBSTITUTIVE),
     "value-embed": dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0),
 }
@@ -375,7 +377,7 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
             state["kv1"] = (k, v)
         else:
             cross = state["kv1"]
-    elif vp in ("bov", "x0-value", "v1-value"):
+    elif vp in ("bov", "x0-value", "v1-value", "v-scale"):
         targets = layer_set(o["layers"], cfg.n_layers)
         if vp == "v1-value" and o["layers"] == "all":  # layer 0 is V_1's source: Table 1's "V1, All"
             targets = set(range(1, cfg.n_layers))
@@ -384,6 +386,14 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
             v = project()
             if n == 0:
                 state["v1"] = v
+        elif vp == "x0-value" and o["add"]:  # a, b: learned from (1, 0), or fixed at (1/2, 1/2)
+            lt = o["learnable"]
+            a = params.gain(f"{pre}.values.main", 1.0 if lt else 0.5, lt)
+            b = params.gain(f"{pre}.values.coef", 0.0 if lt else 0.5, lt)
+            x0 = rms(state["e"], torch.finfo(DTYPE).eps)
+            v = a * project() + b * project_from(cfg, x0, params, pre, form)
+        elif vp == "v-scale":
+            v = params.gain(f"{pre}.values.coef", o["coef"], o["learnable"]) * project()
         else:
             c = params.gain(f"{pre}.values.coef", o["coef"], o["learnable"])
             if vp == "bov":

@@ -74,8 +74,11 @@ def _bov_row(label: str, vp: str, layers: str, learnable: bool) -> Entry:
 
 
 def _resformer_row(label: str, learnable: bool) -> Entry:
+    """V + V_1 in the last third: fixed 1/2 and 1/2, or learned from the baseline (lambda_2 = 1 on
+    V, lambda_1 = 0 on V_1), as Bank of Values' learned additive rows start (alpha 1, beta 0)."""
+    start = {"lambda1": 0.0, "lambda2": 1.0} if learnable else {}
     return Entry(label, "pre-ln+resformer", {"value_path_options": {"layers": "last-third",
-                                                                     "learnable": learnable}})
+                                                                     "learnable": learnable, **start}})
 
 
 GRIDS: dict[str, Grid] = {
@@ -102,11 +105,10 @@ GRIDS: dict[str, Grid] = {
     "bov-table1": Grid(
         "Bank of Values Table 1 on nanochat's trunk (size nanochat-tiny by default; nanochat-d12 is the "
         "paper's) and nanochat's optimiser recipe: substitutive and additive value sources, target "
-        "layers and coefficients (equal FLOPs); labels start with the paper's row. Not expressible: row 2 "
-        "(a learnable gamma on the layer's own V alone: ResFormer's lambda_2 is learnable only with "
-        "lambda_1) and rows 12-13 (V + x0 W_V: x0-value substitutes V, it does not add to it)",
+        "layers and coefficients (equal FLOPs); labels start with the paper's row",
         "flops",
         (Entry("1 V", "pre-ln"),
+         _bov_row("2 V last-third gamma", "v-scale", "last-third", True),
          _bov_row("3 V1 all 1", "v1-value", "all", False),
          _bov_row("4 V1 every-2 gamma", "v1-value", "every-2", True),
          _bov_row("5 V1 last-third 1", "v1-value", "last-third", False),
@@ -116,6 +118,10 @@ GRIDS: dict[str, Grid] = {
          _bov_row("9 x0W last-third gamma", "x0-value", "last-third", True),
          _resformer_row("10 V+V1 last-third 0.5", False),
          _resformer_row("11 V+V1 last-third gamma", True),
+         Entry("12 V+x0W last-third 0.5", "pre-ln+x0-value",
+               {"value_path_options": {"layers": "last-third", "learnable": False, "add": True}}),
+         Entry("13 V+x0W last-third gamma", "pre-ln+x0-value",
+               {"value_path_options": {"layers": "last-third", "learnable": True, "add": True}}),
          Entry("BoV", "pre-ln+bov")),
         {"optim": {"name": "nanochat", "schedule": "wsd"}}, size="nanochat-tiny"),
 }

@@ -10,7 +10,8 @@ With s_d = (d_model / 768)^-1/2 (width) and s_B = sqrt(B / 2^19) (B tokens per o
     embeddings     tok_emb (and pos_emb)                     0.3 s_d s_B        (0.8, 0.995)   0.001
     value_tables   BoV tables, value embeddings              0.15 s_d s_B       (0.8, 0.995)   0.01
     smear          smear.*, backout.*                        0.2                (0.8, 0.95)    0
-    resid_scalars  blocks.i.residual.resid_lambda.gain       0.005 s_B          (0.8, 0.95)    0.05
+    resid_scalars  blocks.i.residual.resid_lambda.gain,      0.005 s_B          (0.8, 0.95)    0.05
+                   BoV's alpha: x0-value's a, ResFormer's lambda_2
     x0_scalars     blocks.i.residual.x0_lambda.gain          0.5 s_B            (0.96, 0.95)   0
     scalars        other gains (gamma_v, ResFormer lambdas)  0.5 s_B            (0.96, 0.95)   0
     no_decay       norm weights, biases (nanochat has none)  0.02 s_B           (0.8, 0.95)    0
@@ -60,7 +61,9 @@ def nanochat_group(name: str, general: str) -> str:
     """The recipe's group of parameter `name`, given its group under blocklab's default rules."""
     if name.startswith(("smear.", "backout.")):
         return "smear"
-    if name.endswith(".resid_lambda.gain"):
+    # Bank of Values' alpha (the coefficient on a layer's own V: x0-value's a, ResFormer's lambda_2)
+    # shares the residual scalars' settings
+    if name.endswith((".resid_lambda.gain", ".values.main.gain", ".values.lambda2.gain")):
         return "resid_scalars"
     if name.endswith(".x0_lambda.gain"):
         return "x0_scalars"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from blocklab.errors import ConfigError
-from blocklab.model.value_paths.bank import BankOfValues, V1Value, ValueEmbed, X0Value
+from blocklab.model.value_paths.bank import BankOfValues, V1Value, ValueEmbed, VScale, X0Value
 from blocklab.model.value_paths.base import (
     LayerValues,
     SharedModule,
@@ -51,6 +51,7 @@ VALUE_PATHS: dict[str, type[ValuePath]] = {
     "bov": BankOfValues,
     "x0-value": X0Value,
     "v1-value": V1Value,
+    "v-scale": VScale,
     "value-embed": ValueEmbed,
 }
 

@@ -1,8 +1,10 @@
 """Bank of Values (He, Liu et al. 2026) and its substitutive and additive relatives.
 
     BoV:         v_p = gamma_v * E_v[token id]              in the target layers   (Eq. 5)
-    x0-value:    v_p = c * RMSNorm(x0_p) W^V                 (Table 1)
+    x0-value:    v_p = c * RMSNorm(x0_p) W^V                 (Table 1); with add=True
+                 v_p = a x_p W^V + b RMSNorm(x0_p) W^V        (Table 1's "V + x0 W_V" rows)
     v1-value:    v_p = c * V_1                               (Table 1)
+    v-scale:     v_p = c * x_p W^V                           (Table 1's "V gamma" control)
     value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat), or
                  v_p = lambda_0 x_p W^V + lambda_1 E_v[id]   (modded-nanogpt)
 
@@ -154,12 +156,25 @@ class SharedValueTable(SharedModule):
 
 
 class X0Value(_Substitutive):
+    """v_p = c RMSNorm(x0_p) W^V in the target layers, with x0 the token's own embedding and W^V the
+    layer's. Option ``add``: keep the layer's own values and add the x0 values,
+    v_p = a x_p W^V + b RMSNorm(x0_p) W^V (Bank of Values Table 1's "V + x0 W_V" rows): a = b = 1/2
+    fixed, or with ``learnable`` a and b per layer starting at a = 1, b = 0 (the baseline), as the
+    paper's learned additive variants do.
+    """
+
     description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
+    options = dict(_Substitutive.options, add=False)
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        if self.target:  # v is a function of the token id: the cache keeps ids and recomputes v
+        self.adds = self.target and self.opts["add"]
+        if self.adds:  # a, b replace the coefficient c
+            learnable = self.opts["learnable"]
+            self.main = Gain(1.0 if learnable else 0.5, learnable)
+            self.coef = Gain(0.0 if learnable else 0.5, learnable)
+        elif self.target:  # v is a function of the token id: the cache keeps ids and recomputes v
             self.caches_values, self.value_layer = False, None
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -167,13 +182,14 @@ class X0Value(_Substitutive):
         if not self.target:
             return LayerValues(q, k, self.w_v(x)), carry
         assert carry.token_embeddings is not None
-        return LayerValues(q, k, self.x0_values(carry.token_embeddings)), carry
+        v = self.x0_values(carry.token_embeddings)
+        return LayerValues(q, k, self.main(self.w_v(x)) + v if self.adds else v), carry
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
         return self.coef(self.w_v(_rms(token_embeddings)))
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
-        if not self.target:
+        if not self.target or self.adds:  # cached values (an added x W^V depends on more than the id)
             return source
         # one value map per cached token and step: the memory of BoV at the compute of a projection
         assert carry.embedding_table is not None
@@ -233,6 +249,23 @@ class V1Value(_Substitutive):
         if 0 in cls.targets(cfg):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
+
+
+class VScale(_Substitutive):
+    """v_p = c x_p W^V in the target layers: the layer's own values times a coefficient (learnable,
+    init 1), Bank of Values Table 1's "V gamma" row, the control that separates what a learned
+    scale alone does from what the new value sources do."""
+
+    description = "v-scale (BoV Table 1 control): v = c x W^V in the target layers"
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__(cfg, layer)
+        self.w_v = self.make_value_map(cfg, layer)
+
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        assert k is not None
+        v = self.w_v(x)
+        return LayerValues(q, k, self.coef(v) if self.target else v), carry
 
 
 VALUE_EMBED_GATES = ("nanochat", "lambda")
