@@ -222,3 +222,19 @@ def test_a_d12_state_dict_gives_the_nanochat_d12_preset():
     state = {k: torch.empty(s, device="meta") for k, s in shapes.items()}
     state.update({k: torch.empty(w[k].shape, device="meta") for k in ("smear_gate.weight", "smear_lambda")})
     assert config_from_nanochat(state) == ModelConfig.from_preset("pre-ln", "nanochat-d12")
+
+
+def test_nanochat_d12_gives_the_reference_logits():
+    """At the full d12 size (the paper's 135.3M model): random weights in nanochat's names through
+    from_nanochat give the float64 reference's logits. The model runs in float32 (half the memory;
+    the small models above are checked in float64 at 1e-10); 16 tokens, inside every window."""
+    w = random_nanochat_weights(n_layer=12, d=768, head_dim=128, n_kv_head=6, vocab=32768, upstream=False,
+                                seed=7)
+    idx = torch.randint(0, 32768, (1, 16), generator=torch.Generator().manual_seed(8))
+    expected = nanochat_logits(w, idx, 12, 128, 32768, [10**9] * 12)
+    model = from_nanochat(w, dtype=torch.float32)
+    del w
+    assert model.cfg == ModelConfig.from_preset("pre-ln", "nanochat-d12")
+    assert sum(p.numel() for p in model.parameters()) == 135_266_329
+    assert expected.abs().max() > 1.0  # logits far from zero: the comparison has teeth
+    torch.testing.assert_close(model(idx).double(), expected, atol=2e-4, rtol=0)
