@@ -171,6 +171,16 @@ def test_float64_import_is_exact(name):
     assert max_diff(ours, hf) <= (1e-12 if name.startswith("gpt2") else TOL)
 
 
+def test_float64_folder_import_is_exact(tmp_path):
+    """A folder saved in float64 loads in float64 (transformers < 5 loaded float32 by default)."""
+    hf = perturb(HF_MODELS["gpt2-tied-gelu_new"]().double(), seed=6, scale=1e-3)
+    hf.save_pretrained(tmp_path)
+    ours = from_hf(tmp_path)
+    assert {p.dtype for p in ours.parameters()} == {torch.float64}
+    assert torch.equal(ours.tok_emb.weight, hf.state_dict()["transformer.wte.weight"])
+    assert max_diff(ours, hf) <= 1e-12
+
+
 def test_config_from_hf_fields():
     """The field mapping, checked against the HF configs by hand."""
     gpt = config_from_hf(GPT2Config(n_layer=3, n_embd=48, n_head=6, vocab_size=300, n_positions=64,

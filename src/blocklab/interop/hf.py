@@ -191,6 +191,16 @@ def _refuse_blocklab_export(path: Path) -> None:
                           "save_pretrained(model, folder, format='hf') writes one transformers can load.")
 
 
+def _saved_dtype() -> dict[str, str]:
+    """`from_pretrained` keyword that loads a folder in the dtype it was saved in, not float32 (the
+    default before transformers 5): `dtype` since 4.56, `torch_dtype` before."""
+    import transformers
+    from packaging.version import Version
+
+    old = Version(transformers.__version__) < Version("4.56")
+    return {"torch_dtype" if old else "dtype": "auto"}
+
+
 def _load_hf(model_or_path) -> nn.Module:
     if isinstance(model_or_path, (str, os.PathLike)):
         path = Path(model_or_path)
@@ -202,7 +212,7 @@ def _load_hf(model_or_path) -> nn.Module:
             from transformers import AutoModelForCausalLM
         except ImportError as e:  # an optional dependency
             raise ImportError("from_hf needs transformers: pip install 'blocklab[hf]'") from e
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **_saved_dtype())
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
         raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
                         f"got {type(model_or_path).__name__}")
