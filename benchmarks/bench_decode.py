@@ -22,11 +22,16 @@ Sizes (GPT-2's block on each): ``small`` (blocklab's `small` preset dims: d 256,
 MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP 3072, vocab 50257);
 ``tiny`` (d 64, 2 layers) is for the tests.
 
-`--compile` adds a third contender, a copy of the model with `compile_blocks(dynamic=True)` (per-block
-`torch.compile`), its compilation done in the warm-up.
+`--compile MODES` adds one contender per mode (`COMPILE_MODES`), each on its own copy of the model,
+its compilation done in the warm-up and its tokens checked like the others':
+``blocks`` is `compile_blocks(dynamic=True)` (per-block `torch.compile`); ``step`` compiles the whole
+decoding step (embedding, every block and its cache writes, head) as one graph with inductor;
+``step-eager`` captures that same graph with dynamo but runs it with eager kernels
+(``backend="eager"``), which removes the module stack's Python and keeps the kernels, so it tells
+how much of the gap the Python alone is. `--compile` alone means ``blocks``.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
-        [--quick] [--compile] [--device cuda] [--out FILE]
+        [--quick] [--compile [blocks,step,step-eager]] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,13 +42,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 import blocklab
+from blocklab.model.cache import KVCache
 
 SIZES = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
@@ -55,7 +61,11 @@ GPT2_BLOCK = dict(norm="layernorm", norm_eps=1e-5, positions="learned", mlp_act=
 ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tanh"), "relu": F.relu}
 RESULTS = Path(__file__).parent / "results"
 OURS, HAND = "blocklab generate", "hand loop"
-COMPILED = "blocklab generate, compile_blocks"  # --compile: per-block torch.compile (dynamic shapes)
+COMPILE_MODES = {  # --compile: contender name per mode
+    "blocks": "blocklab generate, compile_blocks",  # per-block torch.compile (dynamic shapes)
+    "step": "blocklab, compiled step",  # the whole decoding step, one inductor graph
+    "step-eager": "blocklab, captured step",  # the same graph, eager kernels (dynamo, backend="eager")
+}
 
 
 def make_model(size: str, context: int, seed: int = 0) -> blocklab.Transformer:
@@ -67,6 +77,10 @@ def make_model(size: str, context: int, seed: int = 0) -> blocklab.Transformer:
 
 
 # -- the hand-written contender --------------------------------------------------------------------
+class Contender(Protocol):
+    def generate(self, prompt: Tensor, new: int) -> Tensor: ...
+
+
 class Layer(NamedTuple):
     ln1_w: Tensor
     ln1_b: Tensor | None
@@ -186,13 +200,48 @@ class HandDecoder:
         return torch.cat((prompt, first[:, None], rest), dim=1)
 
 
+class CompiledStep:
+    """Greedy decoding by `model` with its decoding step, ``model.logits(model.decode_hidden_states(ids,
+    cache))`` at the last position, compiled as one graph by `torch.compile(backend=backend)`; the
+    prompt's prefill runs eagerly. The cache's length becomes a dynamic size after the first steps, so
+    one graph serves every later step."""
+
+    def __init__(self, model: blocklab.Transformer, backend: str):
+        self.model = model
+        self.step = torch.compile(self._step, backend=backend)
+
+    def _step(self, ids: Tensor, cache: KVCache) -> Tensor:
+        return self.model.logits(self.model.decode_hidden_states(ids, cache)[:, -1])
+
+    @torch.inference_mode()
+    def generate(self, prompt: Tensor, new: int) -> Tensor:
+        """Prompt + `new` greedy tokens (B, T + new), as `model.generate(prompt, new)`."""
+        b, t = prompt.shape
+        cache = self.model.new_cache(b, t + new - 1)
+        ids = self.model(prompt, cache=cache)[:, -1].argmax(dim=-1)[:, None]
+        out = [prompt, ids]
+        for _ in range(new - 1):
+            ids = self.step(ids, cache).argmax(dim=-1)[:, None]
+            out.append(ids)
+        return torch.cat(out, dim=1)
+
+
+def compiled_contender(mode: str, size: str, context: int, device: torch.device) -> Contender:
+    """A copy of `make_model(size, context)` (the same seed: the same weights) compiled as `mode` says."""
+    model = make_model(size, context).to(device)
+    if mode == "blocks":
+        model.compile_blocks(dynamic=True)
+        return model
+    return CompiledStep(model, "inductor" if mode == "step" else "eager")
+
+
 # -- measurement -----------------------------------------------------------------------------------
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def check_same_tokens(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int) -> None:
+def check_same_tokens(model: Contender, hand: HandDecoder, prompt: Tensor, new: int) -> None:
     ours, theirs = model.generate(prompt, new), hand.generate(prompt, new)
     if not torch.equal(ours, theirs):
         diff = (ours != theirs).nonzero()
@@ -200,12 +249,12 @@ def check_same_tokens(model: blocklab.Transformer, hand: HandDecoder, prompt: Te
 
 
 def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int,
-                 repeats: int, compiled: blocklab.Transformer | None = None) -> dict[str, list[float]]:
-    """tokens/s of every contender per repeat, round-robin, the first contender rotating."""
+                 repeats: int, compiled: dict[str, Contender] | None = None) -> dict[str, list[float]]:
+    """tokens/s of every contender per repeat, round-robin, the first contender rotating;
+    `compiled`: further contenders by name."""
     device = prompt.device
-    calls = {OURS: lambda: model.generate(prompt, new), HAND: lambda: hand.generate(prompt, new)}
-    if compiled is not None:
-        calls[COMPILED] = lambda: compiled.generate(prompt, new)
+    contenders: dict[str, Contender] = {OURS: model, HAND: hand, **(compiled or {})}
+    calls = {name: (lambda c=c: c.generate(prompt, new)) for name, c in contenders.items()}
     for call in calls.values():  # warm-up (and, compiled, the compilation)
         call()
     names = list(calls)
@@ -230,8 +279,8 @@ def _ratios(ours: list[float], hand: list[float]) -> tuple[float, dict]:
 def summarize(rates: dict[str, list[float]]) -> dict:
     out: dict = {name: dict(median=statistics.median(r), min=min(r), max=max(r)) for name, r in rates.items()}
     out["ratio"], out["ratio_paired"] = _ratios(rates[OURS], rates[HAND])
-    if COMPILED in rates:
-        out["compiled_ratio"], out["compiled_ratio_paired"] = _ratios(rates[COMPILED], rates[HAND])
+    out["ratios_to_hand"] = {name: dict(zip(("medians", "paired"), _ratios(r, rates[HAND]), strict=True))
+                             for name, r in rates.items() if name not in (OURS, HAND)}
     return out
 
 
@@ -246,18 +295,19 @@ def _spread(r: dict) -> str:
 def table(cells: list[dict]) -> str:
     header = ["size", "batch", f"{OURS} tok/s (min-max)", f"{HAND} tok/s (min-max)",
               "blocklab / hand (medians)", "paired ratio median (min-max)"]
-    compiled = any(COMPILED in c["summary"] for c in cells)
-    if compiled:
-        header += [f"{COMPILED} tok/s (min-max)", "compiled / hand (medians)", "paired (min-max)"]
+    extra = list(cells[0]["summary"]["ratios_to_hand"]) if cells else []
+    for name in extra:
+        header += [f"{name} tok/s (min-max)", "/ hand (medians)", "paired (min-max)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in cells:
         s = c["summary"]
         p = s["ratio_paired"]
         row = (f"| {c['size']} | {c['batch']} | {_spread(s[OURS])} | {_spread(s[HAND])} | "
                f"{s['ratio']:.2f} | {p['median']:.2f} ({p['min']:.2f}-{p['max']:.2f}) |")
-        if compiled:
-            q = s["compiled_ratio_paired"]
-            row += (f" {_spread(s[COMPILED])} | {s['compiled_ratio']:.2f} | "
+        for name in extra:
+            r = s["ratios_to_hand"][name]
+            q = r["paired"]
+            row += (f" {_spread(s[name])} | {r['medians']:.2f} | "
                     f"{q['median']:.2f} ({q['min']:.2f}-{q['max']:.2f}) |")
         lines.append(row)
     return "\n".join(lines)
@@ -273,13 +323,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="size small, 16 new tokens, 3 repeats")
-    p.add_argument("--compile", action="store_true",
-                   help="a third contender: a copy of the model with compile_blocks(dynamic=True)")
+    p.add_argument("--compile", nargs="?", const="blocks", default="",
+                   help=f"compiled contenders, comma-separated from {', '.join(COMPILE_MODES)} "
+                        "(alone: blocks)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON results (default benchmarks/results/decode-<device>.json; none with --quick)")
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.new, args.repeats = "small", 16, 3
+    args.compile = [m for m in args.compile.split(",") if m]
+    unknown = [m for m in args.compile if m not in COMPILE_MODES]
+    if unknown:
+        p.error(f"--compile {','.join(unknown)} is not allowed: choose from {', '.join(COMPILE_MODES)}")
     return args
 
 
@@ -303,16 +358,14 @@ def main(argv: list[str] | None = None) -> dict:
     for size in sizes:
         model = make_model(size, args.prompt + args.new).to(device)
         hand = HandDecoder(model)
-        compiled = None
-        if args.compile:
-            compiled = make_model(size, args.prompt + args.new).to(device)  # the same seed: the same weights
-            compiled.compile_blocks(dynamic=True)
+        compiled = {COMPILE_MODES[m]: compiled_contender(m, size, args.prompt + args.new, device)
+                    for m in args.compile}
         for batch in batches:
             g = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, SIZES[size]["vocab_size"], (batch, args.prompt), generator=g).to(device)
             check_same_tokens(model, hand, prompt, args.new)
-            if compiled is not None:
-                check_same_tokens(compiled, hand, prompt, args.new)
+            for contender in compiled.values():
+                check_same_tokens(contender, hand, prompt, args.new)
             t0 = time.time()
             rates = measure_cell(model, hand, prompt, args.new, args.repeats, compiled)
             cells.append(dict(size=size, batch=batch, tokens_per_s=rates, summary=summarize(rates)))

@@ -120,3 +120,20 @@ def test_bench_decode_main_measures_both_contenders(tmp_path):
         paired = c["summary"]["ratio_paired"]
         assert c["summary"]["ratio"] > 0 and paired["min"] <= paired["median"] <= paired["max"]
     assert "| tiny | 1 |" in result["table"]
+
+
+def test_bench_decode_compiled_step_contender(tmp_path):
+    """`--compile step-eager`: the whole decoding step captured as one graph gives generate's tokens
+    (checked inside `main`) and is timed beside the others."""
+    args = ["--sizes", "tiny", "--batches", "2", "--prompt", "8", "--new", "6", "--repeats", "2"]
+    result = bench_decode.main([*args, "--compile", "step-eager", "--out", str(tmp_path / "d.json")])
+    (cell,) = result["cells"]
+    name = bench_decode.COMPILE_MODES["step-eager"]
+    assert len(cell["tokens_per_s"][name]) == 2
+    assert set(cell["summary"]["ratios_to_hand"]) == {name}
+    assert name in result["table"]
+
+
+def test_bench_decode_refuses_an_unknown_compile_mode():
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--compile", "graphs"])
