@@ -24,11 +24,11 @@ MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP
 
 `--compile MODES` adds one contender per mode (`COMPILE_MODES`), each on its own copy of the model,
 its compilation done in the warm-up and its tokens checked like the others':
-``blocks`` is `compile_blocks(dynamic=True)` (per-block `torch.compile`); ``step`` compiles the whole
-decoding step (embedding, every block and its cache writes, head) as one graph with inductor;
-``step-eager`` captures that same graph with dynamo but runs it with eager kernels
-(``backend="eager"``), which removes the module stack's Python and keeps the kernels, so it tells
-how much of the gap the Python alone is. `--compile` alone means ``blocks``.
+``blocks`` is `compile_blocks(dynamic=True)` (per-block `torch.compile`); ``step`` is
+`compile_decoding()`, the whole decoding step (embedding, every block and its cache writes, head) as
+one inductor graph; ``step-eager`` is `compile_decoding(backend="eager")`, the same graph captured by
+dynamo but run with eager kernels, which removes the module stack's Python and keeps the kernels.
+`--compile` alone means ``blocks``.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
         [--quick] [--compile [blocks,step,step-eager]] [--device cuda] [--out FILE]
@@ -49,7 +49,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import blocklab
-from blocklab.model.cache import KVCache
 
 SIZES = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
@@ -63,8 +62,8 @@ RESULTS = Path(__file__).parent / "results"
 OURS, HAND = "blocklab generate", "hand loop"
 COMPILE_MODES = {  # --compile: contender name per mode
     "blocks": "blocklab generate, compile_blocks",  # per-block torch.compile (dynamic shapes)
-    "step": "blocklab, compiled step",  # the whole decoding step, one inductor graph
-    "step-eager": "blocklab, captured step",  # the same graph, eager kernels (dynamo, backend="eager")
+    "step": "blocklab generate, compile_decoding",  # the whole decoding step, one inductor graph
+    "step-eager": "blocklab generate, captured step",  # the same graph, eager kernels (backend="eager")
 }
 
 
@@ -200,39 +199,14 @@ class HandDecoder:
         return torch.cat((prompt, first[:, None], rest), dim=1)
 
 
-class CompiledStep:
-    """Greedy decoding by `model` with its decoding step, ``model.logits(model.decode_hidden_states(ids,
-    cache))`` at the last position, compiled as one graph by `torch.compile(backend=backend)`; the
-    prompt's prefill runs eagerly. The cache's length becomes a dynamic size after the first steps, so
-    one graph serves every later step."""
-
-    def __init__(self, model: blocklab.Transformer, backend: str):
-        self.model = model
-        self.step = torch.compile(self._step, backend=backend)
-
-    def _step(self, ids: Tensor, cache: KVCache) -> Tensor:
-        return self.model.logits(self.model.decode_hidden_states(ids, cache)[:, -1])
-
-    @torch.inference_mode()
-    def generate(self, prompt: Tensor, new: int) -> Tensor:
-        """Prompt + `new` greedy tokens (B, T + new), as `model.generate(prompt, new)`."""
-        b, t = prompt.shape
-        cache = self.model.new_cache(b, t + new - 1)
-        ids = self.model(prompt, cache=cache)[:, -1].argmax(dim=-1)[:, None]
-        out = [prompt, ids]
-        for _ in range(new - 1):
-            ids = self.step(ids, cache).argmax(dim=-1)[:, None]
-            out.append(ids)
-        return torch.cat(out, dim=1)
-
-
 def compiled_contender(mode: str, size: str, context: int, device: torch.device) -> Contender:
     """A copy of `make_model(size, context)` (the same seed: the same weights) compiled as `mode` says."""
     model = make_model(size, context).to(device)
     if mode == "blocks":
         model.compile_blocks(dynamic=True)
-        return model
-    return CompiledStep(model, "inductor" if mode == "step" else "eager")
+    else:
+        model.compile_decoding(backend="inductor" if mode == "step" else "eager")
+    return model
 
 
 # -- measurement -----------------------------------------------------------------------------------

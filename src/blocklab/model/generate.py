@@ -71,11 +71,10 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Transformer, ids: Tensor, cache: KVCache, checked: bool = False) -> Tensor:
-    """Next-token logits (B, vocab): the head runs on the last position only. `checked`: the ids
-    are the model's own samples (in range) and the cache has passed the checks of a first call."""
-    hidden = model.decode_hidden_states(ids, cache) if checked else model.hidden_states(ids, cache)
-    return model.logits(hidden[:, -1])
+def _last_logits(model: Transformer, ids: Tensor, cache: KVCache) -> Tensor:
+    """Next-token logits (B, vocab) after the prompt, checking its ids and the cache: the head runs on
+    the last position only."""
+    return model.logits(model.hidden_states(ids, cache)[:, -1])
 
 
 def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
@@ -134,4 +133,5 @@ def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperat
         # the all-rows-stopped test reads a device value: only when there are stop tokens
         if step + 1 == max_new_tokens or (stopping and bool(done.all())):
             return
-        logits = _last_logits(model, column, cache, checked=True)  # sampled ids lie in the vocabulary
+        # sampled ids lie in the vocabulary; compiled when the model's decoding is (`compile_decoding`)
+        logits = model.next_token_logits(column, cache)

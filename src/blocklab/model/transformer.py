@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
@@ -37,6 +38,18 @@ class _InitFromModel(Protocol):
     def init_from_model(self, model: Transformer) -> None: ...
 
 
+def _own_code(method: Callable[[Tensor, KVCache], Tensor]) -> types.MethodType:
+    """`method` (a bound method) with its own copy of the function's code object. Dynamo keeps
+    compiled code, and its recompile limit, per code object: one shared by every model would let
+    models of different shapes crowd each other out, and an earlier compile answer a later one."""
+    assert isinstance(method, types.MethodType)
+    fn = method.__func__
+    assert isinstance(fn, types.FunctionType)
+    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
+                              fn.__closure__)
+    return types.MethodType(copy, method.__self__)
+
+
 def _reparam(module: object) -> ReparamLinear:
     assert isinstance(module, ReparamLinear), "tied inits need reparameterised W_V and W_P in every layer"
     return module
@@ -65,6 +78,7 @@ class Transformer(nn.Module):
         self.backout = Backout(cfg.n_layers) if cfg.backout else None
         self.norm = norm_of(cfg, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._decoding: Callable[[Tensor, KVCache], Tensor] | None = None  # set by `compile_decoding`
         if self.tok_emb.weight.device.type != "meta":
             self.init_weights()
 
@@ -131,6 +145,29 @@ class Transformer(nn.Module):
         dynamo.accumulated_recompile_limit = max(dynamo.accumulated_recompile_limit, 2 * needed)
         for block in self.blocks:
             block.compile(**compile_kwargs)
+
+    def compile_decoding(self, **compile_kwargs: Any) -> None:
+        """`torch.compile(**compile_kwargs)` the decoding step that `generate` runs for every new token
+        (`decode_step`: the embedding, every block with its cache writes, the final norm and the head)
+        as one graph; the prompt's prefill stays eager.
+
+        The cache's length becomes a dynamic size after the first steps, so one graph serves every
+        later step of a batch size. Each call compiles a fresh copy of the step, so models never share
+        compiled code and a second call's settings replace the first's. Measured against eager
+        decoding in benchmarks/RESULTS.md.
+        """
+        self._decoding = torch.compile(_own_code(self.decode_step), **compile_kwargs)
+
+    def next_token_logits(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """`decode_step`, compiled once `compile_decoding` was called."""
+        step = self._decoding if self._decoding is not None else self.decode_step
+        return step(input_ids, cache)
+
+    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
+        `decode_hidden_states` (no checks of the ids or of the cache's config), then the head on the
+        last position only."""
+        return self.logits(self.decode_hidden_states(input_ids, cache)[:, -1])
 
     # -- forward -------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:

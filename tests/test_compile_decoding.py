@@ -1,0 +1,70 @@
+"""`Transformer.compile_decoding`: `generate` with the decoding step compiled as one graph gives the
+tokens of eager decoding, for value paths and trunks whose caches differ (rings, running sums, token
+ids, shared values, the smear's last token)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_cache import build, ids_of
+
+CASES = [
+    ("pre-ln", {}),
+    ("sas-p+resformer-learnable", {}),
+    ("sas+svformer", dict(window_size=3, window_pattern="SL")),  # a ring and running value sums
+    ("pre-ln+bov", {}),  # values from cached token ids
+    ("pre-ln+cla", dict(positions="rope")),
+    ("pre-ln+denseformer", {}),
+]
+
+
+class CountingBackend:
+    """A dynamo backend that runs the captured graph as it is and counts the graphs it was given."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG002
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize(("arch", "overrides"), CASES, ids=[a for a, _ in CASES])
+def test_compiled_step_gives_the_tokens_of_eager_decoding(arch, overrides):
+    model = build(arch, seed=3, **overrides)
+    prompt = ids_of(2, 5, seed=4)
+    eager = model.generate(prompt, 12, temperature=0.8, seed=0)
+    backend = CountingBackend()
+    model.compile_decoding(backend=backend, fullgraph=True)  # fullgraph: a graph break is an error
+    assert torch.equal(model.generate(prompt, 12, temperature=0.8, seed=0), eager)
+    assert 1 <= backend.graphs <= 3  # a static first step, then one graph with a dynamic length
+
+
+def test_compiled_step_keeps_nanochats_smear_and_trunk():
+    model = build("pre-ln", seed=5, embed_norm=True, norm_affine=False, smear=True, residual_scalars=True,
+                  backout=True, attn_logit_scale=1.44, qk_norm=True, positions="rope")
+    prompt = ids_of(3, 4, seed=6)
+    eager = model.generate(prompt, 10)
+    model.compile_decoding(backend=CountingBackend(), fullgraph=True)
+    assert torch.equal(model.generate(prompt, 10), eager)
+
+
+def test_inductor_compiled_step_gives_the_tokens_of_eager_decoding():
+    model = build("pre-ln", seed=7)
+    prompt = ids_of(1, 6, seed=8)
+    eager = model.generate(prompt, 10)
+    model.compile_decoding()
+    assert torch.equal(model.generate(prompt, 10), eager)
+
+
+def test_compiling_again_uses_the_new_settings():
+    """Dynamo keeps compiled code per code object: a second `compile_decoding` must not run the first."""
+    model = build("pre-ln", seed=9)
+    prompt = ids_of(1, 4, seed=1)
+    first, second = CountingBackend(), CountingBackend()
+    model.compile_decoding(backend=first)
+    model.generate(prompt, 6)
+    model.compile_decoding(backend=second)
+    model.generate(prompt, 6)
+    assert first.graphs >= 1 and second.graphs >= 1
