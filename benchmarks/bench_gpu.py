@@ -17,7 +17,8 @@ LayerNorm, learned positions, GELU, biases, tied embeddings) and sequence length
   H200 989, A100 312 TFLOP/s; none for another device).
 - decoding (eager mode only): the model cast to bf16 (on CUDA), `model.generate` greedy, prompt 64 + 128 new
   tokens at batch 1 and 8, median of `--decode-repeats` calls; for pre-ln also the hand-written loop
-  of `bench_decode.py` on the same weights, as the no-overhead reference.
+  of `bench_decode.py` on the same weights, as the no-overhead reference, and a copy of the model with
+  `compile_decoding()` (the per-token step as one graph; `--decode-compile-archs`).
 
 The run starts no configuration once `--budget-s` seconds have passed since the process started, nor
 one expected to end after that (1.2 x the time the previous one of its mode took); the default 540
@@ -33,6 +34,7 @@ written to the JSON after every configuration, so an interrupted run keeps what 
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import statistics
@@ -132,7 +134,7 @@ def train(arch: str, mode: str, opts: argparse.Namespace, dims: dict, device: to
         if device.type == "cuda":  # bf16 weights and cache; a CPU decodes in float32 (its bf16 is slow)
             model.to(torch.bfloat16)
         free(device)  # the optimiser state and the batch went with timed_training
-        row["decode"] = decode(model, opts, device)
+        row["decode"] = decode(model, opts, device, compiled=arch in opts.decode_compile_archs)
     del model
     free(device)
     return row
@@ -178,18 +180,26 @@ def timed_training(model: blocklab.Transformer, mode: str, opts: argparse.Namesp
 
 
 # -- decoding ----------------------------------------------------------------------------------------
-def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.device) -> dict:
-    """Greedy tokens/s of `model.generate` (and of the hand loop for pre-ln) per batch size."""
+def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.device,
+           compiled: bool = False) -> dict:
+    """Greedy tokens/s of `model.generate` (and of the hand loop for pre-ln) per batch size;
+    `compiled`: also of a copy of the model with `compile_decoding()` (its compilation in the warm-up)."""
     hand = None
     try:
         hand = HandDecoder(model)
     except ValueError:  # not a plain pre-ln GPT-2 block: no hand-written reference
         pass
+    step_compiled = None
+    if compiled:
+        step_compiled = copy.deepcopy(model)
+        step_compiled.compile_decoding()
     out = {}
     for b in opts.decode_batches:
         g = torch.Generator().manual_seed(b)
         prompt = torch.randint(0, model.cfg.vocab_size, (b, opts.prompt), generator=g).to(device)
         calls = {"blocklab": lambda p=prompt: model.generate(p, opts.new)}
+        if step_compiled is not None:
+            calls["compiled"] = lambda p=prompt: step_compiled.generate(p, opts.new)
         if hand is not None:
             calls["hand"] = lambda p=prompt: hand.generate(p, opts.new)
         rates: dict[str, list[float]] = {name: [] for name in calls}
@@ -208,6 +218,8 @@ def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.
         if hand is not None:
             entry["blocklab_vs_hand"] = entry["blocklab_tokens_per_s"] / entry["hand_tokens_per_s"]
             entry["same_tokens"] = bool(torch.equal(calls["blocklab"](), calls["hand"]()))
+        if step_compiled is not None:
+            entry["compiled_same_tokens"] = bool(torch.equal(calls["compiled"](), calls["blocklab"]()))
         out[str(b)] = entry
     return out
 
@@ -237,11 +249,13 @@ def table(rows: list[dict], decode_batches: list[int]) -> str:
             d = r.get("decode", {}).get(str(b))
             if d is None:
                 cells.append("-")
-            elif "hand_tokens_per_s" in d:
-                cells.append(f"{d['blocklab_tokens_per_s']:,.0f} (hand {d['hand_tokens_per_s']:,.0f}, "
-                             f"{d['blocklab_vs_hand']:.2f}x)")
             else:
-                cells.append(f"{d['blocklab_tokens_per_s']:,.0f}")
+                cell = f"{d['blocklab_tokens_per_s']:,.0f}"
+                if "compiled_tokens_per_s" in d:
+                    cell += f", compiled {d['compiled_tokens_per_s']:,.0f}"
+                if "hand_tokens_per_s" in d:
+                    cell += f" (hand {d['hand_tokens_per_s']:,.0f}, {d['blocklab_vs_hand']:.2f}x)"
+                cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -260,6 +274,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed chunks (default 3)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps, compilation included (default 3)")
     p.add_argument("--decode-batches", default=None, help="default 1,8; 1 with --quick; none: skip decoding")
+    p.add_argument("--decode-compile-archs", default="pre-ln",
+                   help="archs that also decode with compile_decoding() (default pre-ln; none: no arch)")
     p.add_argument("--prompt", type=int, default=None, help="decode prompt length (default 64)")
     p.add_argument("--new", type=int, default=None, help="decoded tokens per call (default 128)")
     p.add_argument("--decode-repeats", type=int, default=None, help="default 3")
@@ -294,6 +310,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.warmup = pick(a.warmup, 3, 2, 1)
     batches = pick(a.decode_batches, "1,8", "1", "1,2")
     a.decode_batches = [] if batches == "none" else [int(b) for b in batches.split(",")]
+    a.decode_compile_archs = [] if a.decode_compile_archs == "none" else a.decode_compile_archs.split(",")
     a.prompt = pick(a.prompt, 64, 64, 8)
     a.new = pick(a.new, 128, 128, 8)
     a.decode_repeats = pick(a.decode_repeats, 3, 2, 1)

@@ -51,6 +51,8 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
         assert set(r["decode"]) == {"1", "2"} and r["decode"]["1"]["blocklab_tokens_per_s"] > 0
     hand = rows["pre-ln"]["decode"]["1"]  # the hand-written loop covers plain pre-ln only
     assert hand["same_tokens"] is True and hand["hand_tokens_per_s"] > 0
+    assert hand["compiled_same_tokens"] is True and hand["compiled_tokens_per_s"] > 0  # compile_decoding
+    assert "compiled_tokens_per_s" not in rows["bov"]["decode"]["1"]
     assert "hand_tokens_per_s" not in rows["bov"]["decode"]["1"]
     assert not (BENCH / "results" / "bench_gpu-smoke.json").exists()
 
