@@ -4,6 +4,8 @@ ids, shared values, the smear's last token)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -68,3 +70,18 @@ def test_compiling_again_uses_the_new_settings():
     model.compile_decoding(backend=second)
     model.generate(prompt, 6)
     assert first.graphs >= 1 and second.graphs >= 1
+
+
+def test_a_deep_copy_decodes_with_its_own_weights():
+    """The copy's compiled step would run the original model: it compiles its own on first use."""
+    model = build("pre-ln", seed=2)
+    model.compile_decoding(backend=CountingBackend())
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(-1.5)
+    prompt = ids_of(2, 5, seed=3)
+    plain = copy.deepcopy(twin)
+    plain._decoding = None
+    assert torch.equal(twin.generate(prompt, 8), plain.generate(prompt, 8))
+    assert not torch.equal(twin.generate(prompt, 8), model.generate(prompt, 8))

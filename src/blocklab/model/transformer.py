@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -36,6 +36,12 @@ class _InitFromModel(Protocol):
     """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
 
     def init_from_model(self, model: Transformer) -> None: ...
+
+
+class _CompiledStep(NamedTuple):
+    owner: int  # id() of the model whose `decode_step` `step` compiled
+    compile_kwargs: dict[str, Any]
+    step: Callable[[Tensor, KVCache], Tensor]
 
 
 def _own_code(method: Callable[[Tensor, KVCache], Tensor]) -> types.MethodType:
@@ -78,7 +84,7 @@ class Transformer(nn.Module):
         self.backout = Backout(cfg.n_layers) if cfg.backout else None
         self.norm = norm_of(cfg, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self._decoding: Callable[[Tensor, KVCache], Tensor] | None = None  # set by `compile_decoding`
+        self._decoding: _CompiledStep | None = None  # set by `compile_decoding`
         if self.tok_emb.weight.device.type != "meta":
             self.init_weights()
 
@@ -156,12 +162,19 @@ class Transformer(nn.Module):
         compiled code and a second call's settings replace the first's. Measured against eager
         decoding in benchmarks/RESULTS.md.
         """
-        self._decoding = torch.compile(_own_code(self.decode_step), **compile_kwargs)
+        step = torch.compile(_own_code(self.decode_step), **compile_kwargs)
+        self._decoding = _CompiledStep(id(self), compile_kwargs, step)
 
     def next_token_logits(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """`decode_step`, compiled once `compile_decoding` was called."""
-        step = self._decoding if self._decoding is not None else self.decode_step
-        return step(input_ids, cache)
+        decoding = self._decoding
+        if decoding is None:
+            return self.decode_step(input_ids, cache)
+        if decoding.owner != id(self):  # a deep copy: the step it holds runs the original model
+            self.compile_decoding(**decoding.compile_kwargs)
+            decoding = self._decoding
+            assert decoding is not None
+        return decoding.step(input_ids, cache)
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
