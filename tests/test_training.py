@@ -508,6 +508,19 @@ def test_compiled_run_keeps_the_warm_up_out_of_tokens_per_s(corpus, tmp_path, mo
     assert "tokens_per_s" not in rows[0] and all(r["tokens_per_s"] > 0 for r in rows[1:])
 
 
+def test_line_progress_writes_each_tenth_however_fast_the_updates():
+    """A line per 10% of the total even when the updates come faster than tqdm's display interval
+    (tiny runs in a compare did, and their step lines went missing)."""
+    stream = io.StringIO()
+    bar = loop.LineProgress(total=10, file=stream, desc="x")
+    for _ in range(10):
+        bar.update(1)
+    bar.close()
+    lines = stream.getvalue().splitlines()
+    percents = [line.split("%")[0].split(":")[-1].strip() for line in lines]
+    assert percents == [str(10 * i) for i in range(1, 11)]
+
+
 def test_wall_clock_budget_drives_the_schedule_and_the_progress_bar(corpus, tmp_path, capsys):
     max_time = 1.5
     cfg = config(corpus, tmp_path, max_steps=None, max_time=max_time, eval_every=0, progress=True,

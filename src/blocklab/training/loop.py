@@ -116,6 +116,9 @@ class LineProgress(std_tqdm):
         self.every, self.interval = every, interval
         self.printed_n: float | None = None  # n at the last line written
         self.printed_t: float | None = None
+        # `_due` decides when a line is written: tqdm must offer every update, however fast (its
+        # mininterval would drop the line of a 10% mark reached within 0.1 s of the last display)
+        kwargs.update(mininterval=0, miniters=0)
         super().__init__(*args, **kwargs)
 
     def _due(self) -> bool:
