@@ -181,6 +181,18 @@ def test_float64_folder_import_is_exact(tmp_path):
     assert max_diff(ours, hf) <= 1e-12
 
 
+@pytest.mark.parametrize(("version", "keyword"), [("4.45.0", "torch_dtype"), ("4.55.4", "torch_dtype"),
+                                                  ("4.56.0", "dtype"), ("5.23.0", "dtype")])
+def test_folder_loads_ask_for_the_saved_dtype_by_the_keyword_of_each_version(monkeypatch, version, keyword):
+    """transformers renamed `torch_dtype` to `dtype` in 4.56; before 5 the default was float32."""
+    import transformers
+
+    from blocklab.interop import hf as hf_interop
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    assert hf_interop._saved_dtype() == {keyword: "auto"}
+
+
 def test_config_from_hf_fields():
     """The field mapping, checked against the HF configs by hand."""
     gpt = config_from_hf(GPT2Config(n_layer=3, n_embd=48, n_head=6, vocab_size=300, n_positions=64,

@@ -46,8 +46,8 @@ class _CompiledStep(NamedTuple):
 
 def _own_code(method: Callable[[Tensor, KVCache], Tensor]) -> types.MethodType:
     """`method` (a bound method) with its own copy of the function's code object. Dynamo keeps
-    compiled code, and its recompile limit, per code object: one shared by every model would let
-    models of different shapes crowd each other out, and an earlier compile answer a later one."""
+    compiled code, and its recompile limit (8), per code object: one shared by every model would let
+    the ninth model of another shape in a process fail to compile."""
     assert isinstance(method, types.MethodType)
     fn = method.__func__
     assert isinstance(fn, types.FunctionType)
@@ -159,7 +159,7 @@ class Transformer(nn.Module):
 
         The cache's length becomes a dynamic size after the first steps, so one graph serves every
         later step of a batch size. Each call compiles a fresh copy of the step, so models never share
-        compiled code and a second call's settings replace the first's. Measured against eager
+        compiled code or dynamo's recompile limit. Measured against eager
         decoding in benchmarks/RESULTS.md.
         """
         step = torch.compile(_own_code(self.decode_step), **compile_kwargs)
