@@ -26,12 +26,13 @@ MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP
 its compilation done in the warm-up and its tokens checked like the others':
 ``blocks`` is `compile_blocks(dynamic=True)` (per-block `torch.compile`); ``step`` is
 `compile_decoding()`, the whole decoding step (embedding, every block and its cache writes, head) as
-one inductor graph; ``step-eager`` is `compile_decoding(backend="eager")`, the same graph captured by
-dynamo but run with eager kernels, which removes the module stack's Python and keeps the kernels.
-`--compile` alone means ``blocks``.
+one inductor graph; ``step-frozen`` is `compile_decoding(freeze_weights=True)`, that graph with the
+weights folded in as constants; ``step-eager`` is `compile_decoding(backend="eager")`, the same graph
+captured by dynamo but run with eager kernels, which removes the module stack's Python and keeps the
+kernels. `--compile` alone means ``blocks``.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
-        [--quick] [--compile [blocks,step,step-eager]] [--device cuda] [--out FILE]
+        [--quick] [--compile [blocks,step,step-frozen,step-eager]] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ COMPILE_MODES = {  # --compile: contender name per mode
     "blocks": "blocklab generate, compile_blocks",  # per-block torch.compile (dynamic shapes)
     "step": "blocklab generate, compile_decoding",  # the whole decoding step, one inductor graph
     "step-eager": "blocklab generate, captured step",  # the same graph, eager kernels (backend="eager")
+    "step-frozen": "blocklab generate, frozen step",  # compile_decoding(freeze_weights=True)
 }
 
 
@@ -204,8 +206,10 @@ def compiled_contender(mode: str, size: str, context: int, device: torch.device)
     model = make_model(size, context).to(device)
     if mode == "blocks":
         model.compile_blocks(dynamic=True)
+    elif mode == "step-eager":
+        model.compile_decoding(backend="eager")
     else:
-        model.compile_decoding(backend="inductor" if mode == "step" else "eager")
+        model.compile_decoding(freeze_weights=mode == "step-frozen")
     return model
 
 

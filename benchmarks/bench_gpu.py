@@ -18,7 +18,8 @@ LayerNorm, learned positions, GELU, biases, tied embeddings) and sequence length
 - decoding (eager mode only): the model cast to bf16 (on CUDA), `model.generate` greedy, prompt 64 + 128 new
   tokens at batch 1 and 8, median of `--decode-repeats` calls; for pre-ln also the hand-written loop
   of `bench_decode.py` on the same weights, as the no-overhead reference, and a copy of the model with
-  `compile_decoding()` (the per-token step as one graph; `--decode-compile-archs`).
+  `compile_decoding()` (the per-token step as one graph; `--decode-compile-archs`; with
+  `--decode-freeze`, `compile_decoding(freeze_weights=True)`, the weights folded in).
 
 The run starts no configuration once `--budget-s` seconds have passed since the process started, nor
 one expected to end after that (1.2 x the time the previous one of its mode took); the default 540
@@ -183,7 +184,8 @@ def timed_training(model: blocklab.Transformer, mode: str, opts: argparse.Namesp
 def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.device,
            compiled: bool = False) -> dict:
     """Greedy tokens/s of `model.generate` (and of the hand loop for pre-ln) per batch size;
-    `compiled`: also of a copy of the model with `compile_decoding()` (its compilation in the warm-up)."""
+    `compiled`: also of a copy of the model with `compile_decoding()` (its compilation in the warm-up;
+    frozen weights with `--decode-freeze`)."""
     hand = None
     try:
         hand = HandDecoder(model)
@@ -192,7 +194,7 @@ def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.
     step_compiled = None
     if compiled:
         step_compiled = copy.deepcopy(model)
-        step_compiled.compile_decoding()
+        step_compiled.compile_decoding(freeze_weights=opts.decode_freeze)
     out = {}
     for b in opts.decode_batches:
         g = torch.Generator().manual_seed(b)
@@ -276,6 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--decode-batches", default=None, help="default 1,8; 1 with --quick; none: skip decoding")
     p.add_argument("--decode-compile-archs", default="pre-ln",
                    help="archs that also decode with compile_decoding() (default pre-ln; none: no arch)")
+    p.add_argument("--decode-freeze", action="store_true",
+                   help="the compiled decoding copy folds its weights: compile_decoding(freeze_weights=True)")
     p.add_argument("--prompt", type=int, default=None, help="decode prompt length (default 64)")
     p.add_argument("--new", type=int, default=None, help="decoded tokens per call (default 128)")
     p.add_argument("--decode-repeats", type=int, default=None, help="default 3")

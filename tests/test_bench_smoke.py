@@ -57,6 +57,21 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
     assert not (BENCH / "results" / "bench_gpu-smoke.json").exists()
 
 
+def test_bench_gpu_smoke_decodes_with_frozen_weights(tmp_path):
+    """`--decode-freeze`: the compiled decoding copy runs `compile_decoding(freeze_weights=True)` end to
+    end (inductor on this CPU) and gives eager decoding's tokens."""
+    out = tmp_path / "gpu-frozen.json"
+    cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln",
+           "--decode-batches", "1", "--decode-freeze", "--out", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["options"]["decode_freeze"] is True
+    (row,) = result["rows"]
+    decoded = row["decode"]["1"]
+    assert decoded["compiled_same_tokens"] is True and decoded["compiled_tokens_per_s"] > 0
+
+
 @pytest.mark.parametrize("name, entry", [("NVIDIA H100 80GB HBM3", ("H100", 989.0)),
                                          ("NVIDIA H100 PCIe", ("H100 PCIe", 756.0)),
                                          ("NVIDIA H200", ("H200", 989.0)),
@@ -134,6 +149,15 @@ def test_bench_decode_compiled_step_contender(tmp_path):
     assert len(cell["tokens_per_s"][name]) == 2
     assert set(cell["summary"]["ratios_to_hand"]) == {name}
     assert name in result["table"]
+
+
+@pytest.mark.parametrize(("mode", "frozen", "backend"), [("step", False, None), ("step-frozen", True, None),
+                                                         ("step-eager", False, "eager")])
+def test_bench_decode_compile_modes_configure_the_step(mode, frozen, backend):
+    model = bench_decode.compiled_contender(mode, "tiny", 16, torch.device("cpu"))
+    step = model._decoding
+    assert step is not None and step.freeze_weights is frozen
+    assert step.compile_kwargs.get("backend") == backend
 
 
 def test_bench_decode_refuses_an_unknown_compile_mode():

@@ -86,3 +86,80 @@ def test_models_of_many_shapes_each_compile_their_own_step():
         model.compile_decoding(backend=backend, fullgraph=True)
         assert torch.equal(model.generate(prompt, 4), eager)
         assert backend.graphs >= 1
+
+
+def eager_copy(model):
+    plain = copy.deepcopy(model)
+    plain._decoding = None
+    return plain
+
+
+@pytest.mark.parametrize("arch", ["pre-ln+bov", "sas-p+resformer-learnable"])
+def test_frozen_weights_give_the_tokens_of_eager_decoding(arch):
+    """Folded in: BoV's value tables (looked up by token id), learned lambdas and shaped-attention
+    gains (pre-ln itself in the next test)."""
+    model = build(arch, seed=11)
+    prompt = ids_of(2, 5, seed=12)
+    eager = model.generate(prompt, 10)
+    model.compile_decoding(freeze_weights=True)
+    assert torch.equal(model.generate(prompt, 10), eager)
+
+
+def _next_logits(step, model, prompt, max_len):
+    """Logits after the prompt and its last token again, that token's step run by `step`, in a cache of
+    `max_len` positions (the size `generate` made: other sizes would make dynamo compile again)."""
+    cache = model.new_cache(prompt.shape[0], max_len)
+    with torch.inference_mode():
+        model(prompt, cache=cache)
+        return step(prompt[:, -1:].clone(), cache)  # an inference tensor, as generate's ids
+
+
+def test_frozen_step_is_compiled_again_once_the_weights_change():
+    """Folded weights do not follow in-place updates (the old step gives the old logits); `generate`
+    sees the change and compiles the step again, for an optimiser step and for `load_state_dict`."""
+    model = build("pre-ln", seed=13)
+    prompt = ids_of(2, 5, seed=14)
+    model.compile_decoding(freeze_weights=True)
+    model.generate(prompt, 6)  # a cache of 5 + 6 - 1 positions
+    folded = model.decoding_step()
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model(prompt).logsumexp(-1).mean().backward()
+    optimizer.step()  # in place, as training updates weights
+    trained = eager_copy(model)
+    old, new = _next_logits(folded, model, prompt, 10), _next_logits(trained.decode_step, trained, prompt, 10)
+    assert not torch.allclose(old, new, atol=1e-3)  # the folded step still holds the old weights
+    assert torch.equal(model.generate(prompt, 6), trained.generate(prompt, 6))  # shapes as before
+    assert model.decoding_step() is not folded
+
+    other = build("pre-ln", seed=15)
+    model.load_state_dict(other.state_dict())  # copies in place
+    assert torch.equal(model.generate(prompt, 6), other.generate(prompt, 6))
+
+
+def test_freezing_needs_inductor():
+    model = build("pre-ln", seed=1)
+    with pytest.raises(ValueError, match="freeze_weights=True. needs the inductor backend.*backend='eager'"):
+        model.compile_decoding(freeze_weights=True, backend="eager")
+
+
+@pytest.mark.parametrize("change", ["in place", "assign", "data"])
+def test_a_frozen_step_sees_every_way_weights_change(change):
+    """`is_current` (read by every `generate`) turns False after an in-place update, a parameter
+    replaced (`load_state_dict(assign=True)`) or its tensor swapped (`p.data = ...`); building and
+    checking compiles nothing."""
+    model = build("pre-ln", seed=4)
+    model.compile_decoding(freeze_weights=True)
+    step = model._decoding
+    assert step.is_current(model)
+    weight = model.block(0).mlp.fc.weight
+    if change == "in place":
+        with torch.no_grad():
+            weight.add_(1.0)
+    elif change == "assign":
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(state, assign=True)
+    else:
+        weight.data = weight.data.clone()
+    assert not step.is_current(model)
+    assert not step.is_current(copy.deepcopy(model))

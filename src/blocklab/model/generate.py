@@ -120,6 +120,8 @@ def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperat
     done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
     stopping = len(stops) > 0
     logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
+    # eager, or compiled by `compile_decoding` (then compiled again here if its frozen weights changed)
+    next_token_logits = model.decoding_step()
     for step in range(max_new_tokens):
         ids = sample_next(logits, temperature, top_k, top_p, generator)
         if ids.dtype != input_ids.dtype:
@@ -133,5 +135,4 @@ def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperat
         # the all-rows-stopped test reads a device value: only when there are stop tokens
         if step + 1 == max_new_tokens or (stopping and bool(done.all())):
             return
-        # sampled ids lie in the vocabulary; compiled when the model's decoding is (`compile_decoding`)
-        logits = model.next_token_logits(column, cache)
+        logits = next_token_logits(column, cache)  # sampled ids lie in the vocabulary: no checks

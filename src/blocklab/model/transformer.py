@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import types
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +12,7 @@ from blocklab import ops
 from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
+from blocklab.model.compiled_step import CompiledStep, Step
 from blocklab.model.dispatch import call
 from blocklab.model.init_schemes import nanochat_init
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
@@ -36,24 +36,6 @@ class _InitFromModel(Protocol):
     """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
 
     def init_from_model(self, model: Transformer) -> None: ...
-
-
-class _CompiledStep(NamedTuple):
-    owner: int  # id() of the model whose `decode_step` `step` compiled
-    compile_kwargs: dict[str, Any]
-    step: Callable[[Tensor, KVCache], Tensor]
-
-
-def _own_code(method: Callable[[Tensor, KVCache], Tensor]) -> types.MethodType:
-    """`method` (a bound method) with its own copy of the function's code object. Dynamo keeps
-    compiled code, and its recompile limit (8), per code object: one shared by every model would let
-    the ninth model of another shape in a process fail to compile."""
-    assert isinstance(method, types.MethodType)
-    fn = method.__func__
-    assert isinstance(fn, types.FunctionType)
-    copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__,
-                              fn.__closure__)
-    return types.MethodType(copy, method.__self__)
 
 
 def _reparam(module: object) -> ReparamLinear:
@@ -84,7 +66,7 @@ class Transformer(nn.Module):
         self.backout = Backout(cfg.n_layers) if cfg.backout else None
         self.norm = norm_of(cfg, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self._decoding: _CompiledStep | None = None  # set by `compile_decoding`
+        self._decoding: CompiledStep | None = None  # set by `compile_decoding`
         if self.tok_emb.weight.device.type != "meta":
             self.init_weights()
 
@@ -152,29 +134,40 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.compile(**compile_kwargs)
 
-    def compile_decoding(self, **compile_kwargs: Any) -> None:
+    def compile_decoding(self, freeze_weights: bool = False, **compile_kwargs: Any) -> None:
         """`torch.compile(**compile_kwargs)` the decoding step that `generate` runs for every new token
         (`decode_step`: the embedding, every block with its cache writes, the final norm and the head)
         as one graph; the prompt's prefill stays eager.
 
         The cache's length becomes a dynamic size after the first steps, so one graph serves every
         later step of a batch size. Each call compiles a fresh copy of the step, so models never share
-        compiled code or dynamo's recompile limit. Measured against eager
-        decoding in benchmarks/RESULTS.md.
-        """
-        step = torch.compile(_own_code(self.decode_step), **compile_kwargs)
-        self._decoding = _CompiledStep(id(self), compile_kwargs, step)
+        compiled code or dynamo's recompile limit.
 
-    def next_token_logits(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """`decode_step`, compiled once `compile_decoding` was called."""
+        ``freeze_weights=True`` (inductor only) folds the weights into the compiled step as constants,
+        the fastest decoding on CPU. Folded weights do not follow later changes, so after any change
+        (an optimiser step, `load_state_dict`) the next `generate` compiles the step again, which takes
+        seconds: freeze a model you serve, not one you sample from between training steps. Inductor
+        keeps its folded copy beside the parameters (GPT-2 small: +599 MiB over 472 MiB of weights).
+        Both measured against eager decoding and a hand-written loop in benchmarks/RESULTS.md.
+        """
+        self._decoding = CompiledStep(self, freeze_weights, compile_kwargs)
+
+    def decoding_step(self) -> Step:
+        """What `generate` runs for each new token, (input_ids, cache) -> next-token logits: `decode_step`,
+        or the step `compile_decoding` compiled, first compiled again if it is not current (the model is
+        a deep copy, or its frozen weights changed). A decoding loop fetches it once per sequence."""
         decoding = self._decoding
         if decoding is None:
-            return self.decode_step(input_ids, cache)
-        if decoding.owner != id(self):  # a deep copy: the step it holds runs the original model
-            self.compile_decoding(**decoding.compile_kwargs)
-            decoding = self._decoding
-            assert decoding is not None
-        return decoding.step(input_ids, cache)
+            return self.decode_step
+        if not decoding.is_current(self):
+            self.compile_decoding(decoding.freeze_weights, **decoding.compile_kwargs)
+            assert self._decoding is not None
+            return self._decoding
+        return decoding
+
+    def next_token_logits(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """``decoding_step()(input_ids, cache)``."""
+        return self.decoding_step()(input_ids, cache)
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
