@@ -29,10 +29,11 @@ its compilation done in the warm-up and its tokens checked like the others':
 one inductor graph; ``step-frozen`` is `compile_decoding(freeze_weights=True)`, that graph with the
 weights folded in as constants; ``step-eager`` is `compile_decoding(backend="eager")`, the same graph
 captured by dynamo but run with eager kernels, which removes the module stack's Python and keeps the
-kernels. `--compile` alone means ``blocks``.
+kernels; ``hand-frozen`` is the hand loop with its step compiled with frozen weights
+(`FrozenHandDecoder`), the limit for the frozen step. `--compile` alone means ``blocks``.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
-        [--quick] [--compile [blocks,step,step-frozen,step-eager]] [--device cuda] [--out FILE]
+        [--quick] [--compile [blocks,step,step-frozen,step-eager,hand-frozen]] [--device cuda] [--out FILE]
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ COMPILE_MODES = {  # --compile: contender name per mode
     "step": "blocklab generate, compile_decoding",  # the whole decoding step, one inductor graph
     "step-eager": "blocklab generate, captured step",  # the same graph, eager kernels (backend="eager")
     "step-frozen": "blocklab generate, frozen step",  # compile_decoding(freeze_weights=True)
+    "hand-frozen": "hand loop, frozen step",  # the hand loop's step compiled the same way
 }
 
 
@@ -104,13 +106,13 @@ class Layer(NamedTuple):
 def _linear(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     if not isinstance(module, nn.Linear):
         raise ValueError(f"the hand loop reads plain nn.Linear weights, not {type(module).__name__}")
-    return module.weight.detach(), None if module.bias is None else module.bias.detach()
+    return module.weight, module.bias  # the model's own parameters: a frozen compile folds them
 
 
 def _norm(module: nn.Module) -> tuple[Tensor, Tensor | None]:
     if not isinstance(module, nn.LayerNorm) or module.weight is None:
         raise ValueError(f"the hand loop reads LayerNorm weights, not {type(module).__name__}")
-    return module.weight.detach(), None if module.bias is None else module.bias.detach()
+    return module.weight, module.bias
 
 
 def _is_one(gain: nn.Module | None) -> bool:
@@ -142,9 +144,9 @@ class HandDecoder:
                                 *_norm(block.norm2), *_linear(block.mlp.fc), *_linear(block.mlp.out)))
         assert model.pos_emb is not None
         self.layers = layers
-        self.tok = model.tok_emb.weight.detach()
-        self.pos = model.pos_emb.weight.detach()
-        self.head = self.tok if model.head is None else model.head.weight.detach()
+        self.tok = model.tok_emb.weight
+        self.pos = model.pos_emb.weight
+        self.head = self.tok if model.head is None else model.head.weight
         self.ln_f = _norm(model.norm)
         self.eps, self.d = cfg.norm_eps, cfg.d_model
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_size
@@ -175,16 +177,20 @@ class HandDecoder:
         return (torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device),
                 torch.empty(shape, dtype=self.tok.dtype, device=self.tok.device))
 
+    def step(self, ids: Tensor, keys: Tensor, values: Tensor, at: int) -> Tensor:
+        """The greedy token (B,) after feeding `ids` (B,) at position `at`: one decoding step."""
+        x = (F.embedding(ids, self.tok) + self.pos[at])[:, None]
+        for i, w in enumerate(self.layers):
+            x = self._block(x, w, keys[i], values[i], at)
+        return self._next(x)
+
     @torch.inference_mode()
     def decode(self, ids: Tensor, keys: Tensor, values: Tensor, at: int, new: int) -> Tensor:
         """Greedy tokens (B, new) after feeding `ids` (B,) at position `at`, one token per step,
         over keys and values already filled for positions 0 .. at-1."""
         out = torch.empty(ids.shape[0], new, dtype=ids.dtype, device=ids.device)
         for step in range(new):
-            x = (F.embedding(ids, self.tok) + self.pos[at + step])[:, None]
-            for i, w in enumerate(self.layers):
-                x = self._block(x, w, keys[i], values[i], at + step)
-            ids = self._next(x)
+            ids = self.step(ids, keys, values, at + step)
             out[:, step] = ids
         return out
 
@@ -201,9 +207,40 @@ class HandDecoder:
         return torch.cat((prompt, first[:, None], rest), dim=1)
 
 
+class FrozenHandDecoder(HandDecoder):
+    """The hand loop with its decoding step compiled by inductor and the weights folded in, as
+    `compile_decoding(freeze_weights=True)` compiles blocklab's step: the limit of compiled decoding.
+    The weights are the model's `nn.Parameter`s, which dynamo makes graph constants while inductor's
+    `freezing` flag is on (set around every call, as blocklab's `CompiledStep` does)."""
+
+    def __init__(self, model: blocklab.Transformer):
+        super().__init__(model)
+        self._compiled = torch.compile(super().step)
+
+    def new_cache(self, batch: int, positions: int) -> tuple[Tensor, Tensor]:
+        """Keys and values as one (B, H, positions, D) tensor per layer, as blocklab's cache keeps
+        them: written through views of one stacked tensor, inductor copied the whole stack every step
+        (0.25x the eager loop at batch 8)."""
+        shape = (batch, self.n_heads, positions, self.head_dim)
+        like = dict(dtype=self.tok.dtype, device=self.tok.device)
+        keys, values = ([torch.empty(shape, **like) for _ in self.layers] for _ in range(2))
+        return keys, values  # type: ignore[return-value]  # indexed by layer like the stacked tensors
+
+    def step(self, ids: Tensor, keys: Tensor, values: Tensor, at: int) -> Tensor:
+        import torch._inductor.config as inductor
+
+        before, inductor.freezing = inductor.freezing, True
+        try:
+            return self._compiled(ids, keys, values, at)
+        finally:
+            inductor.freezing = before
+
+
 def compiled_contender(mode: str, size: str, context: int, device: torch.device) -> Contender:
     """A copy of `make_model(size, context)` (the same seed: the same weights) compiled as `mode` says."""
     model = make_model(size, context).to(device)
+    if mode == "hand-frozen":
+        return FrozenHandDecoder(model)
     if mode == "blocks":
         model.compile_blocks(dynamic=True)
     elif mode == "step-eager":

@@ -100,6 +100,14 @@ def test_hand_loop_gives_the_tokens_of_generate(batch):
     bench_decode.check_same_tokens(model, hand, prompt, 20)
 
 
+def test_frozen_hand_loop_gives_the_tokens_of_generate():
+    """`--compile hand-frozen`: the hand loop's step compiled with the weights folded in."""
+    model = perturbed(bench_decode.make_model("tiny", 40))
+    frozen = bench_decode.FrozenHandDecoder(model)
+    prompt = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(5))
+    bench_decode.check_same_tokens(model, frozen, prompt, 8)
+
+
 def test_hand_loop_decodes_from_a_filled_past_as_generate_does():
     """bench_cache's hand-loop contender: `HandDecoder.decode` over keys and values copied from a
     blocklab cache after a prefill gives the tokens `generate` gives from that cache."""
@@ -158,6 +166,11 @@ def test_bench_decode_compile_modes_configure_the_step(mode, frozen, backend):
     step = model._decoding
     assert step is not None and step.freeze_weights is frozen
     assert step.compile_kwargs.get("backend") == backend
+
+
+def test_bench_decode_hand_frozen_mode_is_the_frozen_hand_loop():
+    contender = bench_decode.compiled_contender("hand-frozen", "tiny", 16, torch.device("cpu"))
+    assert isinstance(contender, bench_decode.FrozenHandDecoder)
 
 
 def test_bench_decode_refuses_an_unknown_compile_mode():
