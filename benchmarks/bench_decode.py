@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import blocklab
+from blocklab.model.compiled_step import run_frozen
 
 SIZES = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
@@ -211,7 +212,7 @@ class FrozenHandDecoder(HandDecoder):
     """The hand loop with its decoding step compiled by inductor and the weights folded in, as
     `compile_decoding(freeze_weights=True)` compiles blocklab's step: the limit of compiled decoding.
     The weights are the model's `nn.Parameter`s, which dynamo makes graph constants while inductor's
-    `freezing` flag is on (set around every call, as blocklab's `CompiledStep` does)."""
+    `freezing` flag is on (set around every call by blocklab's own `run_frozen`)."""
 
     def __init__(self, model: blocklab.Transformer):
         super().__init__(model)
@@ -227,13 +228,7 @@ class FrozenHandDecoder(HandDecoder):
         return keys, values  # type: ignore[return-value]  # indexed by layer like the stacked tensors
 
     def step(self, ids: Tensor, keys: Tensor, values: Tensor, at: int) -> Tensor:
-        import torch._inductor.config as inductor
-
-        before, inductor.freezing = inductor.freezing, True
-        try:
-            return self._compiled(ids, keys, values, at)
-        finally:
-            inductor.freezing = before
+        return run_frozen(self._compiled, ids, keys, values, at)
 
 
 def compiled_contender(mode: str, size: str, context: int, device: torch.device) -> Contender:

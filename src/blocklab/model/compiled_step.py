@@ -6,7 +6,7 @@ Two facts of dynamo and inductor shape it:
   object shared by every model would let the ninth model of another shape in a process fail to
   compile, so each step compiles its own copy of the code (`_own_code`).
 - inductor's weight freezing (``torch._inductor.config.freezing``) folds the parameters into the
-  compiled code as constants (on CPU, linear weights prepacked for oneDNN), which is what lets the
+  compiled code as constants (on CPU, linear weights prepacked for MKL), which is what lets the
   compiled step pass a hand-written eager loop (benchmarks/RESULTS.md). Dynamo reads the flag when it
   traces (parameters become graph constants) and inductor when it compiles, and both happen inside a
   call of the step, so the flag is set around every call rather than once. Folded weights do not see
@@ -70,11 +70,17 @@ class CompiledStep:
     def __call__(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         if not self.freeze_weights:
             return self._step(input_ids, cache)
-        import torch._inductor.config as config  # here: inductor takes a second to import
+        return run_frozen(self._step, input_ids, cache)
 
-        before = config.freezing
-        config.freezing = True
-        try:
-            return self._step(input_ids, cache)
-        finally:
-            config.freezing = before
+
+def run_frozen(compiled: Callable[..., Tensor], *args: Any) -> Tensor:
+    """``compiled(*args)`` with inductor's `freezing` flag on, restored after: dynamo reads it when it
+    traces and inductor when it compiles, both inside a call."""
+    import torch._inductor.config as config  # here: inductor takes a second to import
+
+    before = config.freezing
+    config.freezing = True
+    try:
+        return compiled(*args)
+    finally:
+        config.freezing = before

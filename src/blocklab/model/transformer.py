@@ -143,12 +143,12 @@ class Transformer(nn.Module):
         later step of a batch size. Each call compiles a fresh copy of the step, so models never share
         compiled code or dynamo's recompile limit.
 
-        ``freeze_weights=True`` (inductor only) folds the weights into the compiled step as constants,
-        the fastest decoding on CPU. Folded weights do not follow later changes, so after any change
-        (an optimiser step, `load_state_dict`) the next `generate` compiles the step again, which takes
-        seconds: freeze a model you serve, not one you sample from between training steps. Inductor
-        keeps its folded copy beside the parameters (GPT-2 small: +599 MiB over 472 MiB of weights).
-        Both measured against eager decoding and a hand-written loop in benchmarks/RESULTS.md.
+        ``freeze_weights=True`` (inductor only) folds the weights into the compiled step as constants, the
+        fastest of our decoding paths on CPU. Folded weights do not follow later changes, so after any
+        change (an optimiser step, `load_state_dict`) the next `generate` compiles the step again, which
+        takes seconds: freeze a model you serve, not one you sample from between training steps. Inductor
+        keeps its folded copy beside the parameters (GPT-2 small: +599 MiB over 472 MiB of weights). Both
+        measured against eager decoding and a hand-written loop in benchmarks/RESULTS.md.
         """
         self._decoding = CompiledStep(self, freeze_weights, compile_kwargs)
 
@@ -160,14 +160,8 @@ class Transformer(nn.Module):
         if decoding is None:
             return self.decode_step
         if not decoding.is_current(self):
-            self.compile_decoding(decoding.freeze_weights, **decoding.compile_kwargs)
-            assert self._decoding is not None
-            return self._decoding
+            decoding = self._decoding = CompiledStep(self, decoding.freeze_weights, decoding.compile_kwargs)
         return decoding
-
-    def next_token_logits(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """``decoding_step()(input_ids, cache)``."""
-        return self.decoding_step()(input_ids, cache)
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
