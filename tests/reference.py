@@ -311,7 +311,7 @@ def block(cfg, p: Params, layer: int, x: Tensor, positions: Tensor) -> Tensor:
 
 def embed(cfg, p: Params, ids: Tensor) -> Tensor:
     t = ids.shape[1]
-    x = p["tok_emb.weight"][ids]
+    x = cfg.embed_scale * p["tok_emb.weight"][ids]
     if cfg.positions == "learned":
         x = x + p["pos_emb.weight"][:t]
     elif cfg.positions == "sinusoidal":

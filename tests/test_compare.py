@@ -15,10 +15,10 @@ from blocklab.compare import (
     BUDGETS,
     DEFAULT_STEPS,
     GRIDS,
-    TINY_LR,
     Entry,
     default_budget,
     entry_model,
+    recipe_optim,
     resolve_compare,
     run_configs,
 )
@@ -78,6 +78,22 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def plateau_by_hand(corpus, cache) -> float:
+    """The loss of a unigram model of the training bytes (counts + 1/2) on the first two validation
+    batches of 4 windows of 32 bytes, every target scored once."""
+    from blocklab.data import Batches, DataConfig, prepare_data
+
+    data = prepare_data(DataConfig(source=str(corpus), tokenizer="byte", cache_dir=str(cache)))
+    vocab = data.tokenizer.vocab_size
+    counts = [0.5] * vocab
+    for t in data.train.tolist():
+        counts[t] += 1
+    total = sum(counts)
+    scored = [t for b in Batches(data, "val", 4, 32).validation(4, 2) for t in b["labels"].flatten().tolist()
+              if t >= 0]
+    return -sum(math.log(counts[t] / total) for t in scored) / len(scored)
+
+
 def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     from matplotlib.figure import Figure
 
@@ -85,7 +101,9 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "suptitle",
                         lambda fig, t, **kw: titles.append(t) or real_suptitle(fig, t, **kw))
     out = tmp_path / "cmp"
-    report = compare(["pre-ln", "sas-p+bov"], out, seeds=2, base=base(corpus, tmp_path / "cache"),
+    # AdamW, whose state the memory checks count (the tiny recipe's Muon keeps one buffer per matrix)
+    report = compare(["pre-ln", "sas-p+bov"], out, seeds=2,
+                     base={**base(corpus, tmp_path / "cache"), "optim": {"name": "adamw", "lr": 1e-3}},
                      log=lambda *_: None)
     text = report.read_text()
     rows = table_rows(text)
@@ -142,6 +160,12 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
         assert mem["model_total_bytes"] == sum(mem[k] for k in ("parameter_bytes", "gradient_bytes",
                                                                  "optimizer_state_bytes", "activation_bytes"))
         assert memory[label]["parameters (MiB)"] == f"{4 * counts.total / 2**20:,.2f}"
+        # the unigram plateau: the scored held-out targets under the training split's byte counts
+        plateau = table_rows(text, "Leaving the unigram plateau")[label]
+        u = plateau_by_hand(corpus, tmp_path / "cache")
+        assert float(plateau["unigram plateau U"]) == pytest.approx(u, abs=5e-4)
+        finals = [s["val_loss"] for s in summaries]
+        assert plateau["final loss below U"] == ", ".join(f"{u - f:.2f}" for f in finals)
         assert rows[label]["model memory (MiB)"] == f"{mem['model_total_bytes'] / 2**20:,.2f}"
         peak = mean_std([s["peak_memory_mib"] for s in summaries])
         assert number(memory[label]["process peak RSS during the run (MiB)"]) == pytest.approx(peak, abs=0.51)
@@ -349,7 +373,7 @@ def test_resolve_compare_gives_the_cli_defaults():
     entries, fields = resolve_compare(["pre-ln", "sas"], base={"size": "tiny"},
                                       budget={"steps": 3, "time": None})
     assert [e.label for e in entries] == ["pre-ln", "sas"]
-    assert fields["optim"]["lr"] == TINY_LR and fields["max_steps"] == 3
+    assert "lr" not in fields.get("optim", {}) and fields["max_steps"] == 3  # each run's own: run_configs
     _, fields = resolve_compare(["pre-ln"], base={"size": "tiny"}, lr=5e-4)
     assert fields["optim"]["lr"] == 5e-4 and fields["max_steps"] == DEFAULT_STEPS
     # other sizes keep the TrainConfig rate; an override wins, a max_* override is the budget
@@ -360,7 +384,7 @@ def test_resolve_compare_gives_the_cli_defaults():
     setup = json.dumps(GRIDS["resformer-fig7"].train)
     entries, fields = resolve_compare(grid="resformer-fig7", base={"size": "tiny"})
     assert [e.label for e in entries] == [e.label for e in GRIDS["resformer-fig7"].entries]
-    assert fields["optim"]["schedule"] == "cosine" and fields["optim"]["lr"] == TINY_LR
+    assert fields["optim"]["schedule"] == "cosine" and "lr" not in fields["optim"]
     assert fields["max_steps"] == DEFAULT_STEPS and json.dumps(GRIDS["resformer-fig7"].train) == setup
     with pytest.raises(ConfigError, match="give one budget, got --steps, --time"):
         resolve_compare(["pre-ln"], budget={"time": 2.0, "steps": 1})
@@ -378,11 +402,53 @@ def test_cli_compare_rejects_two_budgets(capsys):
     assert "--time SECONDS" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, expected", [([], TINY_LR), (["--lr", "5e-4"], 5e-4),
+def test_the_recipe_table_is_layered_most_specific_last(monkeypatch, tmp_path):
+    """The size's default, then the block preset's entry, the value path's (on pre-ln) and the full
+    name's, each over the one before; a size the table leaves out gives {} (the OptimConfig defaults)."""
+    from blocklab import compare as compare_module
+
+    table = tmp_path / "recipe.json"
+    table.write_text(json.dumps({"command": "x", "sizes": {"tiny": {
+        "default": {"lr": 1.0, "name": "muon"}, "sas": {"lr": 2.0}, "sas+bov": {"lr": 3.0},
+        "bov": {"lr": 4.0, "muon_lr": 0.5}, "pre-ln": {"lr": 5.0}}}}))
+    monkeypatch.setattr(compare_module, "RECIPE", table)
+    recipe = compare_module.recipe_optim
+    assert [recipe(a, "tiny")["lr"] for a in ("sas+bov", "sas+resformer", "bov", "pre-ln+bov", "resformer",
+                                               "pre-ln", "sas-p")] == [3.0, 2.0, 4.0, 4.0, 5.0, 5.0, 1.0]
+    assert recipe("bov", "tiny") == {"lr": 4.0, "name": "muon", "muon_lr": 0.5}
+    assert recipe("sas+bov", "tiny") == {"lr": 3.0, "name": "muon"}  # bov's entry is pre-ln's only
+    assert recipe("sas", "small") == {}
+    # run_configs gives each entry its recipe; a field set in base or in the entry wins
+    one = {"size": "tiny", "max_steps": 1}
+    configs = run_configs([Entry.parse("sas"), Entry.parse("bov")], 1, tmp_path, one)
+    assert [(cfg.optim.lr, cfg.optim.name) for _, cfg in configs] == [(2.0, "muon"), (4.0, "muon")]
+    assert configs[1][1].optim.muon_lr == 0.5
+    configs = run_configs([Entry.parse("sas")], 1, tmp_path, {**one, "optim": {"lr": 0.25, "name": "adamw"}})
+    assert (configs[0][1].optim.lr, configs[0][1].optim.name) == (0.25, "adamw")
+    configs = run_configs([Entry("s", "sas", train={"optim": {"lr": 0.125}})], 1, tmp_path, one)
+    assert (configs[0][1].optim.lr, configs[0][1].optim.name) == (0.125, "muon")
+    configs = run_configs([Entry.parse("sas")], 1, tmp_path, {"size": "small", "max_steps": 1})
+    assert configs[0][1].optim == TrainConfig(max_steps=1).optim
+
+
+def test_the_shipped_recipe_covers_the_main_job():
+    from blocklab.cli import DEFAULT_ARCHS
+    from blocklab.compare import recipe_optim, recipe_table
+    from blocklab.training.optim import OptimConfig
+
+    assert "baseline_grid.py" in recipe_table()["command"]
+    for arch in DEFAULT_ARCHS.split(","):
+        OptimConfig.from_dict(recipe_optim(arch, "tiny"))  # valid fields and values
+        assert 1e-4 <= recipe_optim(arch, "tiny")["lr"] <= 0.1
+
+
+@pytest.mark.parametrize("flags, expected", [([], recipe_optim("pre-ln", "tiny")["lr"]),
+                                             (["--lr", "5e-4"], 5e-4),
                                              (["--lr", "5e-4", "optim.lr=2e-3"], 2e-3)])
 def test_cli_compare_learning_rate(corpus, tmp_path, flags, expected):
-    """The main job trains at TINY_LR at size tiny unless --lr (or an optim.lr override, which wins) says
-    otherwise; the run's saved config records the rate it trained with."""
+    """The main job trains each architecture at its recipe's rate at size tiny unless --lr
+    (or an optim.lr override, which wins) says otherwise; the run's saved config records the rate it
+    trained with."""
     from blocklab.cli import main
 
     tiny = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", f"data.source={corpus}",

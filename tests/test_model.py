@@ -76,6 +76,8 @@ VARIANTS = {
     "sas-qk-norm": ("sas", dict(qk_norm=True)),
     # embeddings and head
     "untied": ("pre-ln", dict(tie_embeddings=False)),
+    "embed-scale-sinusoidal": ("pre-ln", dict(embed_scale=128 ** 0.5, positions="sinusoidal")),
+    "embed-scale-untied-rope": ("sas-p", dict(embed_scale=3.0, tie_embeddings=False, positions="rope")),
     "sas-untied": ("sas", dict(tie_embeddings=False)),
     "softcap": ("pre-ln", dict(logit_softcap=3.0)),
     "sas-p-softcap": ("sas-p", dict(logit_softcap=3.0)),

@@ -264,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
                    "400 steps, or a grid's own budget kind (see --list-grids) at what the first "
                    "architecture spends in 400 steps")
-    p.add_argument("--lr", type=float, help="peak learning rate of every run (default: 3e-3 at size tiny, "
-                   "where 1e-3 left every model but BoV on the unigram plateau after 300 steps; "
-                   "else the TrainConfig default 1e-3)")
+    p.add_argument("--lr", type=float, help="peak learning rate (optim.lr) of every run (default: each "
+                   "architecture's in the main job's recipe at sizes tiny and small, "
+                   "recipes/main_job_optim.json; else the TrainConfig default 1e-3)")
     p.add_argument("--tokens", type=int, help="equal tokens per run")
     p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
     p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")

@@ -28,12 +28,9 @@ from blocklab.training.checkpoint import latest_checkpoint
 from blocklab.training.config import BUDGET_FIELDS, BUDGETS, NOT_RESULTS, apply_overrides, check_saved_config
 
 DEFAULT_STEPS = 400  # the default budget: what the first (baseline) architecture spends in 400 steps
-# The main job's peak learning rate at size "tiny" (blocklab compare without --lr). Measured on the
-# embedded corpus, batches of 16 x 128 tokens: at 1e-3 (the paper's rate at 18 layers and batch 128)
-# every architecture but BoV still sat on the unigram plateau after 300 steps (val loss 6.59); at
-# 1e-2 pre-ln left it but SAS and SAS-P had not after 400; at 3e-3 all of them had by 400 steps.
-# Other sizes keep 1e-3.
-TINY_LR = 3e-3
+# The main job's optimiser settings per size and architecture (recipes/main_job_optim.json, with the
+# command that measured them): the defaults of every run that does not set them itself.
+RECIPE = Path(__file__).resolve().parent / "recipes" / "main_job_optim.json"
 # The throughput table of the report: after all training, each architecture's training step is timed
 # again in TIMING_ROUNDS interleaved rounds (every architecture in turn within a round) of TIMING_STEPS
 # steps each, after one untimed warm-up step per turn. A change in the machine's load then hits every
@@ -148,21 +145,48 @@ def entry_model(entry: Entry, size: str, base_model: dict[str, Any] | None = Non
     return {**model, "value_path_options": VALUE_PATHS[value_path].grid_options(opts, n_layers)}
 
 
+def recipe_table() -> dict[str, Any]:
+    """The shipped table: {"command": how it was measured, "sizes": {size: {arch or "default": optim}}}."""
+    return json.loads(RECIPE.read_text())
+
+
+def recipe_optim(arch: str, size: str) -> dict[str, Any]:
+    """The optimiser settings (OptimConfig fields) of the main job's recipe for `arch` at `size`: the
+    size's "default", then the block preset's entry ("sas-p"), then the value path's on pre-ln ("bov"),
+    then the full name's ("sas-p+bov"), each over the one before; {} for a size the table leaves out
+    (the OptimConfig defaults apply)."""
+    rows = recipe_table()["sizes"].get(size)
+    if rows is None:
+        return {}
+    block, value_path = split_arch(arch)
+    names = ["default", block]
+    if value_path:
+        names += [value_path] if block == "pre-ln" else []
+        names.append(f"{block}+{value_path}")
+    out: dict[str, Any] = {}
+    for name in names:
+        out.update(rows.get(name, {}))
+    return out
+
+
 def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any]
                 ) -> list[tuple[Entry, TrainConfig]]:
     """One TrainConfig per (entry, seed); everything but the architecture and seed comes from `base`.
 
-    Checkpoints follow the eval cadence unless `base` sets ckpt_every, so an interrupted run loses
-    at most one eval interval.
+    Optimiser fields that neither the entry nor `base` sets come from the main job's recipe for the
+    run's architecture and size (`recipe_optim`). Checkpoints follow the eval cadence unless `base`
+    sets ckpt_every, so an interrupted run loses at most one eval interval.
     """
     every = base.get("eval_every", TrainConfig.eval_every)
     if "ckpt_every" not in base and every:
         base = {**base, "ckpt_every": every}
     configs = []
+    size = base.get("size", TrainConfig.size)
     for entry in entries:
-        model = entry_model(entry, base.get("size", TrainConfig.size), base.get("model", {}))
+        model = entry_model(entry, size, base.get("model", {}))
+        own = merge(merge({"optim": recipe_optim(entry.arch, size)}, base), entry.train)
         for seed in range(seeds):
-            fields = merge(merge(base, entry.train), {
+            fields = merge(own, {
                 "arch": entry.arch, "seed": seed, "model": model,
                 "out_dir": str(out / "runs" / f"{_slug(entry.label)}-seed{seed}")})
             configs.append((entry, TrainConfig.from_dict(fields)))
@@ -202,9 +226,11 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
 
     A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base`, its budget kind and its
     size (when `base` names none); otherwise the entries are `archs` and the kind is steps. The peak
-    learning rate is `lr`, else TINY_LR at size tiny; `overrides` (``key=value``, an optim.lr=... too)
-    come last. `budget` maps at most one kind of BUDGETS to its amount (None: not given); without one,
-    nor a max_* override, the runs get the kind's `default_budget`.
+    learning rate is `lr` for every run, else each architecture's from the main job's recipe
+    (`recipe_optim`, applied by `run_configs` with the recipe's other optimiser settings); `overrides`
+    (``key=value``, an optim.lr=... too) come last. `budget` maps at most one kind of BUDGETS to its
+    amount (None: not given); without one, nor a max_* override, the runs get the kind's
+    `default_budget`.
     """
     base = dict(base or {})
     kind = "steps"
@@ -215,8 +241,6 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
         base.setdefault("size", GRIDS[grid].size)
     else:
         entries = [Entry.parse(a) for a in archs or []]
-    if lr is None and base.get("size", TrainConfig.size) == "tiny":
-        lr = TINY_LR
     if lr is not None:
         apply_overrides(base, {"optim.lr": lr})
     apply_overrides(base, overrides)

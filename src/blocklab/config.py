@@ -50,6 +50,8 @@ class ModelConfig(ConfigBase):
     window_pattern: str = "L"  # tiled over layers, e.g. "SSSL"; the last layer is always "L"
     logit_softcap: float | None = None  # softcap * tanh(z / softcap) on the logits (nanochat)
     init_std: float = 0.02
+    embed_init_std: float | None = None  # None: init_std; the token embedding's N(0, std) init
+    embed_scale: float = 1.0  # x = embed_scale * E[id] (+ positions); Vaswani et al.: sqrt(d_model)
     dropout: float = 0.0
     # -- nanochat's trunk (the Bank of Values set-up; model/trunk.py, model/init_schemes.py) --------
     norm_affine: bool = True  # False: no learnable scale or shift in any norm (nanochat)

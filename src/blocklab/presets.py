@@ -80,12 +80,17 @@ _NANOCHAT_SHAPE = dict(vocab_size=32768, head_dim=128, mlp_act="relu2", position
 _NANOCHAT = dict(_NANOCHAT_SHAPE, norm_affine=False, norm_eps=None, embed_norm=True, smear=True,
                  attn_logit_scale=1.2 ** 2, init_scheme="nanochat")
 
+# Our CPU sizes: the codeparrot shape (ReLU MLP, RMSNorm, tied embeddings) with rotary positions.
+# Sinusoidal positions added unscaled (RMS 0.71) to N(0, 0.02) token embeddings drown the token's
+# identity, and a 400-step run sat on the unigram plateau for 150 steps and ended 1.3 nats behind RoPE
+# (benchmarks/baseline_grid.py; docs/design.md, "The CPU sizes' recipe").
+_CPU = dict(_CODEPARROT, positions="rope")
+
 SIZE_PRESETS: dict[str, Preset] = {
-    "tiny": Preset("4 layers, d 128, 4 heads, context 128, vocab 4096: trains in minutes on a CPU",
-                   dict(_CODEPARROT, n_layers=4, d_model=128, n_heads=4, mlp_hidden=512,
-                        vocab_size=4096)),
-    "small": Preset("6 layers, d 256, 4 heads, context 256, vocab 8192: a mid size for CPU benchmarks",
-                    dict(_CODEPARROT, n_layers=6, d_model=256, n_heads=4, mlp_hidden=1024,
+    "tiny": Preset("4 layers, d 128, 4 heads, RoPE, context 128, vocab 4096: trains in minutes on a CPU",
+                   dict(_CPU, n_layers=4, d_model=128, n_heads=4, mlp_hidden=512, vocab_size=4096)),
+    "small": Preset("6 layers, d 256, 4 heads, RoPE, context 256, vocab 8192: a mid size for CPU benchmarks",
+                    dict(_CPU, n_layers=6, d_model=256, n_heads=4, mlp_hidden=1024,
                          vocab_size=8192, context_length=256)),
     "codeparrot-18l": Preset("18 layers, d 768, ReLU MLP 3072, RMSNorm, sinusoidal, context 128 "
                              "(Pre-LN ~167M, SAS ~146M); the SAS code's Q/K biases and RMSNorm eps outside "

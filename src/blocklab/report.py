@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from blocklab.analysis.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN, run_health, spread_warnings
 from blocklab.training import TrainConfig
 from blocklab.training.config import BUDGETS
 from blocklab.training.metrics import read_metrics
@@ -139,6 +140,9 @@ def _rows(entries, runs_by_label, measured: dict[str, Any] | None = None) -> lis
             "throughput": _throughput(runs, archs.get(entry.label), cfg.batch_size * cfg.seq_len),
             "memory": memory,
             "kv_bytes_per_token": kv_cache_bytes_per_token(runs[0]["model_config"]), "device": s0["device"],
+            "plateau": [{"seed": r["summary"]["seed"], "final": r["summary"]["val_loss"], **run_health(
+                [(m["step"], m["val_loss"]) for m in r["metrics"] if m["kind"] == "val"],
+                r["summary"].get("unigram_loss"), r["summary"]["step"])} for r in runs],
         })
     return rows
 
@@ -623,6 +627,14 @@ STATS_TEXT = ("Final validation loss minus the first architecture's, paired by s
               "differences). 'lower'/'higher' only where the interval excludes 0 with 3 or more seeds.")
 CLAIMS_TEXT = ("The papers' claims (blocklab.claims) whose validation-loss checks these architectures and "
                "this budget cover; `blocklab reproduce` runs every check, the exact ones too.")
+PLATEAU_TEXT = ("A model that knows only how often each token occurs in the training split scores U, the "
+                "cross-entropy of the scored held-out tokens under those frequencies (the unigram plateau); "
+                "early training sits near U before it uses context. A run still near it, or one that left it "
+                "late, compares when it left rather than its architecture, so this table gives each seed's "
+                f"first validation step with loss below U - {PLATEAU_MARGIN:g} and how far below U it ended. "
+                f"The report warns when a run left after {LATE_EXIT:.0%} of its steps, ended within "
+                f"{NEAR_PLATEAU:g} nats of U, or when the seed spread is as large as a difference to the "
+                "first architecture.")
 SWEEP_TEXT = ("Final validation loss of seed 0 at each peak learning rate on the short sweep budget "
               "(lr_sweep.json); each architecture then trained every seed at its chosen rate.")
 
@@ -741,6 +753,48 @@ def memory_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
         cells.append(_fmt(m["process_peak_mib"], 0))
         body.append(cells)
     return head, body
+
+
+def plateau_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Per architecture: the unigram plateau U of the scored held-out tokens, the step at which each
+    seed left it, its final loss below U and the seed standard deviation of the final loss."""
+    head = ["architecture", "unigram plateau U", f"left the plateau (loss < U - {PLATEAU_MARGIN:g}) at step",
+            "final loss below U", "seed s.d. of final loss"]
+    body = []
+    for r in rows:
+        health = r["plateau"]
+        plateau = next((h["plateau"] for h in health if h["plateau"] is not None), None)
+        exits = ", ".join("-" if h["plateau"] is None else "never" if h["exit_step"] is None
+                          else f"{h['exit_step']:,}" for h in health)
+        below = ", ".join("-" if h["below"] is None else f"{h['below']:.2f}" for h in health)
+        sd = r["val_loss"][1]
+        body.append([r["label"], "-" if plateau is None else f"{plateau:.3f}", exits, below,
+                     "-" if sd is None else f"{sd:.4f}"])
+    return head, body
+
+
+def baseline_warnings(rows: list[dict]) -> list[str]:
+    """Runs that left the unigram plateau late or ended near it, and differences to the first
+    architecture no larger than the seed spread: where the comparison measures noise or timing."""
+    out = []
+    late = [f"`{r['label']}` seed {h['seed']} ("
+            + ("never" if h["exit_step"] is None else f"step {h['exit_step']:,}") + f" of {r['steps']:,})"
+            for r in rows for h in r["plateau"] if h["late"]]
+    if late:
+        out.append(f"{plural(len(late), 'run')} left the unigram plateau late (after {LATE_EXIT:.0%} of the "
+                   f"budget) or never: {', '.join(late)}. Their final losses say more about when they left "
+                   "it than about the architecture; look at the validation curves, and try a longer budget "
+                   "or another learning rate.")
+    near = [f"`{r['label']}` seed {h['seed']} ({h['below']:.2f} nats below)"
+            for r in rows for h in r["plateau"] if h["near"]]
+    if near:
+        out.append(f"{plural(len(near), 'run')} ended within {NEAR_PLATEAU:g} nats of the unigram plateau: "
+                   f"{', '.join(near)}. Such a model has learned little beyond token frequencies.")
+    noisy = spread_warnings({r["label"]: [h["final"] for h in r["plateau"]] for r in rows})
+    if noisy:
+        out.append("The seed spread is as large as the difference: " + "; ".join(noisy) +
+                   ". Those differences cannot be told from noise at this number of seeds.")
+    return out
 
 
 def load_warnings(rows: list[dict], budget_kind: str) -> list[str]:
@@ -1019,7 +1073,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     first = runs_by_label[entries[0].label]
     figures = _figures(entries, runs_by_label, rows, _eval_facts(first, first[0]["cfg"]), out)
     method = method_facts(entries, runs_by_label, run_info, measured)  # its wall time includes the figures
-    warnings = load_warnings(rows, method["budget"]["kind"])
+    warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"])
     results = {"format": "blocklab compare results, version 2", "method": method, "architectures": rows,
                "warnings": warnings}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
@@ -1034,6 +1088,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     blocks: list[tuple] = [("p", intro)]
     blocks += [("p", f"**Warning:** {w}") for w in warnings]
     blocks += [("h2", "Results"), ("p", _results_text(rows, method)), ("table", *_table(rows))]
+    blocks += [("h2", "Leaving the unigram plateau"), ("p", PLATEAU_TEXT), ("table", *plateau_table(rows))]
     blocks += [("h2", "Throughput"), ("p", _throughput_text(method, rows)),
                ("table", *throughput_table(rows))]
     blocks += [("h2", "Memory"), ("p", _memory_text(rows)), ("table", *memory_table(rows))]

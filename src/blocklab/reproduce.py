@@ -36,7 +36,9 @@ class Scale:
     seeds: int = 3
     batch_size: int = 16
     seq_len: int = 128
-    lr: float | None = 3e-3  # None: the TrainConfig default
+    # None: each architecture's rate at this size in recipes/learning_rates.json (compare.run_configs),
+    # else the TrainConfig default
+    lr: float | None = None
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides of every run
     eval_every: int = 50
     train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (data, eval_batches...)

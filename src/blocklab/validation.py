@@ -127,7 +127,13 @@ def validate(cfg: ModelConfig) -> None:
     if cfg.norm_eps is not None and cfg.norm_eps <= 0:
         _fail("norm_eps", cfg.norm_eps, "it must be > 0 (or None for RMSNorm: the dtype's epsilon).")
     _check_trunk(cfg)
-    for name in ("init_std", "query_init_std"):
+    if cfg.embed_init_std is not None and cfg.init_scheme != "normal":
+        _fail("embed_init_std", cfg.embed_init_std, f"init_scheme={cfg.init_scheme!r} sets the embedding's "
+              "own init; embed_init_std applies to init_scheme='normal' (or leave it None).")
+    if not cfg.embed_scale > 0 or cfg.embed_scale == float("inf"):
+        _fail("embed_scale", cfg.embed_scale, "it must be a finite number > 0 (1 is plain; Vaswani et al. "
+              "use sqrt(d_model)).")
+    for name in ("init_std", "query_init_std", "embed_init_std"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
             _fail(name, getattr(cfg, name), "a standard deviation must be >= 0.")
     if cfg.rope_base <= 0:

@@ -59,7 +59,8 @@ def _common_mismatches(cfg: ModelConfig) -> list[str]:
               "trainable_block_gains": False, "attn_matrix": "softmax", "value_form": "linear",
               "proj_form": "linear", "value_path": "standard", "qk_norm": False, "logit_softcap": None,
               "norm_affine": True, "embed_norm": False, "attn_logit_scale": 1.0, "smear": False,
-              "residual_scalars": False, "backout": False, "qk_bias": False, "rmsnorm_eps": "inside"}
+              "residual_scalars": False, "backout": False, "qk_bias": False, "rmsnorm_eps": "inside",
+              "embed_scale": 1.0}
     out = [_mismatch(f, getattr(cfg, f), repr(v)) for f, v in wanted.items() if getattr(cfg, f) != v]
     if cfg.norm_eps is None:
         out.append(_mismatch("norm_eps", None, "a number"))

@@ -83,6 +83,8 @@ class Transformer(nn.Module):
                     nn.init.zeros_(bias)
             elif module is not self and isinstance(module, _Resettable):
                 module.reset_parameters()
+        if cfg.embed_init_std is not None:
+            nn.init.normal_(self.tok_emb.weight, std=cfg.embed_init_std)
         q_std = cfg.init_std if cfg.query_init_std is None else cfg.query_init_std
         blocks = self.block_list()
         for block in blocks:
@@ -171,8 +173,9 @@ class Transformer(nn.Module):
 
     # -- forward -------------------------------------------------------------------------------
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Token embeddings plus position embeddings, then the embedding norm if any (no smear)."""
-        x = tokens
+        """Token embeddings (times `embed_scale`) plus position embeddings, then the embedding norm if
+        any (no smear)."""
+        x = tokens if self.cfg.embed_scale == 1.0 else tokens * self.cfg.embed_scale
         if self.pos_emb is not None:
             x = x + call(self.pos_emb, positions)
         elif self.cfg.positions == "sinusoidal":

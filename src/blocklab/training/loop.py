@@ -494,6 +494,17 @@ class Trainer:
             logger.log(row)
         return row
 
+    def _unigram_loss(self) -> float | None:
+        """The plateau: the loss on the scored validation targets of a model that knows only the
+        training split's token frequencies (`analysis.plateau.unigram_loss`); None for masked LM."""
+        from blocklab.analysis.plateau import unigram_loss
+
+        if not self.model_cfg.causal:
+            return None
+        batches = self.val_batches.validation(self.cfg.batch_size, self.cfg.eval_batches)
+        return unigram_loss(self.data.train, (b["labels"].numpy() for b in batches),
+                            self.data.tokenizer.vocab_size)
+
     def _logged_val(self, step: int) -> dict[str, Any] | None:
         """The validation row already logged at `step` (a finished run resumed), if any."""
         path = self.run_dir / "metrics.jsonl"
@@ -621,4 +632,5 @@ class Trainer:
             "peak_memory_mib": memory.peak_memory_mib(self.device), "device": str(self.device),
             "world_size": self.env.world_size,
             "val_loss": val["val_loss"], "val_bpb": val["val_bpb"],
+            "unigram_loss": self._unigram_loss(),
         }

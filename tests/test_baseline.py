@@ -1,0 +1,84 @@
+"""The baseline's guards: the unigram plateau (its loss, exit step, the report's warnings) and the
+embedding's init and scale that decide how fast a small model leaves it.
+
+References: the plateau's loss by hand from token counts, exit steps and warnings from curves written out
+here, and the embedding against its definition (x = embed_scale * E[id]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from blocklab import ModelConfig, Transformer
+from blocklab.analysis.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
+from blocklab.config import ConfigError
+
+
+def test_unigram_loss_by_hand():
+    """Training tokens [0, 0, 0, 1] in a vocabulary of 3: add-1/2 counts 3.5, 1.5, 0.5 of 5.5. Targets
+    [[0, 1], [2, -100]] score -(ln 3.5 + ln 1.5 + ln 0.5 - 3 ln 5.5) / 3; -100 is not scored."""
+    labels = [np.array([[0, 1]]), np.array([[2, -100]])]
+    expected = -(math.log(3.5) + math.log(1.5) + math.log(0.5) - 3 * math.log(5.5)) / 3
+    assert unigram_loss(np.array([0, 0, 0, 1]), iter(labels), 3) == pytest.approx(expected, abs=1e-12)
+
+
+def test_plateau_exit_is_the_first_step_below_the_entropy_minus_the_margin():
+    curve = [(0, 8.3), (50, 6.65), (100, 6.55), (150, 6.49), (200, 5.0)]
+    assert plateau_exit(curve, 6.6) == 150  # 6.55 is not below 6.5; 6.49 is
+    assert plateau_exit(curve, 6.6, margin=0.0) == 100
+    assert plateau_exit(curve[:3], 6.6) is None
+
+
+def test_run_health_flags_late_exits_and_ends_near_the_plateau():
+    early = run_health([(0, 8.3), (50, 6.0), (400, 4.6)], 6.6, 400)
+    assert early["exit_step"] == 50 and early["below"] == pytest.approx(2.0)
+    assert not early["late"] and not early["near"]
+    late = run_health([(0, 8.3), (200, 6.55), (250, 6.3), (400, 5.9)], 6.6, 400)
+    assert late["exit_step"] == 250 and late["late"] and not late["near"]
+    stuck = run_health([(0, 8.3), (400, 6.4)], 6.6, 400)
+    assert stuck["exit_step"] == 400 and stuck["near"]
+    never = run_health([(0, 8.3), (400, 6.58)], 6.6, 400)
+    assert never["exit_step"] is None and never["late"] and never["near"]
+    unknown = run_health([(0, 8.3), (400, 6.58)], None, 400)  # a run saved before the entropy was
+    assert unknown["exit_step"] is None and not unknown["late"] and not unknown["near"]
+
+
+def test_spread_warnings_name_differences_within_the_seed_noise():
+    finals = {"pre-ln": [4.60, 4.70], "sas": [4.66, 4.68], "bov": [4.20, 4.22], "one-seed": [4.0]}
+    lines = spread_warnings(finals)
+    assert len(lines) == 1 and lines[0].startswith("`sas` - `pre-ln` = +0.0200")
+    assert "0.0707" in lines[0]  # the larger sd: pre-ln's, 0.1 / sqrt(2)
+
+
+def test_embed_scale_multiplies_the_token_embedding_only():
+    torch.manual_seed(0)
+    cfg = ModelConfig.from_preset("pre-ln", "tiny", n_layers=1, embed_scale=11.3, positions="sinusoidal")
+    model = Transformer(cfg)
+    ids = torch.tensor([[3, 7, 9]])
+    positions = torch.arange(3)
+    from blocklab import ops
+
+    expected = 11.3 * model.tok_emb.weight[ids] + ops.sinusoidal_positions(positions, cfg.d_model)
+    torch.testing.assert_close(model.embed(model.tok_emb(ids), positions), expected)
+
+
+def test_embed_init_std_sets_the_token_embeddings_spread():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig.from_preset("pre-ln", "tiny", n_layers=1, embed_init_std=1.0))
+    assert model.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.02)
+    assert model.block(0).mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)  # the rest: init_std
+
+
+@pytest.mark.parametrize("fields,needle", [
+    (dict(embed_scale=0.0), "embed_scale"),
+    (dict(embed_scale=float("nan")), "embed_scale"),
+    (dict(embed_init_std=-1.0), "embed_init_std"),
+    (dict(embed_init_std=1.0, init_scheme="nanochat", tie_embeddings=False), "embed_init_std"),
+])
+def test_bad_embedding_settings_are_refused_by_name(fields, needle):
+    with pytest.raises(ConfigError, match=needle):
+        ModelConfig.from_preset("pre-ln", "tiny", **fields)
