@@ -82,3 +82,26 @@ def test_embed_init_std_sets_the_token_embeddings_spread():
 def test_bad_embedding_settings_are_refused_by_name(fields, needle):
     with pytest.raises(ConfigError, match=needle):
         ModelConfig.from_preset("pre-ln", "tiny", **fields)
+
+
+@pytest.mark.slow
+def test_the_main_job_leaves_the_unigram_plateau_at_once(tmp_path):
+    """Regression test against the crippled baseline (issue 23): pre-ln at size tiny with the main job's
+    recipe (its size preset and optimiser, the embedded corpus) is below the plateau U - 0.1 by the
+    first validation after step 0 (50 steps, 102,400 tokens) and below U - 1 after 100 steps. With
+    the old defaults (sinusoidal positions, AdamW 3e-3) the loss was still 6.63 > U - 0.1 = 6.49 at
+    step 100 of the main job."""
+    from blocklab.compare import resolve_compare, run_configs
+    from blocklab.training import train
+    from blocklab.training.metrics import read_metrics
+
+    entries, base = resolve_compare(["pre-ln"], base={"size": "tiny", "eval_every": 50, "progress": False},
+                                    budget={"steps": 100})
+    [(_, cfg)] = run_configs(entries, 1, tmp_path, base)
+    summary = train(cfg).summary
+    plateau = summary["unigram_loss"]
+    metrics = tmp_path / "runs" / "pre-ln-seed0" / "metrics.jsonl"
+    curve = [(r["step"], r["val_loss"]) for r in read_metrics(metrics, "val")]
+    assert plateau == pytest.approx(6.59, abs=0.05)  # the embedded corpus at BPE 4096
+    assert plateau_exit(curve, plateau) == 50, curve
+    assert summary["val_loss"] < plateau - 1.0, curve

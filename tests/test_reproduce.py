@@ -91,8 +91,6 @@ def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
                 "3",
                 "--steps",
                 "400",
-                "--lr",
-                "3e-3",
                 "--out",
                 str(out / "cpu" / "tiny-steps"),
                 "--quiet",
