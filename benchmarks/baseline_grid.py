@@ -231,6 +231,10 @@ def main() -> None:
                         choices=["recipe", "recipe2", "recipe3", "archs", "lr", "value-paths", "seeds",
                                  "small"])
     parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=MAIN_JOB["max_steps"],
+                        help="steps of every trial (its runs go in a folder of their own unless 400)")
+    parser.add_argument("--scales", default=None,
+                        help="comma-separated factors on both peak rates for --grid lr (default 1,3)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/baseline-grid"))
     parser.add_argument("--only", default=None, help="comma-separated trial names to run")
@@ -246,7 +250,8 @@ def main() -> None:
     elif args.grid == "archs":
         trials = lr_trials(BLOCK_PRESETS, [1.0])
     elif args.grid == "lr":
-        trials = lr_trials(MAIN_JOB_ARCHS, SCALES)
+        scales = [float(x) for x in args.scales.split(",")] if args.scales else SCALES
+        trials = lr_trials(MAIN_JOB_ARCHS, scales)
     elif args.grid == "value-paths":
         trials = value_path_trials()
     elif args.grid == "seeds":
@@ -255,13 +260,17 @@ def main() -> None:
         # size small at 200 steps (about 5 times tiny's cost a step), with tiny's recipe
         trials = {"small, shipped recipe": {"size": "small", "optim": recipe_optim("pre-ln", "tiny"),
                                             "max_steps": 200},
-                  "small, recipe before (sinusoidal, AdamW 3e-3)": _with(SHIPPED, size="small", max_steps=200)}
+                  "small, recipe before (sinusoidal, AdamW 3e-3)": _with(SHIPPED, size="small",
+                                                                          max_steps=200)}
+    trials = {name: {"max_steps": args.steps, **fields} for name, fields in trials.items()}  # sent to workers
     if args.only:
         keep = args.only.split(",")
         trials = {k: v for k, v in trials.items() if k in keep}
     start = time.perf_counter()
     # archs and lr share their runs: the same architecture at the same rate is one run
     folder = {"archs": "lr", "recipe2": "recipe", "recipe3": "recipe"}.get(args.grid, args.grid)
+    if args.steps != 400:
+        folder += f"-{args.steps}steps"
     results = run_grid(trials, args.seeds, args.out / folder, args.jobs)
     steps = [50, 100, 150, 200, 300, 400]
     text = table(results, steps, by_tokens=True)
@@ -269,7 +278,8 @@ def main() -> None:
     if spread(results):
         print(spread(results))
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"baseline-grid-{args.grid}-cpu.json"
+    steps = "" if args.steps == 400 else f"-{args.steps}steps"
+    path = RESULTS / f"baseline-grid-{args.grid}{steps}-cpu.json"
     path.write_text(json.dumps({"main_job": MAIN_JOB, "grid": args.grid, "seeds": args.seeds,
                                 "seconds": time.perf_counter() - start, "results": results}, indent=1))
     print(f"wrote {path}")

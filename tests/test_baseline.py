@@ -105,3 +105,30 @@ def test_the_main_job_leaves_the_unigram_plateau_at_once(tmp_path):
     assert plateau == pytest.approx(6.59, abs=0.05)  # the embedded corpus at BPE 4096
     assert plateau_exit(curve, plateau) == 50, curve
     assert summary["val_loss"] < plateau - 1.0, curve
+
+
+def test_the_report_warns_on_late_exits_ends_near_the_plateau_and_noise_sized_differences():
+    """`report.baseline_warnings` and `plateau_table` on rows written out here: U = 6.6, 400 steps."""
+    from blocklab.report import baseline_warnings, plateau_table
+
+    def row(label, curves):
+        health = [{"seed": s, "final": c[-1][1], **run_health(c, 6.6, 400)} for s, c in enumerate(curves)]
+        finals = [h["final"] for h in health]
+        sd = None if len(finals) < 2 else float(np.std(finals, ddof=1))
+        return {"label": label, "steps": 400, "plateau": health, "val_loss": [float(np.mean(finals)), sd]}
+
+    rows = [row("pre-ln", [[(0, 8.3), (50, 6.0), (400, 4.60)], [(0, 8.3), (50, 6.1), (400, 4.70)]]),
+            row("sas", [[(0, 8.3), (50, 6.2), (400, 4.66)], [(0, 8.3), (50, 6.0), (400, 4.68)]]),
+            row("late", [[(0, 8.3), (200, 6.55), (300, 6.4), (400, 6.3)], [(0, 8.3), (400, 6.58)]])]
+    warnings = baseline_warnings(rows)
+    assert len(warnings) == 3, warnings
+    late, near, noise = warnings
+    assert "2 runs left the unigram plateau late" in late and "`late` seed 0 (step 300 of 400)" in late
+    assert "`late` seed 1 (never in 400)" in late
+    assert "`late` seed 0 (0.30 nats below)" in near and "`late` seed 1 (0.02 nats below)" in near
+    assert noise.startswith("The seed spread is as large as the difference: `sas` - `pre-ln` = +0.0200")
+    assert "`late` - `pre-ln`" not in noise  # 1.79 nats apart: far outside the spread
+    head, body = plateau_table(rows)
+    assert head[1] == "unigram plateau U" and body[0] == ["pre-ln", "6.600", "50, 50", "2.00, 1.90", "0.0707"]
+    assert body[2][2] == "300, never"
+    assert baseline_warnings(rows[:1]) == []  # a healthy baseline alone: nothing to say

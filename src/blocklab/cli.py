@@ -259,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--list-grids", action="store_true", help="list the named grids")
     p.add_argument("--size", help="size preset of every run (default: tiny, or the grid's own, e.g. "
                    "nanochat-tiny for bov-table1)")
-    p.add_argument("--seeds", type=_positive_int, default=1, help="seeds per architecture (paired by seed)")
+    p.add_argument("--seeds", type=_positive_int, default=2,
+                   help="seeds per architecture, paired by seed (default 2)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
-                   "400 steps, or a grid's own budget kind (see --list-grids) at what the first "
-                   "architecture spends in 400 steps")
+                   "200 steps, or a grid's own budget kind (see --list-grids) at what the first "
+                   "architecture spends in 200 steps")
     p.add_argument("--lr", type=float, help="peak learning rate (optim.lr) of every run (default: each "
                    "architecture's in the main job's recipe at sizes tiny and small, "
                    "recipes/main_job_optim.json; else the TrainConfig default 1e-3)")

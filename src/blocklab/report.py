@@ -778,7 +778,7 @@ def baseline_warnings(rows: list[dict]) -> list[str]:
     architecture no larger than the seed spread: where the comparison measures noise or timing."""
     out = []
     late = [f"`{r['label']}` seed {h['seed']} ("
-            + ("never" if h["exit_step"] is None else f"step {h['exit_step']:,}") + f" of {r['steps']:,})"
+            + ("never in " if h["exit_step"] is None else f"step {h['exit_step']:,} of ") + f"{r['steps']:,})"
             for r in rows for h in r["plateau"] if h["late"]]
     if late:
         out.append(f"{plural(len(late), 'run')} left the unigram plateau late (after {LATE_EXIT:.0%} of the "
