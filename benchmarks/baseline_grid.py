@@ -12,8 +12,9 @@ read back, not trained again, so the grid resumes across sessions. Trials run `-
 each on one thread in its own process.
 
     PYTHONPATH=src python benchmarks/baseline_grid.py                      # the recipe grid, seed 0
-    PYTHONPATH=src python benchmarks/baseline_grid.py --grid archs --seeds 2   # every block preset
-    PYTHONPATH=src python benchmarks/baseline_grid.py --grid seeds --seeds 5   # pre-ln's seed spread
+    PYTHONPATH=src python benchmarks/baseline_grid.py --grid archs             # every block preset
+    PYTHONPATH=src python benchmarks/baseline_grid.py --grid lr --steps 200    # rates x1/3, x1, x3
+    PYTHONPATH=src python benchmarks/baseline_grid.py --grid seeds --steps 200 --seeds 5   # seed spread
     PYTHONPATH=src python benchmarks/baseline_grid.py --grid small             # size small
 
 Writes benchmarks/results/baseline-grid-<grid>-cpu.json and prints a markdown table.
@@ -27,6 +28,7 @@ import multiprocessing as mp
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MAIN_JOB = {"size": "tiny", "max_steps": 400, "eval_every": 50, "batch_size": 16, "seq_len": 128}
 # The recipe as shipped before this grid: sinusoidal positions added to N(0, 0.02) embeddings, AdamW
 # at 3e-3, linear decay after 5% warmup. Every trial starts from the main job's recipe of its size and
-# architecture (compare.recipe_optim), so the recipe trials name their optimiser.
+# architecture (recipes.recipe_optim), so the recipe trials name their optimiser.
 SHIPPED = {"model": {"positions": "sinusoidal"}, "optim": {"name": "adamw", "lr": 3e-3}}
 ROPE = {"model": {"positions": "rope"}, "optim": {"name": "adamw", "lr": 3e-3}}
 
@@ -96,18 +98,18 @@ def recipe_round3_trials() -> dict[str, dict[str, Any]]:
 
 BLOCK_PRESETS = ["pre-ln", "post-ln", "parallel", "v-skipinit", "shaped", "sas", "sas-p", "sas-p-nonorm"]
 MAIN_JOB_ARCHS = ["pre-ln", "sas", "sas-p", "resformer", "svformer", "bov"]
-SCALES = [1.0, 3.0]  # both peak rates (AdamW's lr and Muon's muon_lr) times this
+SCALES = [1 / 3, 1.0, 3.0]  # both peak rates (AdamW's lr and Muon's muon_lr) times this
 
 
 def lr_trials(archs: list[str], scales: list[float]) -> dict[str, dict[str, Any]]:
     """Each architecture with both peak rates of the default recipe (tiny) scaled; the rest as shipped."""
-    from blocklab.compare import recipe_optim
+    from blocklab.recipes import recipe_optim
 
     trials = {}
     for arch in archs:
         base = recipe_optim(arch, "tiny")
         for scale in scales:
-            rates = {k: base[k] * scale for k in ("lr", "muon_lr")}
+            rates = {k: float(f"{base[k] * scale:.3g}") for k in ("lr", "muon_lr")}  # 0.03 / 3 = 0.01
             trials[f"{arch}, lr {rates['lr']:.2g}, muon_lr {rates['muon_lr']:.2g}"] = {"arch": arch,
                                                                                          "optim": rates}
     return trials
@@ -126,7 +128,8 @@ def train_one(fields: dict[str, Any], out_dir: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    from blocklab.compare import merge, recipe_optim
+    from blocklab.compare import merge
+    from blocklab.recipes import recipe_optim
     from blocklab.training import TrainConfig, train
 
     run = Path(out_dir)
@@ -234,12 +237,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=MAIN_JOB["max_steps"],
                         help="steps of every trial (its runs go in a folder of their own unless 400)")
     parser.add_argument("--scales", default=None,
-                        help="comma-separated factors on both peak rates for --grid lr (default 1,3)")
+                        help="comma-separated factors (1/3 allowed) on both peak rates of the shipped recipe "
+                        "for --grid lr (default 1/3,1,3) and archs (default 1)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("runs/baseline-grid"))
-    parser.add_argument("--only", default=None, help="comma-separated trial names to run")
+    parser.add_argument("--only", default=None, help="trial names to run, separated by ';'")
     args = parser.parse_args()
-    from blocklab.compare import recipe_optim
+    from blocklab.recipes import recipe_optim
 
     if args.grid == "recipe":
         trials = recipe_trials()
@@ -247,15 +251,14 @@ def main() -> None:
         trials = recipe_round2_trials()
     elif args.grid == "recipe3":
         trials = recipe_round3_trials()
-    elif args.grid == "archs":
-        trials = lr_trials(BLOCK_PRESETS, [1.0])
-    elif args.grid == "lr":
-        scales = [float(x) for x in args.scales.split(",")] if args.scales else SCALES
-        trials = lr_trials(MAIN_JOB_ARCHS, scales)
+    elif args.grid in ("archs", "lr"):
+        scales = [float(Fraction(x)) for x in args.scales.split(",")] if args.scales else None
+        trials = (lr_trials(BLOCK_PRESETS, scales or [1.0]) if args.grid == "archs"
+                  else lr_trials(MAIN_JOB_ARCHS, scales or SCALES))
     elif args.grid == "value-paths":
         trials = value_path_trials()
     elif args.grid == "seeds":
-        trials = {"pre-ln, shipped recipe": {}, "pre-ln, recipe before (sinusoidal, AdamW)": SHIPPED}
+        trials = {"pre-ln (shipped recipe)": {}, "pre-ln (recipe before: sinusoidal, AdamW)": SHIPPED}
     else:
         # size small at 200 steps (about 5 times tiny's cost a step), with tiny's recipe
         trials = {"small, shipped recipe": {"size": "small", "optim": recipe_optim("pre-ln", "tiny"),
@@ -264,7 +267,7 @@ def main() -> None:
                                                                           max_steps=200)}
     trials = {name: {"max_steps": args.steps, **fields} for name, fields in trials.items()}  # sent to workers
     if args.only:
-        keep = args.only.split(",")
+        keep = args.only.split(";")
         trials = {k: v for k, v in trials.items() if k in keep}
     start = time.perf_counter()
     # archs and lr share their runs: the same architecture at the same rate is one run

@@ -18,12 +18,12 @@ from blocklab.compare import (
     Entry,
     default_budget,
     entry_model,
-    recipe_optim,
     resolve_compare,
     run_configs,
 )
 from blocklab.config import ConfigError
 from blocklab.model.cache import cache_bytes_per_token
+from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 
@@ -405,14 +405,14 @@ def test_cli_compare_rejects_two_budgets(capsys):
 def test_the_recipe_table_is_layered_most_specific_last(monkeypatch, tmp_path):
     """The size's default, then the block preset's entry, the value path's (on pre-ln) and the full
     name's, each over the one before; a size the table leaves out gives {} (the OptimConfig defaults)."""
-    from blocklab import compare as compare_module
+    from blocklab import recipes
 
     table = tmp_path / "recipe.json"
     table.write_text(json.dumps({"command": "x", "sizes": {"tiny": {
         "default": {"lr": 1.0, "name": "muon"}, "sas": {"lr": 2.0}, "sas+bov": {"lr": 3.0},
         "bov": {"lr": 4.0, "muon_lr": 0.5}, "pre-ln": {"lr": 5.0}}}}))
-    monkeypatch.setattr(compare_module, "RECIPE", table)
-    recipe = compare_module.recipe_optim
+    monkeypatch.setattr(recipes, "RECIPE", table)
+    recipe = recipes.recipe_optim
     assert [recipe(a, "tiny")["lr"] for a in ("sas+bov", "sas+resformer", "bov", "pre-ln+bov", "resformer",
                                                "pre-ln", "sas-p")] == [3.0, 2.0, 4.0, 4.0, 5.0, 5.0, 1.0]
     assert recipe("bov", "tiny") == {"lr": 4.0, "name": "muon", "muon_lr": 0.5}
@@ -433,7 +433,7 @@ def test_the_recipe_table_is_layered_most_specific_last(monkeypatch, tmp_path):
 
 def test_the_shipped_recipe_covers_the_main_job():
     from blocklab.cli import DEFAULT_ARCHS
-    from blocklab.compare import recipe_optim, recipe_table
+    from blocklab.recipes import recipe_table
     from blocklab.training.optim import OptimConfig
 
     assert "baseline_grid.py" in recipe_table()["command"]
@@ -458,6 +458,9 @@ def test_cli_compare_learning_rate(corpus, tmp_path, flags, expected):
                  "--eval-every", "1", "--quiet", "--out", str(out), *flags, *tiny]) == 0
     saved = TrainConfig.load(out / "runs" / "pre-ln-seed0" / "config.yaml")
     assert saved.optim.lr == expected
+    # the report says where the rate came from: the recipe only when the run follows it
+    follows = "the main job's recipe for this size and architecture" in (out / "report.md").read_text()
+    assert follows == (flags == [])
 
 
 def test_report_kv_bytes_equal_a_real_cache_without_building_the_model():

@@ -182,6 +182,9 @@ def test_reproduce_end_to_end(corpus, tmp_path):
 
     # the report: a verdict per claim, intervals, figures
     md = write_reproduction(rep, out).read_text()
+    # the optimiser the runs trained with: the tiny recipe's Muon, with the scale's own AdamW rate, so
+    # not the main job's recipe
+    assert "Optimiser: Muon for the block matrices (lr 0.06" in md and "peak lr 0.003." in md
     for r in rep.results:
         assert f"## {r.claim.id}: {r.verdict}" in md
     assert f"[{check.interval.low:+.4f}, {check.interval.high:+.4f}]" in md

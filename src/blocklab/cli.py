@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seeds per architecture, paired by seed (default 2)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
-                   "200 steps, or a grid's own budget kind (see --list-grids) at what the first "
-                   "architecture spends in 200 steps")
+                   "150 steps, or a grid's own budget kind (see --list-grids) at what the first "
+                   "architecture spends in 150 steps")
     p.add_argument("--lr", type=float, help="peak learning rate (optim.lr) of every run (default: each "
                    "architecture's in the main job's recipe at sizes tiny and small, "
                    "recipes/main_job_optim.json; else the TrainConfig default 1e-3)")
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paper", help="only the claims of these papers: simplifying, value-residual, "
                    "bank-of-values")
     p.add_argument("--quick", action="store_true",
-                   help="the claims tagged quick at scale quick: about 13 minutes on a 2-core CPU")
+                   help="the claims tagged quick at scale quick: about 10 minutes on a 2-core CPU")
     p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p (default: cpu, or quick)")
     p.add_argument("--out", default="runs/reproduce", help="the run store and, by default, the report")
     p.add_argument("--report", help="write the report here instead of OUT")

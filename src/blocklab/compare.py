@@ -23,17 +23,16 @@ from blocklab.config import ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
+from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
 from blocklab.training.checkpoint import latest_checkpoint
 from blocklab.training.config import BUDGET_FIELDS, BUDGETS, NOT_RESULTS, apply_overrides, check_saved_config
 
-# The default budget: what the first (baseline) architecture spends in 200 steps. With the CPU sizes'
+# The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
 # recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its
-# 10 minutes on 2 seeds of 200 steps (a seed spread and paired differences) rather than 1 of 400.
-DEFAULT_STEPS = 200
-# The main job's optimiser settings per size and architecture (recipes/main_job_optim.json, with the
-# command that measured them): the defaults of every run that does not set them itself.
-RECIPE = Path(__file__).resolve().parent / "recipes" / "main_job_optim.json"
+# 10 minutes on 2 seeds of 150 steps (a seed spread and paired differences) rather than 1 of 400
+# (200 steps, 11 minutes with Muon on 2 cores, did not fit).
+DEFAULT_STEPS = 150
 # The throughput table of the report: after all training, each architecture's training step is timed
 # again in TIMING_ROUNDS interleaved rounds (every architecture in turn within a round) of TIMING_STEPS
 # steps each, after one untimed warm-up step per turn. A change in the machine's load then hits every
@@ -148,30 +147,6 @@ def entry_model(entry: Entry, size: str, base_model: dict[str, Any] | None = Non
     return {**model, "value_path_options": VALUE_PATHS[value_path].grid_options(opts, n_layers)}
 
 
-def recipe_table() -> dict[str, Any]:
-    """The shipped table: {"command": how it was measured, "sizes": {size: {arch or "default": optim}}}."""
-    return json.loads(RECIPE.read_text())
-
-
-def recipe_optim(arch: str, size: str) -> dict[str, Any]:
-    """The optimiser settings (OptimConfig fields) of the main job's recipe for `arch` at `size`: the
-    size's "default", then the block preset's entry ("sas-p"), then the value path's on pre-ln ("bov"),
-    then the full name's ("sas-p+bov"), each over the one before; {} for a size the table leaves out
-    (the OptimConfig defaults apply)."""
-    rows = recipe_table()["sizes"].get(size)
-    if rows is None:
-        return {}
-    block, value_path = split_arch(arch)
-    names = ["default", block]
-    if value_path:
-        names += [value_path] if block == "pre-ln" else []
-        names.append(f"{block}+{value_path}")
-    out: dict[str, Any] = {}
-    for name in names:
-        out.update(rows.get(name, {}))
-    return out
-
-
 def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any]
                 ) -> list[tuple[Entry, TrainConfig]]:
     """One TrainConfig per (entry, seed); everything but the architecture and seed comes from `base`.
@@ -258,7 +233,7 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
         [(kind, value)] = chosen.items()
         base[BUDGETS[kind]] = value
     elif not any(base.get(f) is not None for f in BUDGET_FIELDS):  # nor a max_*=... override
-        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 200 steps
+        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 150 steps
         value = default_budget(kind, entries, base)
         if value is None:
             raise ConfigError(f"--grid {grid} compares at equal wall-clock time, as the paper does, and no "

@@ -254,7 +254,7 @@ def _schedule_text(cfg: TrainConfig) -> str:
     return f"{o.schedule}: {warm}, {body}"
 
 
-def _optimizer_text(cfg: TrainConfig) -> str:
+def optimizer_text(cfg: TrainConfig) -> str:
     o = cfg.optim
     decayed = ["matrices"] + (["embeddings"] if o.decay_embeddings else []) + (
         ["value tables"] if o.decay_value_tables else [])
@@ -270,6 +270,14 @@ def _optimizer_text(cfg: TrainConfig) -> str:
         return (f"Muon for the block matrices (lr {o.muon_lr:g}, momentum {o.muon_momentum:g}, Nesterov, "
                 f"weight decay {wd:g}, adjust_lr {o.muon_adjust_lr}) and {adamw} for the rest")
     return adamw
+
+
+def follows_recipe(arch: str, cfg: TrainConfig) -> bool:
+    """Whether the run's optimiser settings are the main job's recipe for its architecture and size."""
+    from blocklab.recipes import recipe_optim
+
+    recipe = recipe_optim(arch, cfg.size)
+    return bool(recipe) and all(getattr(cfg.optim, k) == v for k, v in recipe.items())
 
 
 def _precision_text(cfg: TrainConfig, device: str) -> str:
@@ -303,13 +311,14 @@ def method_facts(entries, runs_by_label, run_info: dict[str, Any] | None = None,
         shapes.setdefault(_shape(runs_by_label[e.label][0]["model_config"]), []).append(e.label)
     env = environment(device)
     return {
-        "architectures": [{"label": e.label, "arch": e.arch, "lr": runs_by_label[e.label][0]["cfg"].optim.lr}
+        "architectures": [{"label": e.label, "arch": e.arch, "lr": runs_by_label[e.label][0]["cfg"].optim.lr,
+                           "recipe": follows_recipe(e.arch, runs_by_label[e.label][0]["cfg"])}
                           for e in entries],
         "size": cfg.size, "model_shapes": [{"shape": k, "architectures": v} for k, v in shapes.items()],
         "batch_size": cfg.batch_size, "seq_len": cfg.seq_len, "grad_accum": cfg.grad_accum,
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
         "budget": {"kind": _budget_kind(cfg), **cfg.budgets(), "text": budget_text(cfg)},
-        "optimizer": {"text": _optimizer_text(cfg), **cfg.optim.to_dict()},
+        "optimizer": {"text": optimizer_text(cfg), **cfg.optim.to_dict()},
         "lr_sweep": run_info.get("lr_sweep"), "schedule": _schedule_text(cfg),
         "weight_decay": cfg.optim.weight_decay, "grad_clip": cfg.optim.grad_clip or None,
         "precision": _precision_text(cfg, device), "device": device,
@@ -361,6 +370,9 @@ def method_items(m: dict[str, Any]) -> list[str]:
         sweep = m["lr_sweep"]
         lr += (f", each chosen by a learning-rate sweep over {', '.join(f'{r:g}' for r in sweep['rates'])} "
                f"(seed 0, {sweep['steps']} steps; see the sweep section)")
+    elif all(a.get("recipe") for a in m["architectures"]):
+        lr += (" (the main job's recipe for this size and architecture, recipes/main_job_optim.json; "
+               "not swept)")
     else:
         lr += " (given, not swept)"
     data, ev = m["data"], m["eval"]
@@ -633,8 +645,8 @@ PLATEAU_TEXT = ("A model that knows only how often each token occurs in the trai
                 "late, compares when it left rather than its architecture, so this table gives each seed's "
                 f"first validation step with loss below U - {PLATEAU_MARGIN:g} and how far below U it ended. "
                 f"The report warns when a run left after {LATE_EXIT:.0%} of its steps, ended within "
-                f"{NEAR_PLATEAU:g} nats of U, or when the seed spread is as large as a difference to the "
-                "first architecture.")
+                f"{NEAR_PLATEAU:g} nats of U, or when a difference to the first architecture is no larger "
+                "than the spread of its per-seed (paired) differences.")
 SWEEP_TEXT = ("Final validation loss of seed 0 at each peak learning rate on the short sweep budget "
               "(lr_sweep.json); each architecture then trained every seed at its chosen rate.")
 
@@ -790,7 +802,7 @@ def baseline_warnings(rows: list[dict]) -> list[str]:
     if near:
         out.append(f"{plural(len(near), 'run')} ended within {NEAR_PLATEAU:g} nats of the unigram plateau: "
                    f"{', '.join(near)}. Such a model has learned little beyond token frequencies.")
-    noisy = spread_warnings({r["label"]: [h["final"] for h in r["plateau"]] for r in rows})
+    noisy = spread_warnings({r["label"]: {h["seed"]: h["final"] for h in r["plateau"]} for r in rows})
     if noisy:
         out.append("The seed spread is as large as the difference: " + "; ".join(noisy) +
                    ". Those differences cannot be told from noise at this number of seeds.")

@@ -178,6 +178,18 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
     return path
 
 
+def _optimizers(runs: dict[str, list]) -> str:
+    """The optimiser settings the runs trained with, as the compare report words them, and whether
+    they are the main job's recipe (`recipes.recipe_optim`)."""
+    from blocklab.report import follows_recipe, optimizer_text
+
+    configs = [(entry, cfg) for group in runs.values() for entry, cfg in group]
+    kinds = sorted({f"{optimizer_text(cfg)}; peak lr {cfg.optim.lr:g}" for _, cfg in configs})
+    recipe = all(follows_recipe(entry.arch, cfg) for entry, cfg in configs)
+    return ("Optimiser: " + " | ".join(kinds) + (" (the main job's recipe for the size and each "
+            "architecture, recipes/main_job_optim.json)." if recipe else "."))
+
+
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
@@ -195,9 +207,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     info = machine()
     n_runs = sum(len(v) for v in runs.values())
     method = (
-        f"Scale `{scale_name}`: {scale.description}. Learning rate "
-        f"{scale.lr if scale.lr is not None else 'TrainConfig default'} for every architecture, "
-        "AdamW and the TrainConfig defaults otherwise. "
+        f"Scale `{scale_name}`: {scale.description}. {_optimizers(runs)} "
         f"{n_runs} training runs. Runs are paired by seed: every architecture of a seed sees the same "
         "batches and is validated on the same held-out windows. For each measured check, the per-seed "
         "differences to the baseline, their mean and a 95% Student t-interval (mean ± t_{0.975,n-1} s/√n, "
