@@ -31,7 +31,7 @@ from blocklab.training.config import BUDGET_FIELDS, BUDGETS, NOT_RESULTS, apply_
 # The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
 # recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its
 # 10 minutes on 2 seeds of 150 steps (a seed spread and paired differences) rather than 1 of 400
-# (200 steps, 11 minutes with Muon on 2 cores, did not fit).
+# (at 200 steps one run took 56 s on 2 cores, about 11 minutes in all).
 DEFAULT_STEPS = 150
 # The throughput table of the report: after all training, each architecture's training step is timed
 # again in TIMING_ROUNDS interleaved rounds (every architecture in turn within a round) of TIMING_STEPS
