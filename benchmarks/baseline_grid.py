@@ -157,15 +157,14 @@ def plateau_of(run: Path) -> float:
     """The unigram plateau of a run saved before the trainer recorded it: the same scored batches."""
     import yaml
 
-    from blocklab.analysis.plateau import unigram_loss
+    from blocklab.analysis.plateau import run_plateau
     from blocklab.data import Batches, prepare_data
     from blocklab.training import TrainConfig
 
     cfg = TrainConfig.from_dict(yaml.safe_load((run / "config.yaml").read_text()))
     data = prepare_data(cfg.data)
     batches = Batches(data, "val", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-    labels = (b["labels"].numpy() for b in batches.validation(cfg.batch_size, cfg.eval_batches))
-    return unigram_loss(data.train, labels, data.tokenizer.vocab_size)
+    return run_plateau(data, batches, cfg.batch_size, cfg.eval_batches)
 
 
 def _slug(name: str) -> str:

@@ -39,6 +39,13 @@ def unigram_loss(train_tokens: np.ndarray, labels: Iterator[np.ndarray], vocab_s
     return total / max(n, 1)
 
 
+def run_plateau(data: Any, val_batches: Any, batch_size: int, eval_batches: int | None) -> float:
+    """U of a run: `unigram_loss` of the training split of `data` (a PreparedData) on the targets its
+    validation scores (`val_batches.validation(batch_size, eval_batches)`, a data.Batches)."""
+    labels = (b["labels"].numpy() for b in val_batches.validation(batch_size, eval_batches))
+    return unigram_loss(data.train, labels, data.tokenizer.vocab_size)
+
+
 def plateau_exit(curve: Iterable[tuple[int, float]], plateau: float, margin: float = PLATEAU_MARGIN
                  ) -> int | None:
     """The first step of `curve` ((step, validation loss) pairs in step order) whose loss is below

@@ -497,13 +497,11 @@ class Trainer:
     def _unigram_loss(self) -> float | None:
         """The plateau: the loss on the scored validation targets of a model that knows only the
         training split's token frequencies (`analysis.plateau.unigram_loss`); None for masked LM."""
-        from blocklab.analysis.plateau import unigram_loss
+        from blocklab.analysis.plateau import run_plateau
 
         if not self.model_cfg.causal:
             return None
-        batches = self.val_batches.validation(self.cfg.batch_size, self.cfg.eval_batches)
-        return unigram_loss(self.data.train, (b["labels"].numpy() for b in batches),
-                            self.data.tokenizer.vocab_size)
+        return run_plateau(self.data, self.val_batches, self.cfg.batch_size, self.cfg.eval_batches)
 
     def _logged_val(self, step: int) -> dict[str, Any] | None:
         """The validation row already logged at `step` (a finished run resumed), if any."""
