@@ -13,13 +13,12 @@ from scipy import stats
 from blocklab.accounting import flops_per_token
 from blocklab.claims import CLAIMS, PAPERS, select
 from blocklab.cli import main
-from blocklab.compare import NOT_RESULTS
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.evidence import RELATIONS
 from blocklab.model import Transformer
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
 from blocklab.reproduction_report import write_reproduction
-from blocklab.training.config import changed_fields
+from blocklab.training.config import NOT_RESULTS, changed_fields
 from blocklab.training.metrics import read_metrics
 
 

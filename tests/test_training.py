@@ -138,7 +138,8 @@ def test_resume_message_and_readme_list_exactly_resumable(tmp_path):
 def test_resume_and_compare_share_one_saved_config_check(tmp_path):
     """training.config.check_saved_config checks a saved run for both, with their own ignored fields:
     a change in a field neither ignores is named alike; a resume may extend the budget, a reuse not."""
-    from blocklab.compare import Entry, train_all
+    from blocklab.compare import Entry
+    from blocklab.launch import train_runs
     from blocklab.training.config import NOT_RESULTS, RESUMABLE, check_resumable
 
     run = tmp_path / "run"
@@ -151,7 +152,7 @@ def test_resume_and_compare_share_one_saved_config_check(tmp_path):
         check_resumable(cfg, run)
 
     def reuse(cfg):
-        train_all([(Entry.parse("pre-ln"), cfg)], log=lambda *_: None)
+        train_runs([(Entry.parse("pre-ln"), cfg)], log=lambda *_: None)
 
     for check in (resume, reuse):
         with pytest.raises(ConfigError, match=r"with a different config \(seq_len: 128 -> 64\)"):

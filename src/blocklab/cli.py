@@ -14,6 +14,7 @@ from blocklab import __version__
 from blocklab.errors import ConfigError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
+from blocklab.launch import cli as launch_cli
 
 # torch and the model load inside the commands, so that --help and --version answer at once.
 
@@ -113,11 +114,13 @@ def _interrupted(out_dir: str) -> str:
 
 THREADS_HELP = ("CPU threads for torch (torch.set_num_threads); default: torch's own, one per core or "
                 "OMP_NUM_THREADS; on a shared machine set it")
+RUN_THREADS = "; per run: with --jobs above 1, the cores split between the runs unless this says otherwise"
 DEFAULT_ARCHS = "pre-ln,sas,sas-p,resformer,svformer,bov"
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
     from blocklab.compare import BUDGETS, GRIDS, compare, resolve_compare
+    from blocklab.launch import RunsFailed
     from blocklab.report import summary_table
 
     if args.list_grids:
@@ -138,9 +141,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
         except ValueError:
             raise ConfigError(f"--lr-sweep {args.lr_sweep!r} is not allowed: give comma-separated learning "
                               "rates, e.g. 1e-3,3e-3,1e-2.") from None
-    report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
-                     sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
-                     timing_rounds=args.timing_rounds)
+    launcher = launch_cli.launcher_from_args(args, args.out)
+    try:
+        report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
+                         sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
+                         timing_rounds=args.timing_rounds, launcher=launcher)
+    except RunsFailed as err:  # the report of the runs that finished, then the failures (exit status 1)
+        if err.report is not None:
+            _print_report(err.report, summary_table)
+        raise
+    _print_report(report, summary_table)
+
+
+def _print_report(report, summary_table) -> None:
     print(f"report: {report} (and {report.with_suffix('.html')})")
     print(summary_table(report.parent))
 
@@ -160,7 +173,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         print("\nscales: " + "; ".join(f"{k}: {v.description}" for k, v in SCALES.items()))
         return
     scale = args.scale or ("quick" if args.quick else "cpu")
-    rep = reproduce(claims, scale, args.out, train=not args.no_train)
+    launcher = launch_cli.launcher_from_args(args, args.out)
+    rep = reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher)
     path = write_reproduction(rep, args.report or args.out)
     print(f"report: {path} (and {path.with_suffix('.html')})")
     for r in rep.results:
@@ -285,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true",
                    help="no progress bars or data-preparation messages (each run's result line and the table "
                    "still print)")
-    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP)
+    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
+    launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
                        description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
@@ -302,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-train", action="store_true",
                    help="only read runs that exist (a missing one is an error)")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
+    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
+    launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
     p = sub.add_parser("diagnose", help="the papers' diagnostics of a trained run (entropy, norms, spectra)",
                        description="Attention-concentration entropy, value and hidden-state norms, token "
@@ -346,11 +363,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # the command line, for the report's method section
+    from blocklab.launch.plan import RunsFailed, RunsPending
+
     try:
         args.func(args)
     except (ConfigError, FileNotFoundError, FileExistsError) as err:  # bad input: named, no traceback
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 2
+    except RunsPending as err:  # --no-wait: submitted, nothing wrong
+        print(f"blocklab: {err}")
+        return 0
+    except RunsFailed as err:
+        print(f"blocklab: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:
         print(f"blocklab: interrupted; {err or 'rerun the same command: finished runs are reused'}",
               file=sys.stderr)

@@ -21,12 +21,13 @@ import torch
 
 from blocklab.config import ModelConfig
 from blocklab.errors import ConfigError
+from blocklab.launch import Launch, RunsFailed, RunsPending, train_runs
+from blocklab.launch.store import read_summary
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
-from blocklab.training.checkpoint import latest_checkpoint
-from blocklab.training.config import BUDGET_FIELDS, BUDGETS, NOT_RESULTS, apply_overrides, check_saved_config
+from blocklab.training.config import BUDGET_FIELDS, BUDGETS, apply_overrides
 
 # The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
 # recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its
@@ -247,75 +248,30 @@ def _slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-+." else "_" for c in label)
 
 
-def train_all(configs: list[tuple[Entry, TrainConfig]], log=print) -> None:
-    """Train every config in order: a finished run is reused and an unfinished one resumed, each after
-    checking that its saved config matches (a run store shared by compare and reproduce).
-
-    Every run logs a line when it starts and one with its result when it ends (`format_summary`, with
-    the wall time; "reused" for a finished one), progress on or off. With progress on, one line covers
-    all the runs still to train (`RunsProgress`: done, ETA, the current run's step and loss) in place
-    of the runs' own bars."""
-    from blocklab.training.loop import RunsProgress, format_summary
-
-    n = len(configs)
-    todo = sum(not (Path(cfg.out_dir) / "summary.json").is_file() for _, cfg in configs)
-    with RunsProgress(todo, enabled=any(cfg.progress for _, cfg in configs)) as overall:
-        for i, (_, cfg) in enumerate(configs, 1):
-            run = Path(cfg.out_dir)
-            finished = (run / "summary.json").is_file()
-            resume = not finished and latest_checkpoint(run) is not None
-            if finished or resume:  # the saved config must match in every field that changes results
-                what = f"{run} holds {'a finished' if finished else 'an unfinished'} run"
-                check_saved_config(run, cfg, NOT_RESULTS, what,
-                                   "use another --out, or --fresh to retrain it.")
-            elif run.exists():  # stopped before its first checkpoint: nothing to resume, so start afresh
-                shutil.rmtree(run)
-            name = f"[{i}/{n}] {run.name}"
-            if finished:
-                try:
-                    result = format_summary(json.loads((run / "summary.json").read_text()))
-                except (OSError, ValueError, TypeError, KeyError):  # the line only: the report reads it
-                    result = ""
-                overall.write(f"{name}: finished earlier, reused" + (f"; {result}" if result else ""), log)
-                continue
-            overall.write(f"{name}: {'resuming' if resume else 'training'}", log)
-            overall.begin(f"{i - 1}/{n} runs done, {run.name}")
-            summary, seconds = _train_one(cfg, resume, overall)
-            overall.end()
-            overall.write(f"{name}: {format_summary(summary, seconds)}", log)
-
-
-def _train_one(cfg: TrainConfig, resume: bool, overall) -> tuple[dict[str, Any], float]:
-    """Train or resume one run of `train_all`, advancing the `overall` progress line: its summary and
-    its wall time in seconds (data, validation and checkpoints included)."""
-    import time
-
-    from blocklab.training.config import resolve_config
-    from blocklab.training.loop import Trainer
-
-    start = time.perf_counter()
-    result = Trainer(resolve_config(cfg, None, resume), resume=resume, overall=overall).run()
-    return result.summary, time.perf_counter() - start
-
-
 def sweep_learning_rates(entries: list[Entry], rates: list[float], out: Path, base: dict[str, Any],
-                         steps: int, log=print) -> dict[str, dict[float, float]]:
+                         steps: int, log=print, launcher=None
+                         ) -> tuple[dict[str, dict[float, float]], Launch]:
     """Train seed 0 of every entry at every rate for `steps` steps (in `out/runs/<label>-lr<rate>-seed0`,
-    reused like any run) and return each entry's final validation loss per rate."""
+    reused like any run, with `launcher`): each entry's final validation loss per rate (a failed run's
+    rate left out), and the launch."""
     short = {k: v for k, v in base.items() if k not in BUDGET_FIELDS} | {"max_steps": steps}
     tried = [(e, rate, Entry(f"{e.label}-lr{rate:g}", e.arch, e.model,
                              merge(e.train, {"optim": {"lr": rate}})))
              for e in entries for rate in rates]
-    configs = run_configs([t for _, _, t in tried], 1, out, short)
-    train_all(configs, log)
+    launch = train_runs(run_configs([t for _, _, t in tried], 1, out, short), launcher, log)
     losses: dict[str, dict[float, float]] = {e.label: {} for e in entries}
-    for (entry, rate, _), (_, cfg) in zip(tried, configs, strict=True):
-        losses[entry.label][rate] = json.loads((Path(cfg.out_dir) / "summary.json").read_text())["val_loss"]
-    return losses
+    for (entry, rate, _), outcome in zip(tried, launch.outcomes, strict=True):
+        if outcome.status != "failed":
+            losses[entry.label][rate] = read_summary(outcome.cfg)["val_loss"]
+    return losses, launch
 
 
 def with_best_rates(entries: list[Entry], sweep: dict[str, dict[float, float]]) -> list[Entry]:
     """Each entry with the learning rate of its lowest held-out loss in `sweep`."""
+    empty = [label for label, losses in sweep.items() if not losses]
+    if empty:
+        raise ConfigError(f"every learning-rate sweep run of {', '.join(empty)} failed, so no rate can be "
+                          "chosen: see the runs' logs beside them in lr-sweep/runs/.")
     return [replace(e, train=merge(e.train, {"optim": {"lr": min(sweep[e.label], key=sweep[e.label].get)}}))
             for e in entries]
 
@@ -478,7 +434,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             base: dict[str, Any] | None = None, fresh: bool = False, log=print,
             lr_sweep: list[float] | None = None, sweep_steps: int | None = None,
             command: str | None = None, timing_rounds: int = TIMING_ROUNDS,
-            timing_steps: int = TIMING_STEPS) -> Path:
+            timing_steps: int = TIMING_STEPS, launcher=None) -> Path:
     """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`.
 
     With `lr_sweep`, each entry first trains seed 0 at every rate for `sweep_steps` steps (default a
@@ -486,7 +442,10 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     After training, each architecture's step is timed again in `timing_rounds` interleaved rounds of
     `timing_steps` steps (`measure_architectures`; 0 rounds: the report shows the in-training times
     alone) and its memory is measured. `command` is the command line the report records (None:
-    "python API").
+    "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here).
+
+    Raises RunsPending when a launcher that does not wait left runs queued (the same call later collects
+    them), and RunsFailed, after writing the report of the runs that finished, when some failed.
     """
     import time
 
@@ -510,26 +469,60 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         shutil.rmtree(out / "runs", ignore_errors=True)
     base = base or {}
     sweep = sweep_info = None
+    failed = []
     if lr_sweep:
         if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
             raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
         steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
         log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
-        sweep = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps, log)
+        sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,
+                                            log, launcher)
+        _check_pending(swept, "the learning-rate sweep")
+        failed += swept.failed
         (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
         sweep_info = {"rates": sorted(set(lr_sweep)), "steps": steps}
         entries = with_best_rates(entries, sweep)
     configs = run_configs(entries, seeds, out, base)
     reused = sum((Path(cfg.out_dir) / "summary.json").is_file() for _, cfg in configs)
-    train_all(configs, log)
+    launch = train_runs(configs, launcher, log)
+    _check_pending(launch, "the comparison")
+    failed += launch.failed
+    finished = [pair for pair, o in zip(launch.configs, launch.outcomes, strict=True) if o.status != "failed"]
+    if not finished:
+        raise RunsFailed(failed)
     trained_at = time.perf_counter()
     if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
         from blocklab.training.loop import say
 
         say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
             f"interleaved rounds x {timing_steps} steps) for the report")
-    measured = measure_architectures(configs, timing_rounds, timing_steps)
+    measured = measure_architectures(finished, timing_rounds, timing_steps)
     measured["seconds"] = time.perf_counter() - trained_at
     run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
-                "runs_reused": reused, "lr_sweep": sweep_info}
-    return write_report(configs, out, sweep=sweep, measured=measured, run_info=run_info)
+                "runs_reused": reused, "lr_sweep": sweep_info, "launch": _launch_info(launch, launcher),
+                "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
+    report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
+    if failed:
+        raise RunsFailed(failed, report)
+    return report
+
+
+def _check_pending(launch: Launch, what: str) -> None:
+    if launch.pending:
+        raise RunsPending(f"{what}: {len(launch.pending)} run(s) submitted and not finished yet; run the "
+                          "same command again to wait for them (finished runs are reused) and write the "
+                          "report.")
+
+
+def _entry_of(cfg: TrainConfig, configs: list[tuple[Entry, TrainConfig]]) -> Entry | None:
+    return next((e for e, c in configs if c.out_dir == cfg.out_dir), None)
+
+
+def _failed_info(outcome, entry: Entry | None) -> dict[str, Any]:
+    return {"run": outcome.cfg.out_dir, "label": entry.label if entry else Path(outcome.cfg.out_dir).name,
+            "seed": outcome.cfg.seed, "error": outcome.error, "log": str(outcome.log)}
+
+
+def _launch_info(launch: Launch, launcher) -> dict[str, Any]:
+    """How the runs were launched, for the report's method section."""
+    return {"launcher": getattr(launcher, "name", "local"), "jobs": launch.jobs, "threads": launch.threads}

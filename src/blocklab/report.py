@@ -338,9 +338,19 @@ def method_facts(entries, runs_by_label, run_info: dict[str, Any] | None = None,
                         else run_info.get("wall_time_s")),
         "training_time_s": sum(run["summary"].get("train_time") or 0.0 for run in all_runs),
         "runs": len(all_runs), "runs_reused": run_info.get("runs_reused"),
+        "launch": run_info.get("launch"), "failed": run_info.get("failed") or [],
         "timing": None if measured is None else {k: measured.get(k) for k in ("rounds", "steps", "order",
                                                                              "seconds")},
     }
+
+
+def how_runs_trained(method: dict[str, Any]) -> str:
+    """"one after another", or how many trained at once (compare's launch)."""
+    launch = method.get("launch") or {}
+    jobs = launch.get("jobs") or 1
+    if launch.get("launcher", "local") != "local":
+        return f"as {launch['launcher']} jobs, several at once"
+    return "one after another" if jobs == 1 else f"{jobs} at a time, side by side"
 
 
 def _duration(seconds: float | None) -> str:
@@ -406,6 +416,10 @@ def method_items(m: dict[str, Any]) -> list[str]:
                        f"training took {_duration(timing.get('seconds'))}")
     else:
         timing_text = "; no interleaved timing pass"
+    launch = m.get("launch")
+    if launch and (launch["jobs"] > 1 or launch["launcher"] != "local"):
+        threads = f"the runs trained {how_runs_trained(m)}" + (
+            f", {plural(launch['threads'], 'thread')} each" if launch.get("threads") else "")
     reused = (f", {m['runs_reused']} of the {m['runs']} runs reused from an earlier invocation (their "
               "training time is not in it)" if m.get("runs_reused") else "")
     return [
@@ -809,7 +823,7 @@ def baseline_warnings(rows: list[dict]) -> list[str]:
     return out
 
 
-def load_warnings(rows: list[dict], budget_kind: str) -> list[str]:
+def load_warnings(rows: list[dict], budget_kind: str, trained: str = "one after another") -> list[str]:
     """What the step times say about the machine's load: the architectures' speed ratios in training
     (one run after another) against those of the interleaved pass, and the spread of step times within
     each run and in the pass itself."""
@@ -825,7 +839,7 @@ def load_warnings(rows: list[dict], budget_kind: str) -> list[str]:
             out.append(
                 f"Speed relative to `{first}` disagrees by more than {LOAD_DISAGREEMENT:.0%} between "
                 f"training and the interleaved timing pass ({which}): the machine's load changed while the "
-                "runs trained one after another. The in-training tokens/s and the wall-clock plot are not "
+                f"runs trained {trained}. The in-training tokens/s and the wall-clock plot are not "
                 "comparable between architectures; the interleaved figures of the throughput table are."
                 + (" With a wall-clock budget the number of steps each run got depended on that load too, so "
                    "the losses are not on an equal footing either." if budget_kind == "time" else ""))
@@ -953,7 +967,8 @@ def render_html(title: str, blocks: list[tuple]) -> str:
 
 
 # -- the report -------------------------------------------------------------------------------------------
-def _figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path) -> list[tuple[Path, str, str]]:
+def _figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path, trained: str = "one after another"
+             ) -> list[tuple[Path, str, str]]:
     """Every figure with its alt text and a caption saying what it shows and what to look for."""
     n_seeds = rows[0]["seeds"]
     bands = (f"lines are the mean over {n_seeds} seeds, bands ±1 s.d. over seeds" if n_seeds > 1
@@ -971,7 +986,7 @@ def _figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path) -> lis
          "step plot rescaled; at equal FLOPs a cheaper block reaches further right."),
         (val[2], "validation loss against training wall-clock",
          f"Validation loss against seconds of training (evaluation excluded); lower and further left is "
-         f"better; {bands}. The runs trained one after another, so if the machine's load changed between "
+         f"better; {bands}. The runs trained {trained}, so if the machine's load changed between "
          "them this axis is not comparable between architectures: check the throughput section."),
     ]
     if len(entries) > 1:
@@ -1040,8 +1055,9 @@ def _throughput_text(method, rows) -> str:
     return how + (
         "In training, the runs' step times come from their logs (seconds of training between logged rows "
         "over the steps between them, evaluation excluded), one value per logged window of `log_every` "
-        "steps, measured one run after another; the coefficient of variation (CV, sd / mean) of each run's "
-        f"windows shows how steady the machine was (a few percent when idle; above {BUSY_CV} it was busy).")
+        f"steps, measured as the runs trained ({how_runs_trained(method)}); the coefficient of variation "
+        f"(CV, sd / mean) of each run's windows shows how steady the machine was (a few percent when idle; "
+        f"above {BUSY_CV} it was busy).")
 
 
 def _memory_text(rows) -> str:
@@ -1083,9 +1099,10 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
         runs_by_label[entry.label].append(_load_run(cfg))
     rows = _rows(entries, runs_by_label, measured)
     first = runs_by_label[entries[0].label]
-    figures = _figures(entries, runs_by_label, rows, _eval_facts(first, first[0]["cfg"]), out)
+    trained = how_runs_trained(run_info or {})
+    figures = _figures(entries, runs_by_label, rows, _eval_facts(first, first[0]["cfg"]), out, trained)
     method = method_facts(entries, runs_by_label, run_info, measured)  # its wall time includes the figures
-    warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"])
+    warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"], trained)
     results = {"format": "blocklab compare results, version 2", "method": method, "architectures": rows,
                "warnings": warnings}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
@@ -1099,6 +1116,11 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
              "results.json holds the same figures and facts.")
     blocks: list[tuple] = [("p", intro)]
     blocks += [("p", f"**Warning:** {w}") for w in warnings]
+    if method["failed"]:
+        n = len(method["failed"])
+        blocks += [("p", f"**Warning:** {plural(n, 'run')} failed and {'is' if n == 1 else 'are'} left out "
+                         "of every table and figure below: see [Failed runs](#failed-runs). Rerunning the "
+                         "same command trains them again and reuses the rest.")]
     blocks += [("h2", "Results"), ("p", _results_text(rows, method)), ("table", *_table(rows))]
     blocks += [("h2", "Leaving the unigram plateau"), ("p", PLATEAU_TEXT), ("table", *plateau_table(rows))]
     blocks += [("h2", "Throughput"), ("p", _throughput_text(method, rows)),
@@ -1119,6 +1141,12 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
                       for label, losses in sweep.items()]
         blocks += [("h2", "Learning-rate sweep"), ("p", SWEEP_TEXT),
                    ("table", ["architecture"] + [f"lr {r:g}" for r in rates], sweep_rows)]
+    if method["failed"]:
+        blocks += [("h2", "Failed runs"),
+                   ("p", "Each run's log holds its traceback and everything it printed."),
+                   ("table", ["run", "architecture", "seed", "error", "log"],
+                    [[Path(f["run"]).name, f["label"], str(f["seed"]), f["error"], f"`{f['log']}`"]
+                     for f in method["failed"]])]
     blocks += [("h2", "Figures"), ("p", "Written beside this file as PNG and embedded in report.html.")]
     blocks += [("figure", path, alt, caption) for path, alt, caption in figures]
     blocks += [("h2", "Method"), ("p", "Every setting that changes the results, the machine and the software "

@@ -23,7 +23,7 @@ from typing import Any
 
 from blocklab import evidence
 from blocklab.claims import Check, Claim
-from blocklab.compare import Entry, default_budget, merge, run_configs, train_all
+from blocklab.compare import Entry, default_budget, merge, run_configs
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.training import TrainConfig
 
@@ -351,6 +351,7 @@ class Reproduction:
     scale_name: str
     runs: dict[str, list[tuple[Entry, TrainConfig]]]
     seconds: float  # wall-clock time of the call, training included
+    launch: dict[str, Any] | None = None  # how the runs trained ("launcher", "jobs", "threads"); None: not
 
 
 def reproduce(
@@ -359,9 +360,14 @@ def reproduce(
     out: str | Path = "runs/reproduce",
     train: bool = True,
     log=print,
+    launcher=None,
 ) -> Reproduction:
-    """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` and give each claim
-    its verdict; `blocklab.reproduction_report.write_reproduction` writes the report."""
+    """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
+    (`blocklab.launch`; default one at a time here), all settings' runs in one launch, and give each
+    claim its verdict; `blocklab.reproduction_report.write_reproduction` writes the report.
+
+    Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
+    cannot be judged on missing seeds)."""
     import time
 
     start = time.perf_counter()
@@ -375,10 +381,21 @@ def reproduce(
         raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
     out = Path(out)
     runs = plan(claims, scale, out / name)
+    launched = None
     if train:
+        from blocklab.launch import RunsFailed, RunsPending, train_runs
+
         for setting, configs in runs.items():
             log(f"{setting}: {len(configs)} runs in {out / name / scale.group(setting)}")
-            train_all(configs, log)
+        launch = train_runs([pair for configs in runs.values() for pair in configs], launcher, log)
+        if launch.pending:
+            raise RunsPending(f"{len(launch.pending)} run(s) submitted and not finished yet; run the same "
+                              "command again to wait for them (finished runs are reused) and judge the "
+                              "claims.")
+        if launch.failed:
+            raise RunsFailed(launch.failed)
+        launched = {"launcher": getattr(launcher, "name", "local"), "jobs": launch.jobs,
+                    "threads": launch.threads}
     measured = Measurements(runs)
     results = [ClaimResult(c, [evaluate_check(k, scale, measured) for k in c.checks]) for c in claims]
-    return Reproduction(results, scale, name, runs, time.perf_counter() - start)
+    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched)

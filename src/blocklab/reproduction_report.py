@@ -190,6 +190,16 @@ def _optimizers(runs: dict[str, list]) -> str:
             "architecture, recipes/main_job_optim.json)." if recipe else "."))
 
 
+def _threads(launch: dict[str, Any] | None, info: dict[str, Any]) -> str:
+    """How the runs shared the machine: N at a time on T threads each, or torch's default threads."""
+    from blocklab.report import how_runs_trained, plural
+
+    if not launch or (launch["jobs"] == 1 and launch["launcher"] == "local"):
+        return f"{info['torch_threads']} torch threads"
+    return f"runs trained {how_runs_trained({'launch': launch})}" + (
+        f", {plural(launch['threads'], 'thread')} each" if launch.get("threads") else "")
+
+
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
@@ -215,7 +225,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         "claimed side (or inside the tolerance), contradicted when it lies on the other side, "
         f"inconclusive otherwise or with fewer than {evidence.MIN_SEEDS} seeds. Exact quantities "
         "(parameters, FLOPs per token, cache bytes) are compared directly. "
-        f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads; "
+        f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
         f"torch {info['torch']}, blocklab {info['blocklab']}"
         f"{' at ' + info['commit'] if info['commit'] else ''}; {info['date']}"
         f"{f'; reproduce took {wall_seconds / 60:.1f} min' if wall_seconds else ''}."
@@ -308,7 +318,8 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     path = out / "reproduction.md"
     path.write_text("\n".join(md) + "\n")
     (out / "reproduction.json").write_text(
-        json.dumps({"scale": scale_name, "machine": info, "claims": record}, indent=2, default=_jsonable)
+        json.dumps({"scale": scale_name, "machine": info, "launch": rep.launch, "claims": record}, indent=2,
+                   default=_jsonable)
     )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>blocklab reproduce</title><style>"

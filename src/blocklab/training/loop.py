@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -170,55 +171,6 @@ def progress_bar(total: float | None, enabled: bool = True, stream: IO[str] | No
     return auto_tqdm(total=total, disable=not enabled, file=stream, **kwargs)
 
 
-class RunsProgress:
-    """One progress line over several runs (`blocklab compare`): each run still to train is one unit,
-    which its Trainer advances by the fraction of its budget done, so the ETA (from the average rate so
-    far) counts every run's steps or seconds alike. The postfix shows the caller's label for the
-    current run ("2/6 runs done, sas-seed0") and the Trainer's status (step, loss). `write` prints a
-    line, such as a finished run's result, above a terminal bar."""
-
-    def __init__(self, runs: int, enabled: bool = True, stream: IO[str] | None = None) -> None:
-        self.bar = progress_bar(
-            runs, enabled=enabled and runs > 0, stream=stream, desc="compare", smoothing=0,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}{postfix}]",
-            line_format="{desc}: {percentage:3.0f}% [{elapsed}<{remaining}{postfix}]", dynamic_ncols=True)
-        self.label, self.start, self.offset = "", 0.0, 0.0
-
-    def begin(self, label: str) -> None:
-        """A run starts."""
-        self.label, self.start, self.offset = label, self.bar.n, 0.0
-        self.bar.set_postfix_str(label)
-
-    def skip(self, done: float) -> None:
-        """The run resumes with `done` of its budget spent before: neither done now nor still to do."""
-        self.offset = done
-        self.bar.total -= done
-
-    def advance(self, fraction: float, status: str = "") -> None:
-        """The run has spent `fraction` of its budget."""
-        self.bar.set_postfix_str(f"{self.label}: {status}" if status else self.label, refresh=False)
-        self.bar.update(self.start + fraction - self.offset - self.bar.n)
-
-    def end(self) -> None:
-        """The run finished: its result line follows, so the postfix is cleared until the next run."""
-        self.label = ""
-        self.advance(1.0)
-
-    def write(self, message: str, log=print) -> None:
-        """`log(message)` with a terminal bar cleared first and drawn again after."""
-        with std_tqdm.external_write_mode():
-            log(message)
-
-    def close(self) -> None:
-        self.bar.close()
-
-    def __enter__(self) -> RunsProgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def say(message: str) -> None:
     """A message on stderr ("blocklab: ..."), written above any progress bar."""
     std_tqdm.write(f"blocklab: {message}", file=sys.stderr)
@@ -321,10 +273,20 @@ def _plain_budget(budgets: dict[str, int | float]) -> str:
     return " and ".join(f"{k}={v:g}" for k, v in budgets.items()) or "none"
 
 
+class RunProgress(Protocol):
+    """What a Trainer reports to a progress line over several runs (`blocklab.launch.progress`)."""
+
+    def skip(self, done: float) -> None:
+        """The run resumes with `done` of its budget spent before."""
+
+    def advance(self, fraction: float, status: str = "") -> None:
+        """The run has spent `fraction` of its budget; `status` says where it is ("step 40/150, ...")."""
+
+
 class Trainer:
-    def __init__(self, cfg: TrainConfig, resume: bool = False, overall: RunsProgress | None = None):
-        """`overall`: a progress line over several runs (compare) that this run advances instead of
-        showing a bar of its own."""
+    def __init__(self, cfg: TrainConfig, resume: bool = False, overall: RunProgress | None = None):
+        """`overall`: this run's part of a progress line over several runs (`blocklab.launch`), which
+        the run advances instead of showing a bar of its own."""
         self.overall = overall
         self.threads_before = torch.get_num_threads() if cfg.threads is not None else None
         if cfg.threads is not None:  # until the run ends: then the count before it comes back
@@ -527,7 +489,10 @@ class Trainer:
             val = self._loop(logger, resumed)
             summary = self._summary(val)
             if env.is_main:
-                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+                # written last and atomically: a summary.json on disk is what marks a finished run
+                tmp = self.run_dir / f".tmp-summary-{os.getpid()}.json"
+                tmp.write_text(json.dumps(summary, indent=2))
+                os.replace(tmp, self.run_dir / "summary.json")
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
         finally:

@@ -1,0 +1,121 @@
+"""The run store's rules for one run of compare, a sweep or reproduce, whichever process trains it.
+
+A run lives in its `out_dir`: finished when `summary.json` is there (written last, atomically), else
+resumable from its newest checkpoint, else started afresh. Its log (`<out_dir>.log`, beside the run so
+that clearing a run that never checkpointed keeps it) records every attempt. While a process trains a
+run it holds the run's lock (`.<name>.lock`, beside the run), so that a command started again while
+the workers of a killed one are still winding down waits for them instead of training the same run
+twice; the lock goes with the process that held it, however that process ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from blocklab.training.checkpoint import latest_checkpoint
+from blocklab.training.config import NOT_RESULTS, TrainConfig, check_saved_config
+
+REMEDY = "use another --out, or --fresh to retrain it."
+
+
+def log_path(cfg: TrainConfig) -> Path:
+    """Where the run's log is kept: `<out_dir>.log`."""
+    run = Path(cfg.out_dir)
+    return run.with_name(run.name + ".log")
+
+
+def is_finished(cfg: TrainConfig) -> bool:
+    return (Path(cfg.out_dir) / "summary.json").is_file()
+
+
+def read_summary(cfg: TrainConfig) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(cfg.out_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def check_reusable(cfg: TrainConfig) -> str:
+    """What the store holds for `cfg` ("finished", "resume" or "new"), after checking that a saved run
+    matches `cfg` in every field that changes results (a ConfigError names the difference)."""
+    run = Path(cfg.out_dir)
+    finished = (run / "summary.json").is_file()
+    resume = not finished and latest_checkpoint(run) is not None
+    if finished or resume:
+        check_saved_config(run, cfg, NOT_RESULTS,
+                           f"{run} holds {'a finished' if finished else 'an unfinished'} run", REMEDY)
+    return "finished" if finished else "resume" if resume else "new"
+
+
+@contextlib.contextmanager
+def run_lock(cfg: TrainConfig, on_wait=None) -> Iterator[None]:
+    """Hold the run's lock: an exclusive `flock` on `.<name>.lock` beside the run, waiting (and calling
+    `on_wait` once) while another process holds it. Where `fcntl` is missing (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    run = Path(cfg.out_dir)
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.with_name(f".{run.name}.lock"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def claim(cfg: TrainConfig) -> str:
+    """Under the run's lock: what to do with it now ("finished", "resume" or "new"). A run stopped before
+    its first checkpoint has nothing to resume, so its directory is cleared for a fresh start."""
+    state = check_reusable(cfg)
+    run = Path(cfg.out_dir)
+    if state == "new" and run.exists():
+        shutil.rmtree(run)
+    return state
+
+
+@dataclass
+class Outcome:
+    """How one run of a launch ended: trained (or resumed), reused, or failed with an error and a log."""
+
+    cfg: TrainConfig
+    status: str  # "trained", "reused" or "failed"
+    seconds: float = 0.0
+    error: str | None = None
+    log: Path | None = None
+    summary: dict[str, Any] | None = None
+
+
+def train_claimed(cfg: TrainConfig, resume: bool, progress=None) -> dict[str, Any]:
+    """Train (or resume) a run already claimed; its summary."""
+    from blocklab.training.config import resolve_config
+    from blocklab.training.loop import Trainer
+
+    return Trainer(resolve_config(cfg, None, resume), resume=resume, overall=progress).run().summary
+
+
+def train_run(cfg: TrainConfig, progress=None, on_wait=None) -> Outcome:
+    """The unit every launcher runs: lock the run, reuse it if it finished meanwhile, else train or
+    resume it (`progress` is the Trainer's `overall` line). Errors propagate to the caller, who
+    records them against the run's log."""
+    with run_lock(cfg, on_wait):
+        state = claim(cfg)
+        if state == "finished":
+            return Outcome(cfg, "reused", summary=read_summary(cfg))
+        start = time.perf_counter()
+        summary = train_claimed(cfg, state == "resume", progress)
+        return Outcome(cfg, "trained", time.perf_counter() - start, summary=summary)
