@@ -290,6 +290,21 @@ def test_a_run_over_two_processes_is_launched_with_torchrun_inside_its_job(corpu
     assert [r[2] for r in ddp] == pytest.approx([r[2] for r in one], rel=1e-3)  # float rounding
 
 
+@pytest.mark.slow
+def test_a_job_cut_off_at_its_time_limit_is_requeued_and_its_run_resumes(corpus, tmp_path):
+    """A 1-minute job told to stop 40 s before its limit: submitit checkpoints the job (`RunJob` is
+    Checkpointable) and requeues it, and the run resumes from its last checkpoint to one curve."""
+    cfg = {**base(corpus, tmp_path / "cache", steps=800), "model": {}, "eval_every": 100, "log_every": 10}
+    settings = SlurmSettings(cluster="local", poll_s=0.5, time_min=1, signal_delay_s=40,
+                             folder=str(tmp_path / "slurm"))  # about 15 s of training at size tiny
+    compare(["pre-ln"], tmp_path / "cmp", base=cfg, launcher=SlurmLauncher(settings), timing_rounds=0)
+    logs = "".join(path.read_text() for path in (tmp_path / "slurm").rglob("*_log.*"))
+    assert "Requeued job" in logs
+    steps = [r["step"] for r in read_metrics(tmp_path / "cmp" / "runs" / "pre-ln-seed0" / "metrics.jsonl",
+                                             "train") if "loss" in r]
+    assert steps == list(range(10, 801, 10))  # one curve: no step lost or logged twice
+
+
 def test_slurm_settings_come_from_a_file_and_flags_and_reach_the_sbatch_script(tmp_path, monkeypatch):
     config = tmp_path / "cluster.yaml"
     config.write_text("slurm:\n  partition: cpu\n  account: lab\n  gpus_per_run: 2\n  cpus_per_run: 8\n"

@@ -49,6 +49,7 @@ class SlurmSettings:
     cpus_per_run: int = 1  # also the run's CPU threads, unless its config sets threads
     mem_gb: float | None = None
     time_min: int = 240  # the job's time limit; a run cut off there is requeued and resumes
+    signal_delay_s: int | None = None  # the job is told to stop this long before its limit (submitit: 90)
     sbatch: dict[str, Any] = field(default_factory=dict)  # other sbatch options: {"qos": "high", ...}
     setup: list[str] = field(default_factory=list)  # shell lines before each job (module load, a venv)
     procs_per_run: int | None = None  # torchrun processes per run (None: one per GPU, or one)
@@ -76,7 +77,7 @@ class SlurmSettings:
         return settings
 
     def check(self) -> None:
-        for name in ("gpus_per_run", "cpus_per_run", "time_min", "procs_per_run"):
+        for name in ("gpus_per_run", "cpus_per_run", "time_min", "procs_per_run", "signal_delay_s"):
             value, low = getattr(self, name), 0 if name == "gpus_per_run" else 1
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ConfigError(f"slurm setting {name} = {value!r} is not allowed: give an integer "
@@ -175,8 +176,11 @@ class SlurmLauncher:
             gpus_per_node=s.gpus_per_run or None, tasks_per_node=1, nodes=1, mem_gb=s.mem_gb,
             slurm_partition=s.partition, slurm_account=s.account,
             slurm_additional_parameters=dict(s.sbatch) or None, slurm_setup=list(s.setup) or None,
-            slurm_array_parallelism=self.jobs or count, local_setup=list(s.setup) or None)
+            slurm_array_parallelism=self.jobs or count, local_setup=list(s.setup) or None,
+            slurm_signal_delay_s=s.signal_delay_s)
         executor.update_parameters(**{k: v for k, v in params.items() if v is not None})
+        if s.cluster == "local" and s.signal_delay_s is not None:  # AutoExecutor has no local name for it
+            executor._executor.update_parameters(signal_delay_s=s.signal_delay_s)
         return executor
 
     def _submit(self, todo: list[Todo], folder: Path, log) -> list[Any]:
