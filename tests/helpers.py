@@ -1,6 +1,8 @@
-"""Small configs and models shared by the model-level tests."""
+"""Small configs, models and run settings shared by the tests."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
@@ -43,3 +45,19 @@ def make_model(arch: str = "pre-ln", seed: int = 0, perturbed: bool = True, **ov
 
 def tokens(batch: int = 2, t: int = T, vocab: int = 50, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, t), generator=torch.Generator().manual_seed(seed))
+
+
+def write_code_corpus(root: Path) -> Path:
+    """Twelve small Python files: a corpus a byte-level run of a few steps trains on."""
+    for i in range(12):
+        (root / f"m{i}.py").write_text("".join(f"x{j % 7} = y{(i + j) % 5} + {j}\n" for j in range(120)))
+    return root
+
+
+def compare_base(corpus: Path, cache: Path, steps: int = 4) -> dict:
+    """TrainConfig fields of a compare that takes seconds: size tiny cut to d 32 x 3 layers, batches of
+    4 x 32 bytes, validation and a checkpoint every 2 steps on 2 held-out batches."""
+    return {"size": "tiny", "batch_size": 4, "seq_len": 32, "max_steps": steps, "eval_every": 2,
+            "eval_batches": 2, "log_every": 1, "ckpt_every": 2, "progress": False,
+            "model": {"d_model": 32, "n_layers": 3, "n_heads": 2},
+            "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}}

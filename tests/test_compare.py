@@ -26,6 +26,7 @@ from blocklab.model.cache import cache_bytes_per_token
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
+from helpers import compare_base, write_code_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -37,17 +38,10 @@ def compare(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for i in range(12):
-        (root / f"m{i}.py").write_text("".join(f"x{j % 7} = y{(i + j) % 5} + {j}\n" for j in range(120)))
-    return root
+    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
-def base(corpus, cache, steps=4):
-    return {"size": "tiny", "batch_size": 4, "seq_len": 32, "max_steps": steps, "eval_every": 2,
-            "eval_batches": 2, "log_every": 1, "ckpt_every": 2, "progress": False,
-            "model": {"d_model": 32, "n_layers": 3, "n_heads": 2},
-            "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}}
+base = compare_base
 
 
 def section_table(report: str, section: str = "Results") -> str:

@@ -22,6 +22,7 @@ from blocklab.launch import LocalLauncher, RunsFailed, RunsPending, parse_jobs, 
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import run_lock
 from blocklab.training.metrics import read_metrics
+from helpers import compare_base, write_code_corpus
 
 ARCHS = ["pre-ln", "sas", "resformer"]
 
@@ -33,17 +34,11 @@ def compare(*args, **kwargs):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for i in range(12):
-        (root / f"m{i}.py").write_text("".join(f"x{j % 7} = y{(i + j) % 5} + {j}\n" for j in range(120)))
-    return root
+    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def base(corpus, cache, steps=6):
-    return {"size": "tiny", "batch_size": 4, "seq_len": 32, "max_steps": steps, "eval_every": 2,
-            "eval_batches": 2, "log_every": 1, "progress": False,
-            "model": {"d_model": 32, "n_layers": 2, "n_heads": 2},
-            "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}}
+    return compare_base(corpus, cache, steps)
 
 
 def curve(run: Path) -> list[tuple]:

@@ -31,10 +31,6 @@ def log_path(cfg: TrainConfig) -> Path:
     return run.with_name(run.name + ".log")
 
 
-def is_finished(cfg: TrainConfig) -> bool:
-    return (Path(cfg.out_dir) / "summary.json").is_file()
-
-
 def read_summary(cfg: TrainConfig) -> dict[str, Any] | None:
     try:
         return json.loads((Path(cfg.out_dir) / "summary.json").read_text())
