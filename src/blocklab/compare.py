@@ -499,7 +499,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     measured = measure_architectures(finished, timing_rounds, timing_steps)
     measured["seconds"] = time.perf_counter() - trained_at
     run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
-                "runs_reused": reused, "lr_sweep": sweep_info, "launch": _launch_info(launch, launcher),
+                "runs_reused": reused, "lr_sweep": sweep_info, "launch": launch.describe(),
                 "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
     report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
     if failed:
@@ -522,7 +522,3 @@ def _failed_info(outcome, entry: Entry | None) -> dict[str, Any]:
     return {"run": outcome.cfg.out_dir, "label": entry.label if entry else Path(outcome.cfg.out_dir).name,
             "seed": outcome.cfg.seed, "error": outcome.error, "log": str(outcome.log)}
 
-
-def _launch_info(launch: Launch, launcher) -> dict[str, Any]:
-    """How the runs were launched, for the report's method section."""
-    return {"launcher": getattr(launcher, "name", "local"), "jobs": launch.jobs, "threads": launch.threads}

@@ -394,8 +394,7 @@ def reproduce(
                               "claims.")
         if launch.failed:
             raise RunsFailed(launch.failed)
-        launched = {"launcher": getattr(launcher, "name", "local"), "jobs": launch.jobs,
-                    "threads": launch.threads}
+        launched = launch.describe()
     measured = Measurements(runs)
     results = [ClaimResult(c, [evaluate_check(k, scale, measured) for k in c.checks]) for c in claims]
     return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched)

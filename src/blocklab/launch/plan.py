@@ -42,10 +42,15 @@ class Launch:
     pending: list[str] = field(default_factory=list)  # out_dirs of runs still queued or running
     jobs: int = 1  # runs at once
     threads: int | None = None  # CPU threads per run (None: torch's default)
+    launcher: str = "local"  # "local", "slurm" or "submitit-local"
 
     @property
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "failed"]
+
+    def describe(self) -> dict[str, Any]:
+        """How the runs were launched, for a report's method: launcher, runs at once, threads per run."""
+        return {"launcher": self.launcher, "jobs": self.jobs, "threads": self.threads}
 
 
 def available_cores() -> int:

@@ -150,7 +150,8 @@ class SlurmLauncher:
         configs = [(e, c if c.threads else c.replace(threads=s.cpus_per_run)) for e, c in configs]
         outcomes, todo = reuse_finished(configs, log)
         folder = Path(s.folder) if s.folder else _default_folder(configs)
-        launch = Launch(configs, [], jobs=self.jobs or len(todo), threads=configs[0][1].threads)
+        launch = Launch(configs, [], jobs=self.jobs or len(todo), threads=configs[0][1].threads,
+                        launcher=self.name)
         if todo:
             jobs = self._submit(todo, folder, log)
             if not self.wait:
