@@ -9,7 +9,7 @@ validation tokens) and the final bits per byte, which decide across vocabularies
 
 Runs go in `--out` (default runs/baseline-grid), one folder per trial and seed; a finished run is
 read back, not trained again, so the grid resumes across sessions. Trials run `--jobs` at a time,
-each on one thread in its own process.
+each on one thread in its own worker process (`blocklab.launch`).
 
     PYTHONPATH=src python benchmarks/baseline_grid.py                      # the recipe grid, seed 0
     PYTHONPATH=src python benchmarks/baseline_grid.py --grid archs             # every block preset
@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -123,22 +121,15 @@ def value_path_trials() -> dict[str, dict[str, Any]]:
             for vp in VALUE_PATHS if vp != "standard"}
 
 
-def train_one(fields: dict[str, Any], out_dir: str) -> None:
-    """Train one run unless it finished earlier."""
-    import torch
-
-    torch.set_num_threads(1)
+def trial_config(fields: dict[str, Any], out_dir: str):
+    """One trial's TrainConfig: the main job's settings and its recipe, then the trial's fields."""
     from blocklab.compare import merge
     from blocklab.recipes import recipe_optim
-    from blocklab.training import TrainConfig, train
+    from blocklab.training import TrainConfig
 
-    run = Path(out_dir)
-    if not (run / "summary.json").is_file():
-        fields = merge({**MAIN_JOB, "optim": recipe_optim(fields.get("arch", "pre-ln"),
-                                                          fields.get("size", MAIN_JOB["size"]))}, fields)
-        cfg = TrainConfig.from_dict({**fields, "out_dir": out_dir, "progress": False, "threads": 1,
-                                     "overwrite": True, "ckpt_every": 0})
-        train(cfg)
+    fields = merge({**MAIN_JOB, "optim": recipe_optim(fields.get("arch", "pre-ln"),
+                                                      fields.get("size", MAIN_JOB["size"]))}, fields)
+    return TrainConfig.from_dict({**fields, "out_dir": out_dir, "progress": False, "ckpt_every": 0})
 
 
 def read_run(run: Path) -> dict[str, Any]:
@@ -172,21 +163,23 @@ def _slug(name: str) -> str:
 
 
 def run_grid(trials: dict[str, dict[str, Any]], seeds: int, out: Path, jobs: int) -> dict[str, list[dict]]:
+    """Train every trial and seed `jobs` at a time, one thread each (`blocklab.launch`: finished runs are
+    read back, unfinished ones start again), then read each run's curve."""
+    from blocklab.launch import LocalLauncher, train_runs
+
+    runs = [(name, seed, out / f"{_slug(name)}-seed{seed}") for name in trials for seed in range(seeds)]
+    configs = [(name, trial_config({**trials[name], "seed": seed}, str(run))) for name, seed, run in runs]
+    launch = train_runs(configs, LocalLauncher(jobs=jobs, threads=1))
+    if launch.failed:
+        raise SystemExit(f"{len(launch.failed)} trial run(s) failed: " +
+                         "; ".join(f"{o.cfg.out_dir} ({o.error}, log {o.log})" for o in launch.failed))
     results: dict[str, list[dict]] = {name: [] for name in trials}
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        futures = {}
-        for name, fields in trials.items():
-            for seed in range(seeds):
-                futures[pool.submit(train_one, {**fields, "seed": seed},
-                                    str(out / f"{_slug(name)}-seed{seed}"))] = (name, seed)
-        for future, (name, seed) in futures.items():
-            future.result()
-            result = read_run(out / f"{_slug(name)}-seed{seed}")
-            result["seed"] = seed
-            results[name].append(result)
-            print(f"{name} seed {seed}: val loss {result['val_loss']:.3f}, left the plateau at "
-                  f"{result['plateau_exit']}", flush=True)
+    for name, seed, run in runs:
+        result = read_run(run)
+        result["seed"] = seed
+        results[name].append(result)
+        print(f"{name} seed {seed}: val loss {result['val_loss']:.3f}, left the plateau at "
+              f"{result['plateau_exit']}", flush=True)
     return results
 
 
