@@ -108,6 +108,28 @@ def test_the_command_exits_non_zero_and_names_the_failed_runs_logs(corpus, tmp_p
         assert f"(log: {out / 'runs' / f'{arch}-seed0.log'})" in err
 
 
+def test_each_worker_gets_one_visible_gpu_round_robin(corpus, tmp_path, monkeypatch):
+    """On CUDA a worker sees one GPU, by its slot: with CUDA_VISIBLE_DEVICES=3,5 and 2 jobs, the first two
+    runs get 3 and 5 and the third the one its slot frees. (This machine has no GPU: torch is told it
+    has two, and the runs train on the CPU, which their logs do not change.)"""
+    import torch
+
+    from blocklab.launch import local
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    configs = compare_module.run_configs([Entry.parse("pre-ln")], 1, tmp_path, base(corpus, tmp_path / "c"))
+    assert local._visible_gpus(configs) == ["3", "5"]
+    assert local._visible_gpus([(e, c.replace(device="cpu")) for e, c in configs]) == []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the workers, and the runs, on CPU
+    monkeypatch.setattr(local, "_visible_gpus", lambda configs: ["3", "5"])
+    out = tmp_path / "cmp"
+    compare(ARCHS, out, base=base(corpus, tmp_path / "c", steps=2), launcher=LocalLauncher(jobs=2, threads=1))
+    seen = [(out / "runs" / f"{a}-seed0.log").read_text().split("CUDA_VISIBLE_DEVICES=")[1][0] for a in ARCHS]
+    assert seen[:2] == ["3", "5"] and seen[2] in ("3", "5")
+
+
 def _workers_of(out: Path) -> list[int]:
     """Processes (other than this one) whose command line names `out`: the workers of a compare there."""
     pids = []
