@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,6 +68,20 @@ def test_two_jobs_train_the_losses_of_one_job_bit_for_bit(corpus, tmp_path):
             log=messages.append)  # again: every run reused, none trained
     assert len(messages) == 3 and all("finished earlier, reused" in m for m in messages)
     assert (tmp_path / "jobs2" / "runs" / "sas-seed0" / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_one_progress_line_follows_the_workers(corpus, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    compare(ARCHS[:2], out, base={**base(corpus, tmp_path / "c"), "progress": True},
+            launcher=LocalLauncher(jobs=2, threads=1), log=print)
+    captured = capsys.readouterr()
+    progress = [line for line in captured.err.splitlines() if line.startswith("compare:")]
+    assert progress[-1].startswith("compare: 100% [")  # stderr is not a terminal here: plain lines
+    assert any(re.search(r"runs done, .*-seed0: step 6/6, loss \d", line) for line in progress)
+    lines = captured.out.splitlines()
+    for line in ("[1/2] pre-ln-seed0: training in a worker", "[2/2] sas-seed0: training in a worker"):
+        assert line in lines
+    assert sum(" val loss " in line and line.endswith(" s wall time") for line in lines) == 2
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
