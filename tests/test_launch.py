@@ -175,6 +175,7 @@ def _checkpoints(out: Path) -> int:
     return sum(int(path.name.split("_")[-1]) for path in newest if path is not None)
 
 
+@pytest.mark.slow  # about 35 s: CI runs it with the slow tests
 @pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(), reason="finds the workers through /proc")
 def test_ctrl_c_and_kill_9_leave_no_worker_and_the_rerun_completes_the_report(corpus, tmp_path):
     """Ctrl-C (SIGINT to the compare) and kill -9 midway: no worker outlives the compare, and running
@@ -313,11 +314,12 @@ def test_a_run_over_two_processes_is_launched_with_torchrun_inside_its_job(corpu
     cfg = base(corpus, tmp_path / "cache", steps=4)  # parallel=auto: DDP under torchrun
     settings = SlurmSettings(cluster="local", poll_s=0.2, time_min=10, procs_per_run=2,
                              folder=str(tmp_path / "slurm"))
-    compare(["pre-ln"], tmp_path / "ddp", base=cfg, launcher=SlurmLauncher(settings), timing_rounds=0)
-    summary = json.loads((tmp_path / "ddp" / "runs" / "pre-ln-seed0" / "summary.json").read_text())
+    # sas-p: its learned gains are gathered and logged by every rank
+    compare(["sas-p"], tmp_path / "ddp", base=cfg, launcher=SlurmLauncher(settings), timing_rounds=0)
+    summary = json.loads((tmp_path / "ddp" / "runs" / "sas-p-seed0" / "summary.json").read_text())
     assert summary["world_size"] == 2
-    compare(["pre-ln"], tmp_path / "one", base=cfg, timing_rounds=0)  # one process, in this one
-    ddp, one = (curve(tmp_path / name / "runs" / "pre-ln-seed0") for name in ("ddp", "one"))
+    compare(["sas-p"], tmp_path / "one", base=cfg, timing_rounds=0)  # one process, in this one
+    ddp, one = (curve(tmp_path / name / "runs" / "sas-p-seed0") for name in ("ddp", "one"))
     assert [r[:2] for r in ddp] == [r[:2] for r in one]  # the same global batches, split over 2 ranks
     assert [r[2] for r in ddp] == pytest.approx([r[2] for r in one], rel=1e-3)  # float rounding
 

@@ -13,9 +13,9 @@ from blocklab.errors import ConfigError
 if TYPE_CHECKING:  # the store imports torch's checkpoint code: only where a run is read or trained
     from blocklab.launch.store import Outcome
 
-# What one worker process of size tiny takes at its peak (resident memory, torch and the data
-# included; measured in benchmarks/RESULTS.md): `--jobs auto` starts no more workers than the memory
-# free for them holds.
+# The memory `--jobs auto` sets aside per worker: it starts no more workers than the free memory holds
+# at this much each. A worker's measured peak (resident memory, torch and the data included;
+# benchmarks/RESULTS.md) is 552 MiB at size tiny and 782 MiB at small.
 RUN_MEMORY_BYTES = 1 << 30
 
 
