@@ -21,7 +21,7 @@ import torch
 
 from blocklab.config import ModelConfig
 from blocklab.errors import ConfigError
-from blocklab.launch import Launch, RunsFailed, RunsPending, train_runs
+from blocklab.launch import Launch, RunsFailed, train_runs
 from blocklab.launch.store import read_summary
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
@@ -477,15 +477,14 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
         sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,
                                             log, launcher)
-        _check_pending(swept, "the learning-rate sweep")
+        swept.raise_if_pending("the learning-rate sweep", "write the report")
         failed += swept.failed
         (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
         sweep_info = {"rates": sorted(set(lr_sweep)), "steps": steps}
         entries = with_best_rates(entries, sweep)
     configs = run_configs(entries, seeds, out, base)
-    reused = sum((Path(cfg.out_dir) / "summary.json").is_file() for _, cfg in configs)
     launch = train_runs(configs, launcher, log)
-    _check_pending(launch, "the comparison")
+    launch.raise_if_pending("the comparison", "write the report")
     failed += launch.failed
     finished = [pair for pair, o in zip(launch.configs, launch.outcomes, strict=True) if o.status != "failed"]
     if not finished:
@@ -499,19 +498,13 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     measured = measure_architectures(finished, timing_rounds, timing_steps)
     measured["seconds"] = time.perf_counter() - trained_at
     run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
-                "runs_reused": reused, "lr_sweep": sweep_info, "launch": launch.describe(),
+                "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
+                "launch": launch.describe(),
                 "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
     report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
     if failed:
         raise RunsFailed(failed, report)
     return report
-
-
-def _check_pending(launch: Launch, what: str) -> None:
-    if launch.pending:
-        raise RunsPending(f"{what}: {len(launch.pending)} run(s) submitted and not finished yet; run the "
-                          "same command again to wait for them (finished runs are reused) and write the "
-                          "report.")
 
 
 def _entry_of(cfg: TrainConfig, configs: list[tuple[Entry, TrainConfig]]) -> Entry | None:

@@ -383,15 +383,12 @@ def reproduce(
     runs = plan(claims, scale, out / name)
     launched = None
     if train:
-        from blocklab.launch import RunsFailed, RunsPending, train_runs
+        from blocklab.launch import RunsFailed, train_runs
 
         for setting, configs in runs.items():
             log(f"{setting}: {len(configs)} runs in {out / name / scale.group(setting)}")
         launch = train_runs([pair for configs in runs.values() for pair in configs], launcher, log)
-        if launch.pending:
-            raise RunsPending(f"{len(launch.pending)} run(s) submitted and not finished yet; run the same "
-                              "command again to wait for them (finished runs are reused) and judge the "
-                              "claims.")
+        launch.raise_if_pending("reproduce", "judge the claims")
         if launch.failed:
             raise RunsFailed(launch.failed)
         launched = launch.describe()

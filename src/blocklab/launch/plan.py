@@ -48,6 +48,13 @@ class Launch:
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status == "failed"]
 
+    def raise_if_pending(self, what: str, then: str) -> None:
+        """RunsPending when a launcher that does not wait left runs queued: `what` they were for, and
+        what the same command does `then`, once they have finished."""
+        if self.pending:
+            raise RunsPending(f"{what}: {len(self.pending)} run(s) submitted and not finished yet; run the "
+                              f"same command again to wait for them (finished runs are reused) and {then}.")
+
     def describe(self) -> dict[str, Any]:
         """How the runs were launched, for a report's method: launcher, runs at once, threads per run."""
         return {"launcher": self.launcher, "jobs": self.jobs, "threads": self.threads}
