@@ -158,7 +158,7 @@ def plateau_of(run: Path) -> float:
     return run_plateau(data, batches, cfg.batch_size, cfg.eval_batches)
 
 
-def _slug(name: str) -> str:
+def slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "_" for c in name)
 
 
@@ -167,7 +167,7 @@ def run_grid(trials: dict[str, dict[str, Any]], seeds: int, out: Path, jobs: int
     read back, unfinished ones start again), then read each run's curve."""
     from blocklab.launch import LocalLauncher, train_runs
 
-    runs = [(name, seed, out / f"{_slug(name)}-seed{seed}") for name in trials for seed in range(seeds)]
+    runs = [(name, seed, out / f"{slug(name)}-seed{seed}") for name in trials for seed in range(seeds)]
     configs = [(name, trial_config({**trials[name], "seed": seed}, str(run))) for name, seed, run in runs]
     launch = train_runs(configs, LocalLauncher(jobs=jobs, threads=1))
     if launch.failed:

@@ -21,6 +21,7 @@ PAPERS = {
     "simplifying": "Simplifying Transformer Blocks (He & Hofmann, ICLR 2024)",
     "value-residual": "Value Residual Learning (Zhou et al., ACL 2025)",
     "bank-of-values": "Bank of Values (He, Liu et al., 2026)",
+    "combinations": "Combinations of the papers (blocklab; no paper tests them)",
 }
 
 
@@ -33,6 +34,8 @@ class Check:
     relative: compare metric(arch) / metric(baseline) - 1 instead of the difference (throughput).
     minus_setting: a difference of differences, (arch - baseline) at `setting` minus the same at
     `minus_setting` (SVFormer's gap at a long sequence minus its gap at a short one).
+    minus: a difference of differences at one setting, (arch - baseline) minus (minus[0] - minus[1]):
+    what a change gains on top of another, less what it gains alone (an interaction).
     """
 
     metric: str
@@ -44,6 +47,11 @@ class Check:
     expected: str | None = None
     minus_setting: str | None = None
     relative: bool = False
+    minus: tuple[str, str] | None = None
+
+    @property
+    def archs(self) -> tuple[str, ...]:
+        return tuple(a for a in (self.baseline, self.arch, *(self.minus or ())) if a is not None)
 
 
 @dataclass(frozen=True)
@@ -60,12 +68,7 @@ class Claim:
 
     @property
     def archs(self) -> tuple[str, ...]:
-        seen: dict[str, None] = {}
-        for c in self.checks:
-            for a in (c.baseline, c.arch):
-                if a is not None:
-                    seen.setdefault(a)
-        return tuple(seen)
+        return tuple(dict.fromkeys(a for c in self.checks for a in c.archs))
 
 
 # The tolerance of "matches": a difference of final validation loss small against what separates
@@ -220,6 +223,42 @@ CLAIMS: tuple[Claim, ...] = (
         (Check("val_loss", "x0-value", "bov", "within", MATCH_NATS, setting="flops"),),
     ),
 )
+
+
+
+def _combination(first: str, second: str, together: str, name: str) -> Claim:
+    """Do two papers' changes add up? At equal FLOPs, `together` is below each change alone, and the
+    second change's gain on top of the first is at least its gain alone, less MATCH_NATS."""
+    return Claim(
+        f"{first}-with-{name}",
+        "combinations",
+        "-",
+        f"{together} gains on both {first} and {second} alone at equal FLOPs, and the gains add up.",
+        "no paper combines them; each paper's change is measured against its own baseline",
+        "flops",
+        (
+            Check("val_loss", together, first, "lower", setting="flops"),
+            Check("val_loss", together, second, "lower", setting="flops"),
+            Check("val_loss", together, first, "at_most", MATCH_NATS, setting="flops",
+                  minus=(second, "pre-ln")),
+        ),
+        notes=f"the third check is the interaction: ({together} - {first}) - ({second} - pre-ln), what "
+        f"{second} gains on top of {first} less what it gains on Pre-LN. At most {MATCH_NATS} nats "
+        "means the gains add up (negative: more than add up).",
+        tags=("combination",),
+    )
+
+
+# The table no paper has: SAS-P's block with each value-path paper's change, and ResFormer's value
+# residual below Bank of Values' table layers (model/value_paths/bank.py, ResFormerBank, says why it
+# stops there). All at equal FLOPs, since SAS-P and BoV are cheaper per token than Pre-LN.
+COMBINATIONS: tuple[Claim, ...] = (
+    _combination("sas-p", "resformer", "sas-p+resformer", "resformer"),
+    _combination("sas-p", "svformer", "sas-p+svformer", "svformer"),
+    _combination("sas-p", "bov", "sas-p+bov", "bov"),
+    _combination("bov", "resformer", "bov-resformer", "resformer-below"),
+)
+CLAIMS = CLAIMS + COMBINATIONS
 
 CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
 

@@ -167,7 +167,7 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
         for seed in range(seeds):
             fields = merge(own, {
                 "arch": entry.arch, "seed": seed, "model": model,
-                "out_dir": str(out / "runs" / f"{_slug(entry.label)}-seed{seed}")})
+                "out_dir": str(out / "runs" / f"{slug(entry.label)}-seed{seed}")})
             configs.append((entry, TrainConfig.from_dict(fields)))
     return configs
 
@@ -244,7 +244,7 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
     return entries, base
 
 
-def _slug(label: str) -> str:
+def slug(label: str) -> str:
     return "".join(c if c.isalnum() or c in "-+." else "_" for c in label)
 
 

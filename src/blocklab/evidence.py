@@ -19,8 +19,12 @@ A verdict reads the interval against the expected relation:
     within    reproduced if [CI_low, CI_high] lies in [-tol, tol], contradicted if it misses it
     at_most   reproduced if CI_high <= tol, contradicted if CI_low > tol  ("at or below")
 
-and anything else, or fewer than MIN_SEEDS seeds, is inconclusive. Exact quantities (parameter
-counts, FLOPs per token, cache bytes) have no interval: they are compared directly.
+and anything else, or fewer than MIN_SEEDS seeds, is inconclusive - unless an equivalence bound
+delta is given (loss checks: NO_EFFECT_NATS) and the interval holds zero and lies within [-delta,
+delta]: then the verdict is "no effect", a measured absence of the claimed difference at this scale,
+where "inconclusive" means too few seeds or too wide an interval to say anything. ("within" checks
+already carry their own tolerance, so they take no bound.) Exact quantities (parameter counts,
+FLOPs per token, cache bytes) have no interval: they are compared directly.
 """
 
 from __future__ import annotations
@@ -33,7 +37,12 @@ from dataclasses import dataclass
 MIN_SEEDS = 3
 CONFIDENCE = 0.95
 RELATIONS = ("lower", "higher", "within", "at_most", "equals")
-VERDICTS = ("reproduced", "contradicted", "inconclusive")
+VERDICTS = ("reproduced", "contradicted", "no effect", "inconclusive")
+# The equivalence bound of loss checks: an interval that holds zero and lies within +-0.02 nats rules
+# out every loss effect the papers report (ResFormer: 0.02-0.04 nats of training loss at 82M-468M;
+# Bank of Values: 0.009 BPB, about 0.03 nats per token at nanochat's ~4.7 bytes per token), so the
+# claimed gain is absent at this scale rather than unmeasured.
+NO_EFFECT_NATS = 0.02
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -102,6 +111,10 @@ class Interval:
     def n(self) -> int:
         return len(self.values)
 
+    @property
+    def half_width(self) -> float | None:
+        return None if self.low is None or self.high is None else (self.high - self.low) / 2
+
     def __str__(self) -> str:
         if self.low is None:
             return f"{self.mean:+.4f} (n={self.n}, no interval)"
@@ -130,8 +143,10 @@ def paired_differences(values: dict[int, float], baseline: dict[int, float]) -> 
     return [values[s] - baseline[s] for s in seeds]
 
 
-def verdict(interval: Interval, relation: str, tolerance: float = 0.0, min_seeds: int = MIN_SEEDS) -> str:
-    """reproduced, contradicted or inconclusive for a measured difference (see the module doc)."""
+def verdict(interval: Interval, relation: str, tolerance: float = 0.0, min_seeds: int = MIN_SEEDS,
+            equivalence: float | None = None) -> str:
+    """reproduced, contradicted, no effect (with an `equivalence` bound) or inconclusive for a measured
+    difference (see the module doc)."""
     if relation not in RELATIONS or relation == "equals":
         raise ValueError(
             f"relation {relation!r} is not allowed for an interval: choose one of "
@@ -140,15 +155,19 @@ def verdict(interval: Interval, relation: str, tolerance: float = 0.0, min_seeds
     if interval.n < min_seeds or interval.low is None:
         return "inconclusive"
     lo, hi = interval.low, interval.high
-    if relation == "lower":
-        return "reproduced" if hi < 0 else "contradicted" if lo > 0 else "inconclusive"
-    if relation == "higher":
-        return "reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive"
     if relation == "within":
         if -tolerance <= lo and hi <= tolerance:
             return "reproduced"
         return "contradicted" if hi < -tolerance or lo > tolerance else "inconclusive"
-    return "reproduced" if hi <= tolerance else "contradicted" if lo > tolerance else "inconclusive"
+    if relation == "lower":
+        found = "reproduced" if hi < 0 else "contradicted" if lo > 0 else "inconclusive"
+    elif relation == "higher":
+        found = "reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive"
+    else:
+        found = "reproduced" if hi <= tolerance else "contradicted" if lo > tolerance else "inconclusive"
+    if found == "inconclusive" and equivalence is not None and -equivalence <= lo <= 0 <= hi <= equivalence:
+        return "no effect"
+    return found
 
 
 def exact_verdict(value: float, reference: float, relation: str, rel_tol: float = 1e-9) -> str:
@@ -168,9 +187,11 @@ def exact_verdict(value: float, reference: float, relation: str, rel_tol: float 
 
 
 def combine(verdicts: Sequence[str]) -> str:
-    """A claim with several checks: contradicted if any is, reproduced if all are, else inconclusive."""
+    """A claim with several checks: contradicted if any is, else inconclusive if any is, else no effect
+    if any check found none, else (all reproduced) reproduced."""
     if not verdicts:
         return "inconclusive"
-    if "contradicted" in verdicts:
-        return "contradicted"
-    return "reproduced" if all(v == "reproduced" for v in verdicts) else "inconclusive"
+    for outcome in ("contradicted", "inconclusive", "no effect"):
+        if outcome in verdicts:
+            return outcome
+    return "reproduced"

@@ -23,7 +23,7 @@ from typing import Any
 
 from blocklab import evidence
 from blocklab.claims import Check, Claim
-from blocklab.compare import Entry, default_budget, merge, run_configs
+from blocklab.compare import Entry, slug, default_budget, merge, run_configs
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.training import TrainConfig
 
@@ -42,6 +42,12 @@ class Scale:
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides of every run
     eval_every: int = 50
     train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (data, eval_batches...)
+    # Seeds are added to an undecided claim, `seeds` at a time, up to this many (None: no more)
+    max_seeds: int | None = None
+    # The learning-rate sweep: every architecture trains seed 0 at these multiples of its recipe's
+    # peak rates (AdamW's and Muon's together) for `sweep_steps` steps, and its runs train at the best
+    lr_sweep: tuple[float, ...] = ()
+    sweep_steps: int = 200
 
     def base(self, setting: str) -> dict[str, Any]:
         """The TrainConfig fields shared by every run of `setting` (the budget included)."""
@@ -75,29 +81,43 @@ class Scale:
         tag = f"seq{4 * self.seq_len}" if setting == "seq-long" else setting
         return f"{self.size}-{tag}"
 
+    def describe(self) -> str:
+        """The description with the seeds and the sweep as configured."""
+        more = f", up to {self.max_seeds} for an undecided claim" if self.max_seeds else ""
+        sweep = (f"; learning rate per architecture from a sweep of x{', x'.join(f'{f:.3g}' for f in self.lr_sweep)} "
+                 f"its recipe's rates ({self.sweep_steps} steps, seed 0)" if self.lr_sweep else "")
+        return f"{self.description}, {self.seeds} seeds{more}{sweep}"
+
 
 SETTINGS = ("steps", "flops", "seq-long")
 
+# The evidence scales: a per-architecture learning-rate sweep at x1/3, x1 and x3 of the recipe's rates
+# (the recipe's own grid, benchmarks/baseline_grid.py --grid lr), 5 seeds, and 5 more for a claim
+# still undecided after them.
+EVIDENCE = dict(seeds=5, max_seeds=10, lr_sweep=(1 / 3, 1.0, 3.0), sweep_steps=200)
+
 SCALES: dict[str, Scale] = {
     "quick": Scale(
-        "size tiny (4 layers, d 128), 120 steps of 16 x 128 tokens, 3 seeds: about 10 minutes on a "
-        "2-core CPU. Every model leaves the unigram plateau by step 50, but 0.25M tokens is far below "
-        "the papers' budgets: a check of the pipeline and of early training, not of the papers' claims; "
-        "see the cpu scale (benchmarks/REPRODUCTION.md)",
+        "size tiny (4 layers, d 128), 120 steps of 16 x 128 tokens: about 10 minutes on a 2-core CPU. "
+        "Every model leaves the unigram plateau by step 50, but 0.25M tokens is far below the papers' "
+        "budgets: a check of the pipeline and of early training, not of the papers' claims; see the cpu "
+        "scale (benchmarks/REPRODUCTION.md)",
         "tiny",
         120,
     ),
     "cpu": Scale(
-        "size tiny (4 layers, d 128), 400 steps of 16 x 128 tokens (0.8M tokens), 3 seeds", "tiny", 400
+        "size tiny (4 layers, d 128), 400 steps of 16 x 128 tokens (0.8M tokens)", "tiny", 400, **EVIDENCE
     ),
     "cpu-deep": Scale(
-        "size tiny at 8 layers (d 128), 400 steps of 16 x 128 tokens, 3 seeds: depth effects",
+        "size tiny at 8 layers (d 128), 400 steps of 16 x 128 tokens (0.8M tokens): room for the depth "
+        "effects",
         "tiny",
         400,
         model={"n_layers": 8},
+        **EVIDENCE,
     ),
     "gpu-resformer": Scale(
-        "resformer-82m (8 layers, d 512), 2,000 steps of 32 x 512 tokens, 3 seeds, lr 1e-3",
+        "resformer-82m (8 layers, d 512), 2,000 steps of 32 x 512 tokens, lr 1e-3",
         "resformer-82m",
         2000,
         batch_size=32,
@@ -106,7 +126,7 @@ SCALES: dict[str, Scale] = {
         eval_every=250,
     ),
     "gpu-sas-p": Scale(
-        "codeparrot-18l (18 layers, d 768), 2,000 steps of 64 x 128 tokens, 3 seeds, lr 1e-3",
+        "codeparrot-18l (18 layers, d 768), 2,000 steps of 64 x 128 tokens, lr 1e-3",
         "codeparrot-18l",
         2000,
         batch_size=64,
@@ -198,17 +218,27 @@ def _table_layer_value_bytes(cfg: ModelConfig) -> float:
     return float(sum(layers[i]["value_bytes"] for i in targets))
 
 
+# Seeds are added to an undecided loss check until its interval's half-width is below this.
+RESOLUTION_NATS = 0.01
+
+
 @dataclass(frozen=True)
 class Metric:
     description: str
     exact: bool  # a property of the architecture (no seeds) rather than a measurement of a run
     compute: Callable[[Any], float]  # exact: ModelConfig -> float; measured: run directory -> float
+    # the equivalence bound of a "no effect" verdict (evidence.NO_EFFECT_NATS for losses; None: none)
+    equivalence: float | None = None
+    # an undecided check gets more seeds while its interval's half-width exceeds this (None: always)
+    resolution: float | None = None
 
 
 METRICS: dict[str, Metric] = {
-    "val_loss": Metric("final validation loss (nats/token)", False, lambda run: _summary(run)["val_loss"]),
+    "val_loss": Metric("final validation loss (nats/token)", False, lambda run: _summary(run)["val_loss"],
+                       evidence.NO_EFFECT_NATS, RESOLUTION_NATS),
     "val_bpb": Metric("final validation bits per byte", False, lambda run: _summary(run)["val_bpb"]),
-    "tokens_per_s": Metric("training tokens/s", False, lambda run: _summary(run)["tokens_per_s"]),
+    "tokens_per_s": Metric("training tokens/s", False, lambda run: _summary(run)["tokens_per_s"],
+                           resolution=0.01),
     "deep_entropy": Metric("importance entropy, deeper half of the layers (nats)", False, deep_entropy),
     "lambda_v1_slope": Metric("slope of learned lambda_1 over layers", False, lambda_v1_slope),
     "params": Metric("parameters", True, _params),
@@ -230,22 +260,98 @@ def _settings(check: Check) -> list[str]:
     return [check.setting] + ([check.minus_setting] if check.minus_setting else [])
 
 
-def plan(claims: list[Claim], scale: Scale, out: Path) -> dict[str, list[tuple[Entry, TrainConfig]]]:
-    """The runs the claims' measured checks need, by setting, as (entry, config) per seed."""
+def needed_archs(claims: list[Claim]) -> dict[str, list[str]]:
+    """The architectures the claims' measured checks read, by setting."""
     needed: dict[str, dict[str, None]] = {}
     for claim in claims:
         for check in claim.checks:
-            if METRICS[check.metric].exact:
-                continue
-            for setting in _settings(check):
-                archs = needed.setdefault(setting, {})
-                archs.update({a: None for a in (check.baseline, check.arch) if a is not None})
-    return {
-        setting: run_configs(
-            [Entry.parse(a) for a in archs], scale.seeds, out / scale.group(setting), scale.base(setting)
-        )
-        for setting, archs in needed.items()
-    }
+            if not METRICS[check.metric].exact:
+                for setting in _settings(check):
+                    needed.setdefault(setting, {}).update(dict.fromkeys(check.archs))
+    return {setting: list(archs) for setting, archs in needed.items()}
+
+
+def recipe_rates(arch: str, scale: Scale) -> dict[str, float]:
+    """The peak rates `arch` trains with at `scale` without a sweep: AdamW's lr, and Muon's with Muon."""
+    optim = run_configs([Entry.parse(arch)], 1, Path("unused"), scale.base("steps"))[0][1].optim
+    return {"lr": optim.lr, **({"muon_lr": optim.muon_lr} if optim.name == "muon" else {})}
+
+
+def scaled_rates(arch: str, scale: Scale, factor: float) -> dict[str, float]:
+    return {k: float(f"{v * factor:.3g}") for k, v in recipe_rates(arch, scale).items()}  # 0.03/3 = 0.01
+
+
+def _entry(arch: str, scale: Scale, factor: float | None) -> Entry:
+    """`arch` as the runs of `scale` train it: with its swept rates when a sweep chose `factor`."""
+    if factor is None:
+        return Entry.parse(arch)
+    return Entry(arch, arch, train={"optim": scaled_rates(arch, scale, factor)})
+
+
+def sweep_plan(archs: list[str], scale: Scale, out: Path) -> list[tuple[str, float, TrainConfig]]:
+    """The sweep's runs: seed 0 of every arch at every factor of `scale.lr_sweep`, `scale.sweep_steps`
+    steps at equal steps, in OUT/<size>-lr-sweep/runs/<arch>-lrx<factor>-seed0."""
+    base = {**scale.base("steps"), "max_steps": scale.sweep_steps}
+    tried = [(arch, f, Entry(f"{arch}-lrx{f:.3g}", arch, train={"optim": scaled_rates(arch, scale, f)}))
+             for arch in archs for f in scale.lr_sweep]
+    configs = run_configs([e for *_, e in tried], 1, out / f"{scale.size}-lr-sweep", base)
+    return [(arch, f, cfg) for (arch, f, _), (_, cfg) in zip(tried, configs, strict=True)]
+
+
+@dataclass
+class Sweep:
+    """One architecture's sweep: final validation loss per factor (NaN: diverged or failed) and the best."""
+
+    arch: str
+    losses: dict[float, float]
+    rates: dict[str, float]  # the chosen peak rates
+
+    @property
+    def best(self) -> float:
+        finite = {f: v for f, v in self.losses.items() if math.isfinite(v)}
+        if not finite:
+            raise ConfigError(f"every learning-rate sweep run of {self.arch} diverged or failed")
+        return min(finite, key=finite.__getitem__)
+
+
+def read_sweep(plan: list[tuple[str, float, TrainConfig]], scale: Scale) -> dict[str, Sweep]:
+    """Each arch's sweep from its finished runs (a missing run is an error, as for the claims' runs)."""
+    sweeps: dict[str, Sweep] = {}
+    for arch, factor, cfg in plan:
+        run = Path(cfg.out_dir)
+        if not (run / "summary.json").is_file():
+            raise ConfigError(f"{run} has not finished training: run `blocklab reproduce` without --no-train "
+                              "to train it (finished runs are reused).")
+        loss = _summary(run).get("val_loss")
+        sweeps.setdefault(arch, Sweep(arch, {}, {})).losses[factor] = float("nan") if loss is None else loss
+    for sweep in sweeps.values():
+        sweep.rates = scaled_rates(sweep.arch, scale, sweep.best)
+    return sweeps
+
+
+def finished_seeds(group: Path, arch: str) -> int:
+    """How many consecutive seeds of `arch` from 0 have finished in `group` (the committed run data)."""
+    n = 0
+    while (group / "runs" / f"{slug(arch)}-seed{n}" / "summary.json").is_file():
+        n += 1
+    return n
+
+
+def plan(claims: list[Claim], scale: Scale, out: Path, factors: dict[str, float] | None = None,
+         seeds: dict[tuple[str, str], int] | None = None) -> dict[str, list[tuple[Entry, TrainConfig]]]:
+    """The runs the claims' measured checks need, by setting, as (entry, config) per seed: `seeds` maps
+    (setting, arch) to its number of seeds (default `scale.seeds`); `factors` maps an arch to the
+    multiple of its recipe's rates that its sweep chose (default: the recipe's)."""
+    runs: dict[str, list[tuple[Entry, TrainConfig]]] = {}
+    for setting, archs in needed_archs(claims).items():
+        runs[setting] = [
+            pair
+            for arch in archs
+            for pair in run_configs([_entry(arch, scale, (factors or {}).get(arch))],
+                                    (seeds or {}).get((setting, arch), scale.seeds),
+                                    out / scale.group(setting), scale.base(setting))
+        ]
+    return runs
 
 
 @dataclass
@@ -259,8 +365,18 @@ class CheckResult:
     def describe(self) -> str:
         c = self.check
         versus = (f" / {c.baseline} - 1" if c.relative else f" - {c.baseline}") if c.baseline else ""
+        minus = f" - ({c.minus[0]} - {c.minus[1]})" if c.minus else ""
         where = f"({c.setting}{' minus ' + c.minus_setting if c.minus_setting else ''})"
-        return f"{METRICS[c.metric].description}: {c.arch}{versus} {where}"
+        return f"{METRICS[c.metric].description}: {c.arch}{versus}{minus} {where}"
+
+    @property
+    def undecided(self) -> bool:
+        """Inconclusive with an interval wider than its metric's resolution: more seeds may decide it."""
+        if self.verdict != "inconclusive" or self.interval is None:
+            return False
+        resolution = METRICS[self.check.metric].resolution
+        width = self.interval.half_width
+        return resolution is None or width is None or width > resolution
 
 
 class Measurements:
@@ -294,6 +410,11 @@ def _model_config(scale: Scale, arch: str, setting: str) -> ModelConfig:
     return cfg.model_config(prepare_data(cfg.data).tokenizer.vocab_size)  # cached tokenizer
 
 
+def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """a[seed] - b[seed] over the seeds both have."""
+    return dict(zip(sorted(set(a) & set(b)), evidence.paired_differences(a, b), strict=True))
+
+
 def evaluate_check(check: Check, scale: Scale, measured: Measurements) -> CheckResult:
     metric = METRICS[check.metric]
     if metric.exact:
@@ -309,29 +430,23 @@ def evaluate_check(check: Check, scale: Scale, measured: Measurements) -> CheckR
             check, evidence.exact_verdict(value, reference, check.relation), value=value, reference=reference
         )
 
-    def diffs(setting: str) -> dict[int, float]:
-        values = measured.per_seed(check.metric, setting, check.arch)
-        if check.baseline is None:
+    def diffs(setting: str, arch: str, baseline: str | None) -> dict[int, float]:
+        values = measured.per_seed(check.metric, setting, arch)
+        if baseline is None:
             return values
-        base = measured.per_seed(check.metric, setting, check.baseline)
+        base = measured.per_seed(check.metric, setting, baseline)
         if check.relative:
-            values = {s: v / base[s] for s, v in values.items() if s in base}
-            base = {s: 1.0 for s in values}
-        return dict(
-            zip(sorted(set(values) & set(base)), evidence.paired_differences(values, base), strict=True)
-        )
+            return {s: v / base[s] - 1 for s, v in values.items() if s in base}
+        return _paired(values, base)
 
-    d = diffs(check.setting)
+    d = diffs(check.setting, check.arch, check.baseline)
     if check.minus_setting:
-        d = dict(
-            zip(
-                sorted(set(d) & set(diffs(check.minus_setting))),
-                evidence.paired_differences(d, diffs(check.minus_setting)),
-                strict=True,
-            )
-        )
+        d = _paired(d, diffs(check.minus_setting, check.arch, check.baseline))
+    if check.minus:
+        d = _paired(d, diffs(check.setting, *check.minus))
     interval = evidence.t_interval([d[s] for s in sorted(d)])
-    return CheckResult(check, evidence.verdict(interval, check.relation, check.tolerance), interval=interval)
+    return CheckResult(check, evidence.verdict(interval, check.relation, check.tolerance,
+                                               equivalence=metric.equivalence), interval=interval)
 
 
 @dataclass
@@ -352,6 +467,32 @@ class Reproduction:
     runs: dict[str, list[tuple[Entry, TrainConfig]]]
     seconds: float  # wall-clock time of the call, training included
     launch: dict[str, Any] | None = None  # how the runs trained ("launcher", "jobs", "threads"); None: not
+    sweeps: dict[str, Sweep] = field(default_factory=dict)  # the learning-rate sweep, by arch
+    out: Path | None = None  # the run store of this scale, OUT/<scale>
+
+
+def _scale(scale: str | Scale) -> tuple[str, Scale]:
+    if isinstance(scale, Scale):
+        return "custom", scale
+    if scale not in SCALES:
+        raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
+    return scale, SCALES[scale]
+
+
+def _more_seeds(results: list[ClaimResult], seeds: dict[tuple[str, str], int], scale: Scale
+                ) -> dict[tuple[str, str], int]:
+    """The (setting, arch) pairs that get `scale.seeds` more seeds (up to `scale.max_seeds`): those of
+    every undecided measured check that has fewer than the most."""
+    more: dict[tuple[str, str], int] = {}
+    for result in results:
+        for r in result.checks:
+            if not r.undecided or r.interval is None or not scale.max_seeds or r.interval.n >= scale.max_seeds:
+                continue
+            for setting in _settings(r.check):
+                for arch in r.check.archs:
+                    now = max(seeds[(setting, arch)], more.get((setting, arch), 0))
+                    more[(setting, arch)] = max(now, min(r.interval.n + scale.seeds, scale.max_seeds))
+    return {k: v for k, v in more.items() if v > seeds[k]}
 
 
 def reproduce(
@@ -363,35 +504,88 @@ def reproduce(
     launcher=None,
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
-    (`blocklab.launch`; default one at a time here), all settings' runs in one launch, and give each
-    claim its verdict; `blocklab.reproduction_report.write_reproduction` writes the report.
+    (`blocklab.launch`; default one at a time here) and give each claim its verdict;
+    `blocklab.reproduction_report.write_reproduction` writes the report.
+
+    With a sweep (`Scale.lr_sweep`), every architecture's sweep trains first and its runs take the
+    best rate. Every (setting, arch) gets `scale.seeds` seeds, or as many as have finished in the
+    store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
+    `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
+    With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
+    training call left them.
 
     Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
     cannot be judged on missing seeds)."""
     import time
 
     start = time.perf_counter()
-    if isinstance(scale, str):
-        if scale not in SCALES:
-            raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
-        name, scale = scale, SCALES[scale]
-    else:
-        name = "custom"
+    name, scale = _scale(scale)
     if not claims:
         raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
-    out = Path(out)
-    runs = plan(claims, scale, out / name)
-    launched = None
-    if train:
+    root = Path(out) / name
+    launches: list[dict[str, Any]] = []
+
+    def train_all(configs: list[tuple[Any, TrainConfig]], what: str) -> None:
         from blocklab.launch import RunsFailed, train_runs
 
-        for setting, configs in runs.items():
-            log(f"{setting}: {len(configs)} runs in {out / name / scale.group(setting)}")
-        launch = train_runs([pair for configs in runs.values() for pair in configs], launcher, log)
+        log(f"{what}: {len(configs)} runs")
+        launch = train_runs(configs, launcher, log)
         launch.raise_if_pending("reproduce", "judge the claims")
         if launch.failed:
             raise RunsFailed(launch.failed)
-        launched = launch.describe()
-    measured = Measurements(runs)
-    results = [ClaimResult(c, [evaluate_check(k, scale, measured) for k in c.checks]) for c in claims]
-    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched)
+        launches.append(launch.describe())
+        record_launch(root, launch, time.perf_counter() - began)
+
+    sweeps: dict[str, Sweep] = {}
+    needed = needed_archs(claims)
+    if scale.lr_sweep:
+        swept = sweep_plan(list(dict.fromkeys(a for archs in needed.values() for a in archs)), scale, root)
+        if train:
+            began = time.perf_counter()
+            train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
+        sweeps = read_sweep(swept, scale)
+    factors = {arch: s.best for arch, s in sweeps.items()} or None
+    seeds = {(setting, arch): max(scale.seeds, finished_seeds(root / scale.group(setting), arch))
+             for setting, archs in needed.items() for arch in archs}
+    while True:
+        runs = plan(claims, scale, root, factors, seeds)
+        if train:
+            began = time.perf_counter()
+            for setting, configs in runs.items():
+                log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
+            train_all([pair for configs in runs.values() for pair in configs], "claims")
+        measured = Measurements(runs)
+        results = [ClaimResult(c, [evaluate_check(k, scale, measured) for k in c.checks]) for c in claims]
+        more = _more_seeds(results, seeds, scale) if train else {}
+        if not more:
+            break
+        log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, up to {max(more.values())}")
+        seeds.update(more)
+    launched = launches[-1] if launches else None
+    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root)
+
+
+# -- the campaign log: what trained the committed runs, read back by the report -------------------
+CAMPAIGN = "campaign.jsonl"
+
+
+def record_launch(root: Path, launch, seconds: float) -> None:
+    """Append one line to OUT/<scale>/campaign.jsonl for a launch that trained something: when, at which
+    commit, on what machine and threads, how long, how many runs trained and were reused."""
+    from blocklab.reproduction_report import machine
+
+    trained = sum(o.status == "trained" for o in launch.outcomes)
+    if not trained:
+        return
+    info = machine()
+    record = {"date": info["date"], "commit": info["commit"], "cpu": info["cpu"], "cores": info["cores"],
+              "torch": info["torch"], **launch.describe(), "wall_seconds": round(seconds, 1),
+              "trained": trained, "reused": sum(o.status == "reused" for o in launch.outcomes)}
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / CAMPAIGN, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_campaign(root: Path) -> list[dict[str, Any]]:
+    path = root / CAMPAIGN
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from blocklab.errors import ConfigError
-from blocklab.model.value_paths.bank import BankOfValues, V1Value, ValueEmbed, VScale, X0Value
+from blocklab.model.value_paths.bank import (
+    BankOfValues,
+    ResFormerBank,
+    V1Value,
+    ValueEmbed,
+    VScale,
+    X0Value,
+)
 from blocklab.model.value_paths.base import (
     LayerValues,
     SharedModule,
@@ -49,6 +56,7 @@ VALUE_PATHS: dict[str, type[ValuePath]] = {
     "cla": CrossLayerKV,
     "cross-layer-attn": CrossLayerAttention,
     "bov": BankOfValues,
+    "bov-resformer": ResFormerBank,
     "x0-value": X0Value,
     "v1-value": V1Value,
     "v-scale": VScale,

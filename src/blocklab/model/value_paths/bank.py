@@ -5,6 +5,8 @@
                  v_p = a x_p W^V + b RMSNorm(x0_p) W^V        (Table 1's "V + x0 W_V" rows)
     v1-value:    v_p = c * V_1                               (Table 1)
     v-scale:     v_p = c * x_p W^V                           (Table 1's "V gamma" control)
+    bov-resformer: BoV in the target layers, Identity-ResFormer's v_n = 1/2 (x_n W^V_n + V_1) in the
+                 layers between the first and the targets (a composition of the two papers)
     value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat), or
                  v_p = lambda_0 x_p W^V + lambda_1 E_v[id]   (modded-nanogpt)
 
@@ -120,6 +122,37 @@ class BankOfValues(_Substitutive):
         if not resolve_options(cls, cfg)["shared"]:
             return None
         return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
+
+
+class ResFormerBank(BankOfValues):
+    """Bank of Values in the target layers with Identity-ResFormer's value residual below them:
+
+        v_n = gamma_v E_v[token id]          n in the target layers          (Bank of Values Eq. 5)
+        v_n = 1/2 (x_n W^V_n + V_1)          0 < n, n below the targets       (Value Residual Eq. 7)
+
+    with V_1 = x_0 W^V_0, the first layer's values. The target layers take no V_1: in a model whose
+    positions are rotary, V_1 depends on the token id alone, so gamma E_v[id] + lambda V_1 is again
+    a table lookup and the mix adds nothing a table cannot learn.
+    """
+
+    description = "Bank of Values in the last third, Identity-ResFormer's (V_n + V_1) / 2 below it"
+
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+        if self.target:
+            return super().forward(x, q, k, carry)
+        assert k is not None and self.w_v is not None
+        v = self.w_v(x)
+        if self.layer == 0:
+            return LayerValues(q, k, v), carry.update(first_values=v)
+        assert carry.first_values is not None, "layer 0 runs first and fills the carry"
+        return LayerValues(q, k, 0.5 * (v + carry.first_values)), carry
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        if 0 in cls.targets(cfg):
+            raise ConfigError(f"value_path_options['layers'] = {resolve_options(cls, cfg)['layers']!r} is not "
+                              "allowed for bov-resformer: layer 0 is the source of V_1, so the table layers "
+                              f"must lie in [1, {cfg.n_layers}).")
 
 
 @torch.no_grad()
