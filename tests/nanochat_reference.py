@@ -6,6 +6,7 @@ own parameter names. It shares nothing with blocklab: explicit T x T attention, 
     x = rmsnorm(wte[idx]);  x_t += lambda_s sigmoid(W_s x_t[:24]) x_{t-1}  (t >= 1);  x0 = x
     block i:  x = lambda_r,i x + lambda_0,i x0                      (upstream GPT only)
               v = c_v(n) + 3 sigmoid(W_g n[:12]) ve_i[idx]           (value-embed layers only)
+              v = gamma_i c_v(rmsnorm(x0))   (Bank of Values' v_from_x0 layers; x0 after the smear)
               q, k = 1.2 rmsnorm(rope(c_q(n))), 1.2 rmsnorm(rope(c_k(n)))   with n = rmsnorm(x)
               x = x + c_proj(softmax(q k^T / sqrt(d) + window mask) v)
               x = x + mlp.c_proj(relu(mlp.c_fc(rmsnorm(x)))^2)
@@ -65,13 +66,18 @@ def _rope(x: Tensor, base: float) -> Tensor:
 
 
 def nanochat_logits(w: dict[str, Tensor], idx: Tensor, n_layer: int, head_dim: int, vocab: int,
-                    windows: list[int]) -> Tensor:
-    """Logits (B, T, vocab). windows[i]: keys to the left layer i sees besides the token itself."""
+                    windows: list[int], x0_gammas: dict[int, float] | None = None,
+                    x0_before_smear: bool = False) -> Tensor:
+    """Logits (B, T, vocab). windows[i]: keys to the left layer i sees besides the token itself.
+    x0_gammas: layer -> gamma of the layers whose values come from x0 (v_from_x0); x0_before_smear
+    reads that x0 before the smear instead (not what the Bank of Values code does)."""
     b, t = idx.shape
     x = _rms(w["transformer.wte.weight"][idx])
+    before = x
     gate = w["smear_lambda"] * torch.sigmoid(x[:, 1:, :24] @ w["smear_gate.weight"].T)
     x = torch.cat((x[:, :1], x[:, 1:] + gate * x[:, :-1]), dim=1)
     x0, saved = x, None
+    value_source = _rms(before if x0_before_smear else x0)
     pos = torch.arange(t)
     for i in range(n_layer):
         p = f"transformer.h.{i}."
@@ -81,6 +87,8 @@ def nanochat_logits(w: dict[str, Tensor], idx: Tensor, n_layer: int, head_dim: i
         q = (n @ w[p + "attn.c_q.weight"].T).view(b, t, -1, head_dim)
         k = (n @ w[p + "attn.c_k.weight"].T).view(b, t, -1, head_dim)
         v = (n @ w[p + "attn.c_v.weight"].T).view(b, t, -1, head_dim)
+        if x0_gammas and i in x0_gammas:
+            v = x0_gammas[i] * (value_source @ w[p + "attn.c_v.weight"].T).view(b, t, -1, head_dim)
         if f"value_embeds.{i}.weight" in w:
             ve = w[f"value_embeds.{i}.weight"][idx].view(b, t, -1, head_dim)
             g = 3 * torch.sigmoid(n[..., :12] @ w[p + "attn.ve_gate.weight"].T)  # (B, T, kv heads)

@@ -117,6 +117,8 @@ OPTION_CASES = [
     ("pre-ln+resformer-mix", dict(neutreno=0.3, layers="every-2"), dict(n_kv_heads=2, positions="rope")),
     ("pre-ln+x0-value", dict(add=True, layers="every-2"), dict(window_size=3, window_pattern="SL")),
     ("sas+x0-value", dict(add=True, learnable=False), {}),
+    ("pre-ln+x0-value", dict(x0="stream"), dict(positions="sinusoidal", window_size=3, window_pattern="SL")),
+    ("pre-ln+bov-resformer", dict(layers=[2, 4]), dict(n_layers=5, window_size=3, window_pattern="SL")),
     ("sas+resformer-learnable", dict(neutreno=0.2), dict(window_size=3, window_pattern="SL")),
     ("pre-ln", {}, dict(positions="none", logit_softcap=3.0, qk_norm=True, bias=True)),
     ("pre-ln", {}, dict(positions="sinusoidal", window_size=1, window_pattern="S")),
@@ -258,6 +260,8 @@ ALL6 = set(range(6))
     ("bov", {}, ALL6, {0, 1, 2, 3}, True),
     ("bov", dict(shared=True), ALL6, {0, 1, 2, 3}, True),
     ("x0-value", {}, ALL6, {0, 1, 2, 3}, True),
+    ("x0-value", dict(x0="stream"), ALL6, ALL6, False),
+    ("bov-resformer", {}, ALL6, {0, 1, 2, 3}, True),
     ("v1-value", {}, ALL6, {0, 1, 2, 3}, False),
 ])
 def test_layout_keeps_only_what_each_variant_reads(path, options, keys, values, token_ids):

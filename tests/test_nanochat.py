@@ -67,6 +67,47 @@ def test_cached_decoding_equals_the_full_forward(upstream):
     torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-10, rtol=0)
 
 
+@pytest.mark.parametrize("x0", ["stream", "embedding"])
+def test_x0_values_read_x0_where_the_option_says_with_a_trained_smear(x0):
+    """Bank of Values' x0 W_V rows: v = gamma RMSNorm(x0) W_V with x0 after the smear (the official
+    code, x0="stream") or before it (x0="embedding"). The reference's smear strength is 0.5 times a
+    normal draw (not its initial 0), so the two differ, and each matches its own reference."""
+    w, base = _converted(upstream=False, seed=5)
+    gammas = {2: 1.7, 3: -0.6}  # last-third of 4 layers
+    model = Transformer(base.cfg.replace(value_path="x0-value", value_path_options={
+        "layers": "last-third", "learnable": True, "x0": x0})).double()
+    state = base.state_dict()
+    for layer, gamma in gammas.items():
+        state[f"blocks.{layer}.attn.values.coef.gain"] = torch.tensor([gamma], dtype=torch.float64)
+    model.load_state_dict(state)
+    assert abs(float(model.smear.strength.gain)) > 0.1
+    idx = torch.randint(0, SMALL["vocab"], (2, 24), generator=torch.Generator().manual_seed(6))
+    args = (w, idx, SMALL["n_layer"], SMALL["head_dim"], SMALL["vocab"], _windows(SMALL["n_layer"]))
+    official = nanochat_logits(*args, x0_gammas=gammas)
+    before = nanochat_logits(*args, x0_gammas=gammas, x0_before_smear=True)
+    assert (official - before).abs().max() > 1e-3  # the order matters once the smear is trained
+    torch.testing.assert_close(model(idx), official if x0 == "stream" else before, atol=1e-10, rtol=0)
+    # decoding with a cache: the stream's x0 mixes in the previous token, so the cache keeps values
+    assert model.block(2).attn.values.caches_values is (x0 == "stream")
+    cache = model.new_cache(2, 24)
+    parts = [model(idx[:, :9], cache=cache)] + [model(idx[:, t:t + 1], cache=cache) for t in range(9, 24)]
+    torch.testing.assert_close(torch.cat(parts, dim=1), model(idx), atol=1e-10, rtol=0)
+
+
+def test_bov_table1_grid_reads_x0_after_the_smear_as_the_official_code():
+    from blocklab.compare import GRIDS
+
+    rows = {e.label: e for e in GRIDS["bov-table1"].entries}
+    x0_rows = [e for e in rows.values() if e.arch == "pre-ln+x0-value"]
+    assert len(x0_rows) == 5 and all(e.model["value_path_options"]["x0"] == "stream" for e in x0_rows)
+
+
+def test_x0_option_rejects_other_sources():
+    with pytest.raises(ConfigError, match="'x0'.*'embedding'.*'stream'"):
+        Transformer(ModelConfig.from_preset("pre-ln+x0-value", "nanochat-tiny",
+                                            value_path_options={"x0": "after-smear"}))
+
+
 def test_nanochat_presets_count_the_papers_parameters():
     """Bank of Values Table 6/8: 135.3M and 780.1M, nanochat's gpt_base: embedding + untied head +
     12 d^2 per layer (Q, K, V, O and a 4x MLP) + the smear's 24 + 1, no norm parameters."""

@@ -117,6 +117,9 @@ CASES = [
     ("pre-ln+bov", dict(learnable=False, coef=1.7, layers=[1, 3]), {}),
     ("pre-ln+bov", dict(shared=True), dict(n_layers=6)),
     ("pre-ln+bov", dict(shared=True), dict(GQA, norm="layernorm")),
+    ("pre-ln+bov-resformer", {}, dict(n_layers=6)),
+    ("pre-ln+bov-resformer", dict(layers=[2], learnable=False, coef=0.6), GQA),
+    ("sas-p+bov-resformer", dict(shared=True), dict(n_layers=5)),
     ("pre-ln+x0-value", {}, {}),
     ("pre-ln+x0-value", dict(layers="every-2"), GQA),
     ("pre-ln+v1-value", {}, {}),
@@ -130,6 +133,8 @@ CASES = [
     ("pre-ln+v-scale", {}, {}),
     ("pre-ln+v-scale", dict(layers="every-2", learnable=False, coef=0.7), GQA),
     ("pre-ln+x0-value", dict(add=True), {}),
+    ("pre-ln+x0-value", dict(x0="stream"), dict(positions="sinusoidal")),
+    ("pre-ln+x0-value", dict(x0="stream", add=True, learnable=True), dict(positions="learned")),
     ("pre-ln+x0-value", dict(add=True, learnable=False, layers="every-2"), dict(GQA, **ROPE)),
     ("pre-ln+resformer-mix", dict(layers="every-2", neutreno=0.3), dict(GQA, **ROPE)),
     ("sas-p+resformer-mix", {}, {}),
@@ -573,6 +578,11 @@ def test_v1_value_all_means_every_layer_after_the_first():
         coef = params[f"blocks.{i}.attn.values.coef.gain"].detach()
         assert abs(coef.item() - 1.0) > 1e-3  # perturbed, so the check below can tell c from 1
         torch.testing.assert_close(values[i], coef * values[0], rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("layers", ["all", [0, 3]])
+def test_bov_resformer_keeps_layer_0_as_the_source_of_v1(layers):
+    _assert_config_error("layer 0 is the source of V_1", "pre-ln+bov-resformer", dict(layers=layers))
 
 
 @pytest.mark.parametrize("arch, options, match", [

@@ -62,7 +62,8 @@ DEFAULTS: dict[str, dict] = {
     "cla": dict(group=2),
     "cross-layer-attn": {},
     "bov": dict(_SUBSTITUTIVE, shared=False),
-    "x0-value": dict(_SUBSTITUTIVE, add=False),
+    "bov-resformer": dict(_SUBSTITUTIVE, shared=False),
+    "x0-value": dict(_SUBSTITUTIVE, add=False, x0="embedding"),
     "v-scale": dict(_SUBSTITUTIVE),
     "v1-value": dict(_SUBSTITUTIVE),
     "value-embed": dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0),
@@ -232,11 +233,11 @@ def reference_logits(model, ids: Tensor, check_all_used: bool = True) -> Tensor:
         x = x + params("pos_emb.weight")[:t]
     elif cfg.positions == "sinusoidal":
         x = x + sinusoidal(t, cfg.d_model)
-    state: dict = dict(e=e, ids=ids, mask=causal_mask(t, cfg.causal), raw_values=[], history=[x])
+    state: dict = dict(e=e, x0=x, ids=ids, mask=causal_mask(t, cfg.causal), raw_values=[], history=[x])
     if cfg.value_path == "resformer-learnable-plus":
         weights = params("value_shared.scale.gain") * torch.softmax(params("value_shared.logits.gain"), 0)
         state["plus"] = dict(zip(mixing_layers(cfg), weights, strict=True))
-    if cfg.value_path == "bov" and o["shared"]:
+    if cfg.value_path in ("bov", "bov-resformer") and o["shared"]:
         state["shared_table"] = params("value_shared.value_table")
 
     for n in range(cfg.n_layers):
@@ -377,30 +378,34 @@ def attention(cfg, n: int, x: Tensor, params: Params, state: dict, o: dict) -> T
             state["kv1"] = (k, v)
         else:
             cross = state["kv1"]
-    elif vp in ("bov", "x0-value", "v1-value", "v-scale"):
+    elif vp in ("bov", "bov-resformer", "x0-value", "v1-value", "v-scale"):
         targets = layer_set(o["layers"], cfg.n_layers)
         if vp == "v1-value" and o["layers"] == "all":  # layer 0 is V_1's source: Table 1's "V1, All"
             targets = set(range(1, cfg.n_layers))
         target = n in targets
+        # the x0 of the x0 W_V rows: the raw token embedding, or the stream after the embedding
+        x0_source = state["x0"] if o.get("x0") == "stream" else state["e"]
         if not target:
             v = project()
             if n == 0:
                 state["v1"] = v
+            elif vp == "bov-resformer":  # Identity-ResFormer below the table layers
+                v = 0.5 * (v + state["v1"])
         elif vp == "x0-value" and o["add"]:  # a, b: learned from (1, 0), or fixed at (1/2, 1/2)
             lt = o["learnable"]
             a = params.gain(f"{pre}.values.main", 1.0 if lt else 0.5, lt)
             b = params.gain(f"{pre}.values.coef", 0.0 if lt else 0.5, lt)
-            x0 = rms(state["e"], torch.finfo(DTYPE).eps)
+            x0 = rms(x0_source, torch.finfo(DTYPE).eps)
             v = a * project() + b * project_from(cfg, x0, params, pre, form)
         elif vp == "v-scale":
             v = params.gain(f"{pre}.values.coef", o["coef"], o["learnable"]) * project()
         else:
             c = params.gain(f"{pre}.values.coef", o["coef"], o["learnable"])
-            if vp == "bov":
+            if vp in ("bov", "bov-resformer"):
                 table = state["shared_table"] if o["shared"] else params(f"{pre}.values.value_table")
                 v = c * table[state["ids"]]
-            elif vp == "x0-value":  # parameter-free RMSNorm of the raw embedding
-                v = c * project_from(cfg, rms(state["e"], torch.finfo(DTYPE).eps), params, pre, form)
+            elif vp == "x0-value":  # parameter-free RMSNorm of x0
+                v = c * project_from(cfg, rms(x0_source, torch.finfo(DTYPE).eps), params, pre, form)
             else:
                 v = c * state["v1"]
     elif vp == "value-embed":

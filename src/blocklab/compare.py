@@ -69,8 +69,14 @@ class Grid:
     size: str = "tiny"  # the size when the user gives none: the paper's model at a CPU width
 
 
-def _bov_row(label: str, vp: str, layers: str, learnable: bool) -> Entry:
-    return Entry(label, f"pre-ln+{vp}", {"value_path_options": {"layers": layers, "learnable": learnable}})
+def _bov_row(label: str, vp: str, layers: str, learnable: bool, **options: Any) -> Entry:
+    return Entry(label, f"pre-ln+{vp}", {"value_path_options": {"layers": layers, "learnable": learnable,
+                                                                 **options}})
+
+
+# The Bank of Values code's x0 W_V rows read x0 after the embedding norm and the smear (the trunk's
+# stream), not the token's own embedding: they differ once the smear has trained.
+_STREAM = {"x0": "stream"}
 
 
 def _resformer_row(label: str, learnable: bool) -> Entry:
@@ -113,15 +119,15 @@ GRIDS: dict[str, Grid] = {
          _bov_row("4 V1 every-2 gamma", "v1-value", "every-2", True),
          _bov_row("5 V1 last-third 1", "v1-value", "last-third", False),
          _bov_row("6 V1 last-third gamma", "v1-value", "last-third", True),
-         _bov_row("7 x0W every-2 gamma", "x0-value", "every-2", True),
-         _bov_row("8 x0W last-third 1", "x0-value", "last-third", False),
-         _bov_row("9 x0W last-third gamma", "x0-value", "last-third", True),
+         _bov_row("7 x0W every-2 gamma", "x0-value", "every-2", True, **_STREAM),
+         _bov_row("8 x0W last-third 1", "x0-value", "last-third", False, **_STREAM),
+         _bov_row("9 x0W last-third gamma", "x0-value", "last-third", True, **_STREAM),
          _resformer_row("10 V+V1 last-third 0.5", False),
          _resformer_row("11 V+V1 last-third gamma", True),
          Entry("12 V+x0W last-third 0.5", "pre-ln+x0-value",
-               {"value_path_options": {"layers": "last-third", "learnable": False, "add": True}}),
+               {"value_path_options": {"layers": "last-third", "learnable": False, "add": True, **_STREAM}}),
          Entry("13 V+x0W last-third gamma", "pre-ln+x0-value",
-               {"value_path_options": {"layers": "last-third", "learnable": True, "add": True}}),
+               {"value_path_options": {"layers": "last-third", "learnable": True, "add": True, **_STREAM}}),
          Entry("BoV", "pre-ln+bov")),
         {"optim": {"name": "nanochat", "schedule": "wsd"}}, size="nanochat-tiny"),
 }

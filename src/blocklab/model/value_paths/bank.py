@@ -189,15 +189,20 @@ class SharedValueTable(SharedModule):
 
 
 class X0Value(_Substitutive):
-    """v_p = c RMSNorm(x0_p) W^V in the target layers, with x0 the token's own embedding and W^V the
-    layer's. Option ``add``: keep the layer's own values and add the x0 values,
-    v_p = a x_p W^V + b RMSNorm(x0_p) W^V (Bank of Values Table 1's "V + x0 W_V" rows): a = b = 1/2
-    fixed, or with ``learnable`` a and b per layer starting at a = 1, b = 0 (the baseline), as the
-    paper's learned additive variants do.
+    """v_p = c RMSNorm(x0_p) W^V in the target layers, with W^V the layer's. Option ``add``: keep the
+    layer's own values and add the x0 values, v_p = a x_p W^V + b RMSNorm(x0_p) W^V (Bank of Values
+    Table 1's "V + x0 W_V" rows): a = b = 1/2 fixed, or with ``learnable`` a and b per layer starting
+    at a = 1, b = 0 (the baseline), as the paper's learned additive variants do.
+
+    Option ``x0``, which x0: ``"embedding"``, the token's own embedding (a function of the token id,
+    so the cache keeps ids, as for BoV), or ``"stream"``, the trunk's x0 after the embedding norm and
+    nanochat's smear, as the Bank of Values code reads it. The two agree until the smear (which
+    starts at zero) is trained; the stream's x0 mixes in the previous token, so the cache keeps values.
     """
 
     description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
-    options = dict(_Substitutive.options, add=False)
+    options = dict(_Substitutive.options, add=False, x0="embedding")
+    X0_SOURCES = ("embedding", "stream")
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__(cfg, layer)
@@ -207,22 +212,33 @@ class X0Value(_Substitutive):
             learnable = self.opts["learnable"]
             self.main = Gain(1.0 if learnable else 0.5, learnable)
             self.coef = Gain(0.0 if learnable else 0.5, learnable)
-        elif self.target:  # v is a function of the token id: the cache keeps ids and recomputes v
+        self.by_id = self.target and not self.adds and self.opts["x0"] == "embedding"
+        if self.by_id:  # v is a function of the token id: the cache keeps ids and recomputes v
             self.caches_values, self.value_layer = False, None
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         if not self.target:
             return LayerValues(q, k, self.w_v(x)), carry
-        assert carry.token_embeddings is not None
-        v = self.x0_values(carry.token_embeddings)
+        x0 = carry.token_embeddings if self.opts["x0"] == "embedding" else carry.x0
+        assert x0 is not None
+        v = self.x0_values(x0)
         return LayerValues(q, k, self.main(self.w_v(x)) + v if self.adds else v), carry
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
         return self.coef(self.w_v(_rms(token_embeddings)))
 
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        super().validate(cfg)
+        x0 = resolve_options(cls, cfg)["x0"]
+        if x0 not in cls.X0_SOURCES:
+            raise ConfigError(f"value_path_options['x0'] = {x0!r} is not allowed: choose 'embedding' (the "
+                              "token's own embedding) or 'stream' (the trunk's x0 after the embedding norm "
+                              "and smear, as the Bank of Values code).")
+
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
-        if not self.target or self.adds:  # cached values (an added x W^V depends on more than the id)
+        if not self.by_id:  # cached values (the stream's x0 or an added x W^V depend on more than the id)
             return source
         # one value map per cached token and step: the memory of BoV at the compute of a projection
         assert carry.embedding_table is not None
