@@ -75,6 +75,31 @@ def test_verdicts(relation, low, high, tol, expected):
     assert verdict(iv(low, high), relation, tol) == expected
 
 
+@pytest.mark.parametrize(
+    "relation, low, high, expected",
+    [
+        ("lower", -0.015, 0.01, "no effect"),  # holds zero, inside +-0.02
+        ("lower", -0.03, 0.01, "inconclusive"),  # too wide to rule out the papers' effect
+        ("lower", 0.002, 0.01, "contradicted"),  # inside the bound but above zero: the claim fails
+        ("lower", -0.01, -0.002, "reproduced"),  # below zero wins, however small
+        ("higher", -0.02, 0.02, "no effect"),  # the bound itself is inside
+        ("at_most", -0.01, 0.015, "no effect"),
+        ("within", -0.01, 0.01, "reproduced"),  # "within" has its own tolerance, never "no effect"
+        ("within", -0.01, 0.05, "inconclusive"),
+    ],
+)
+def test_no_effect_needs_zero_inside_an_interval_inside_the_bound(relation, low, high, expected):
+    tolerance = 0.03 if relation == "within" else 0.0
+    assert verdict(iv(low, high), relation, tolerance, equivalence=0.02) == expected
+    if expected == "no effect":  # without a bound the same interval is only inconclusive
+        assert verdict(iv(low, high), relation) == "inconclusive"
+
+
+def test_half_width_by_hand():
+    assert iv(-0.03, 0.01).half_width == pytest.approx(0.02)
+    assert Interval((1.0,), 1.0, None, None).half_width is None
+
+
 def test_fewer_than_three_seeds_is_inconclusive_however_clear():
     assert verdict(iv(-9, -8, n=2), "lower") == "inconclusive"
     assert verdict(iv(-9, -8, n=3), "lower") == "reproduced"
@@ -92,4 +117,7 @@ def test_exact_verdicts_and_combination():
     assert combine(["reproduced", "reproduced"]) == "reproduced"
     assert combine(["reproduced", "inconclusive"]) == "inconclusive"
     assert combine(["inconclusive", "contradicted", "reproduced"]) == "contradicted"
+    assert combine(["reproduced", "no effect"]) == "no effect"
+    assert combine(["no effect", "inconclusive"]) == "inconclusive"
+    assert combine(["no effect", "contradicted"]) == "contradicted"
     assert combine([]) == "inconclusive"

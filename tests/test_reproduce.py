@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from scipy import stats
 
 from blocklab.accounting import flops_per_token
@@ -68,8 +69,9 @@ def test_settings_keep_tokens_per_step_and_equal_flops(tmp_path):
 
 
 def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
-    """One run store: `blocklab compare --out OUT/cpu/tiny-steps --seeds 3 --steps 400` trains exactly
-    the runs `blocklab reproduce --scale cpu --out OUT` reads, so neither trains them twice."""
+    """One run store: `blocklab compare --out OUT/cpu/tiny-steps --seeds 5 --steps 400` trains exactly
+    the runs `blocklab reproduce --scale cpu --out OUT` plans at the recipe's rates (a sweep's choice
+    is an optim override on top), so neither trains them twice."""
     from blocklab import compare as compare_module
 
     captured = {}
@@ -87,7 +89,7 @@ def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
                 "--archs",
                 "pre-ln,resformer",
                 "--seeds",
-                "3",
+                "5",
                 "--steps",
                 "400",
                 "--out",
@@ -99,7 +101,7 @@ def test_reproduce_plans_the_runs_blocklab_compare_makes(tmp_path, monkeypatch):
         captured["entries"], captured["seeds"], Path(captured["out"]), captured["base"]
     )
     planned = plan(select(["resformer-beats-pre-ln"]), SCALES["cpu"], out / "cpu")["steps"]
-    assert len(planned) == len(from_cli) == 6
+    assert len(planned) == len(from_cli) == 10
     for (_, a), (_, b) in zip(planned, from_cli, strict=True):
         assert a.out_dir == b.out_dir
         assert not changed_fields(a, b, NOT_RESULTS)
@@ -157,7 +159,8 @@ def test_reproduce_end_to_end(corpus, tmp_path):
     assert check.interval.values == pytest.approx(diffs, rel=1e-12)
     low, high = stats.t.interval(0.95, 2, loc=np.mean(diffs), scale=stats.sem(diffs))
     assert (check.interval.low, check.interval.high) == pytest.approx((low, high), rel=1e-9)
-    expected = "reproduced" if high < 0 else "contradicted" if low > 0 else "inconclusive"
+    expected = "reproduced" if high < 0 else "contradicted" if low > 0 else (
+        "no effect" if -0.02 <= low and high <= 0.02 else "inconclusive")
     assert check.verdict == expected
 
     # throughput as a ratio per seed
@@ -260,6 +263,93 @@ def test_real_quick_reproduction(tmp_path):
     assert [c["claim"] for c in saved["claims"]] == [c.id for c in select(quick=True)]
     for claim in saved["claims"]:
         for check in claim["checks"]:
-            assert check["verdict"] in ("reproduced", "contradicted", "inconclusive")
+            assert check["verdict"] in ("reproduced", "contradicted", "no effect", "inconclusive")
             if "values" in check:
                 assert len(check["values"]) == 3 and check["low"] <= check["mean"] <= check["high"]
+
+
+def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkeypatch):
+    """A scale with a learning-rate sweep, a combination claim and two scales through the CLI: each arch
+    trains at the rates of its lowest sweep loss, the interaction check is (A+B - A) - (B - pre-ln) from
+    the runs' summaries, every launch is logged, and `--no-train` rebuilds the reports byte for byte."""
+    from dataclasses import replace
+
+    from blocklab import reproduce as reproduce_module
+
+    base = replace(tiny_scale(corpus, tmp_path / "cache"), steps=3, eval_every=3, lr=None,
+                   model={"d_model": 32, "n_layers": 3, "n_heads": 2}, lr_sweep=(0.5, 1.0), sweep_steps=2)
+    monkeypatch.setitem(reproduce_module.SCALES, "t3", base)
+    monkeypatch.setitem(reproduce_module.SCALES, "t4", replace(base, model={**base.model, "n_layers": 4}))
+    out = tmp_path / "rep"
+    cli = ["reproduce", "--scale", "t3,t4", "--claims", "sas-p-with-resformer", "--out", str(out)]
+    assert main([*cli, "--jobs", "1"]) == 0
+
+    root = out / "t3"
+    sweep = root / "tiny-lr-sweep" / "runs"
+    for arch in ("pre-ln", "sas-p", "resformer", "sas-p+resformer"):
+        losses = {f: json.loads((sweep / f"{arch}-lrx{f:g}-seed0" / "summary.json").read_text())["val_loss"]
+                  for f in (0.5, 1.0)}
+        best = min(losses, key=losses.get)
+        # the recipe's tiny rates (recipes/main_job_optim.json) times the chosen factor
+        for f in (0.5, 1.0):
+            optim = yaml.safe_load((sweep / f"{arch}-lrx{f:g}-seed0" / "config.yaml").read_text())["optim"]
+            assert (optim["lr"], optim["muon_lr"]) == pytest.approx((0.03 * f, 0.06 * f))
+        run = root / "tiny-flops" / "runs" / f"{arch}-seed0"
+        optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
+        assert (optim["lr"], optim["muon_lr"]) == pytest.approx((0.03 * best, 0.06 * best))
+
+    def loss(arch, seed):
+        return json.loads((root / "tiny-flops" / "runs" / f"{arch}-seed{seed}" / "summary.json").read_text())[
+            "val_loss"]
+
+    saved = json.loads((root / "reproduction.json").read_text())
+    interaction = saved["claims"][0]["checks"][2]
+    by_hand = [(loss("sas-p+resformer", s) - loss("sas-p", s)) - (loss("resformer", s) - loss("pre-ln", s))
+               for s in range(len(interaction["values"]))]
+    assert interaction["values"] == pytest.approx(by_hand, rel=1e-9, abs=1e-12)
+    assert set(saved["sweep"]) == {"pre-ln", "sas-p", "resformer", "sas-p+resformer"}
+
+    launches = [json.loads(line) for line in (root / "campaign.jsonl").read_text().splitlines()]
+    assert [r["trained"] for r in launches][:2] == [8, 12]  # the sweep, then 3 seeds of 4 archs
+    summary = out / "REPRODUCTION.md"
+    text = summary.read_text()
+    assert "--no-train" in text and "Do the papers' gains add up? (`t4`)" in text
+    assert "t3/reproduction.md" in text and "runs trained in" in text
+    before = {p: p.read_bytes() for p in (summary, root / "reproduction.md", root / "reproduction.json")}
+    (out / "notes.md").write_text("## Reading it\n\nHand-written notes, kept with the data.\n")
+    assert main([*cli, "--no-train"]) == 0
+    after = summary.read_text()
+    assert after.endswith("Hand-written notes, kept with the data.\n") and after.startswith(text.rstrip("\n"))
+    for path, content in before.items():
+        if path != summary:
+            assert path.read_bytes() == content, path
+
+
+def test_undecided_checks_get_more_seeds_up_to_the_most():
+    from blocklab.claims import Check, Claim
+    from blocklab.evidence import t_interval
+    from blocklab.reproduce import CheckResult, ClaimResult, _more_seeds
+
+    scale = Scale("s", "tiny", 5, seeds=5, max_seeds=10)
+
+    def result(arch, values, verdict):
+        check = Check("val_loss", arch, "pre-ln", "lower")
+        return ClaimResult(Claim(arch, "value-residual", "-", "-", "-", "steps", (check,)),
+                           [CheckResult(check, verdict, t_interval(values))])
+
+    wide = result("resformer", [0.1, -0.2, 0.15, -0.1, 0.05], "inconclusive")  # half-width > 0.01
+    narrow = result("svformer", [0.001, -0.002, 0.0015, -0.001, 0.0005], "inconclusive")  # below 0.01
+    decided = result("sas", [-0.3, -0.31, -0.29, -0.3, -0.32], "reproduced")
+    seeds = {("steps", a): 5 for a in ("pre-ln", "resformer", "svformer", "sas")}
+    assert _more_seeds([wide, narrow, decided], seeds, scale) == {("steps", "resformer"): 10,
+                                                                  ("steps", "pre-ln"): 10}
+    at_most = {**seeds, ("steps", "resformer"): 10, ("steps", "pre-ln"): 10}
+    ten = result("resformer", [0.1, -0.2] * 5, "inconclusive")
+    assert _more_seeds([ten], at_most, scale) == {}  # max_seeds reached
+    assert _more_seeds([wide], seeds, replace_scale(scale, max_seeds=None)) == {}
+
+
+def replace_scale(scale, **fields):
+    from dataclasses import replace
+
+    return replace(scale, **fields)

@@ -159,9 +159,11 @@ def _print_report(report, summary_table) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
     from blocklab.claims import select
     from blocklab.reproduce import SCALES, reproduce
-    from blocklab.reproduction_report import write_reproduction
+    from blocklab.reproduction_report import write_reproduction, write_summary
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None
@@ -170,15 +172,30 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     if args.list:
         for c in claims:
             print(f"{c.id:<30} {c.paper:<15} {c.where:<20} {c.statement}")
-        print("\nscales: " + "; ".join(f"{k}: {v.description}" for k, v in SCALES.items()))
+        print("\nscales: " + "; ".join(f"{k}: {v.describe()}" for k, v in SCALES.items()))
         return
-    scale = args.scale or ("quick" if args.quick else "cpu")
+    scales = names(args.scale) or ["quick" if args.quick else "cpu"]
     launcher = launch_cli.launcher_from_args(args, args.out)
-    rep = reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher)
-    path = write_reproduction(rep, args.report or args.out)
-    print(f"report: {path} (and {path.with_suffix('.html')})")
-    for r in rep.results:
-        print(f"  {r.verdict:<13} {r.claim.id}")
+    reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher)
+            for scale in scales]
+    if len(reps) == 1:
+        path = write_reproduction(reps[0], args.report or args.out)
+        print(f"report: {path} (and {path.with_suffix('.html')})")
+    else:  # each scale's report beside its runs, and one page over them all
+        for rep in reps:
+            write_reproduction(rep, Path(args.out) / rep.scale_name)
+        report = args.report or str(Path(args.out) / "REPRODUCTION.md")
+        command = (f"blocklab reproduce --scale {','.join(scales)} --no-train --out {args.out} "
+                   f"--report {report}")
+        if args.claims or args.paper or args.quick:
+            chosen = (("claims", args.claims), ("paper", args.paper))
+            command += "".join(f" --{k} {v}" for k, v in chosen if v)
+            command += " --quick" if args.quick else ""
+        path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md")
+        print(f"report: {path} (each scale's in {args.out}/<scale>/reproduction.md)")
+    for rep in reps:
+        for r in rep.results:
+            print(f"  {rep.scale_name:<10} {r.verdict:<13} {r.claim.id}")
 
 
 def cmd_diagnose(args: argparse.Namespace) -> None:
@@ -311,11 +328,15 @@ def main(argv: list[str] | None = None) -> int:
                    "bank-of-values")
     p.add_argument("--quick", action="store_true",
                    help="the claims tagged quick at scale quick: about 10 minutes on a 2-core CPU")
-    p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p (default: cpu, or quick)")
+    p.add_argument("--scale", help="quick, cpu, cpu-deep, gpu-resformer, gpu-sas-p, or several separated by "
+                   "commas (default: cpu, or quick)")
     p.add_argument("--out", default="runs/reproduce", help="the run store and, by default, the report")
-    p.add_argument("--report", help="write the report here instead of OUT")
+    p.add_argument("--report", help="write the report here instead of OUT; with several scales, the path of "
+                   "the page over them all (default OUT/REPRODUCTION.md; each scale's report goes to "
+                   "OUT/<scale>/, and OUT/notes.md, if there, is included as the page's reading)")
     p.add_argument("--no-train", action="store_true",
-                   help="only read runs that exist (a missing one is an error)")
+                   help="only read runs that exist (a missing one is an error): rebuilds the report from the "
+                   "run data exactly")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)

@@ -23,7 +23,7 @@ from typing import Any
 
 from blocklab import evidence
 from blocklab.claims import Check, Claim
-from blocklab.compare import Entry, slug, default_budget, merge, run_configs
+from blocklab.compare import Entry, default_budget, merge, run_configs, slug
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.training import TrainConfig
 
@@ -84,7 +84,8 @@ class Scale:
     def describe(self) -> str:
         """The description with the seeds and the sweep as configured."""
         more = f", up to {self.max_seeds} for an undecided claim" if self.max_seeds else ""
-        sweep = (f"; learning rate per architecture from a sweep of x{', x'.join(f'{f:.3g}' for f in self.lr_sweep)} "
+        factors = ", x".join(f"{f:.3g}" for f in self.lr_sweep)
+        sweep = (f"; learning rate per architecture from a sweep of x{factors} "
                  f"its recipe's rates ({self.sweep_steps} steps, seed 0)" if self.lr_sweep else "")
         return f"{self.description}, {self.seeds} seeds{more}{sweep}"
 
@@ -469,6 +470,7 @@ class Reproduction:
     launch: dict[str, Any] | None = None  # how the runs trained ("launcher", "jobs", "threads"); None: not
     sweeps: dict[str, Sweep] = field(default_factory=dict)  # the learning-rate sweep, by arch
     out: Path | None = None  # the run store of this scale, OUT/<scale>
+    measured: Measurements | None = None  # the measured metrics of the runs, for tables across claims
 
 
 def _scale(scale: str | Scale) -> tuple[str, Scale]:
@@ -486,7 +488,8 @@ def _more_seeds(results: list[ClaimResult], seeds: dict[tuple[str, str], int], s
     more: dict[tuple[str, str], int] = {}
     for result in results:
         for r in result.checks:
-            if not r.undecided or r.interval is None or not scale.max_seeds or r.interval.n >= scale.max_seeds:
+            most = scale.max_seeds
+            if not r.undecided or r.interval is None or not most or r.interval.n >= most:
                 continue
             for setting in _settings(r.check):
                 for arch in r.check.archs:
@@ -562,7 +565,8 @@ def reproduce(
         log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, up to {max(more.values())}")
         seeds.update(more)
     launched = launches[-1] if launches else None
-    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root)
+    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root,
+                        measured)
 
 
 # -- the campaign log: what trained the committed runs, read back by the report -------------------
@@ -588,4 +592,6 @@ def record_launch(root: Path, launch, seconds: float) -> None:
 
 def read_campaign(root: Path) -> list[dict[str, Any]]:
     path = root / CAMPAIGN
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import evidence
-from blocklab.report import html_table, md_table
-from blocklab.reproduce import CheckResult, ClaimResult, Reproduction
+from blocklab.report import html_table, md_table, plural
+from blocklab.reproduce import RESOLUTION_NATS, CheckResult, ClaimResult, Reproduction, read_campaign
 
 RELATION_WORDS = {
     "lower": "< 0",
@@ -42,17 +42,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
+                              timeout=10).stdout.strip()
+
     try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-                timeout=10,
-            ).stdout.strip()
-            or None
-        )
+        commit = git("rev-parse", "--short", "HEAD") or None
+        if commit and git("status", "--porcelain", "--untracked-files=no", "--", "."):
+            commit += "+changes"  # the package that ran differs from this commit
     except (OSError, subprocess.SubprocessError):
         commit = None
     return {
@@ -200,36 +197,127 @@ def _threads(launch: dict[str, Any] | None, info: dict[str, Any]) -> str:
         f", {plural(launch['threads'], 'thread')} each" if launch.get("threads") else "")
 
 
+def _interval_text(iv: evidence.Interval) -> str:
+    return f"{iv.mean:+.3f}" + ("" if iv.low is None else f" [{iv.low:+.3f}, {iv.high:+.3f}]")
+
+
+def campaign_text(root: Path | None) -> str | None:
+    """What trained the runs, from OUT/<scale>/campaign.jsonl: dates, commits, machine, runs at once
+    and threads, wall-clock time and runs trained; None without a log."""
+    from blocklab.reproduce import read_campaign
+
+    launches = read_campaign(root) if root is not None else []
+    if not launches:
+        return None
+    dates = sorted(r["date"] for r in launches)
+    commits = ", ".join(dict.fromkeys(str(r["commit"]) for r in launches))
+    machines = "; ".join(dict.fromkeys(f"{r['cpu']}, {r['cores']} cores, torch {r['torch']}"
+                                       for r in launches))
+    shares = ", ".join(dict.fromkeys(
+        plural(r["jobs"], "run") + " at once" + (f" on {plural(r['threads'], 'thread')} each"
+                                                  if r.get("threads") else "")
+        for r in launches))
+    hours = sum(r["wall_seconds"] for r in launches) / 3600
+    trained = sum(r["trained"] for r in launches)
+    return (f"{trained} runs trained in {len(launches)} launches ({dates[0]} to {dates[-1]}; "
+            f"{hours:.1f} hours "
+            f"of wall clock) at commit {commits}, on {machines}; {shares}.")
+
+
+def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
+    """The scale, the optimiser, the statistics and the verdict rules, and what trained the runs: a
+    function of the run data (and, for a store without a campaign log, of this machine)."""
+    n_runs = sum(len(v) for v in rep.runs.values())
+    n_sweep = sum(len(s.losses) for s in rep.sweeps.values())
+    trained_by = campaign_text(rep.out) or (
+        f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
+        f"torch {info['torch']}, "
+        f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; {info['date']}.")
+    seeds = sorted({cfg.seed for group in rep.runs.values() for _, cfg in group})
+    return (
+        f"Scale `{rep.scale_name}`: {rep.scale.describe()}. {_optimizers(rep.runs)} "
+        f"{n_runs} training runs{f' and {n_sweep} sweep runs' if n_sweep else ''}, seeds 0-{seeds[-1]}. "
+        "Runs are paired by seed: every architecture of a seed sees the same "
+        "batches and is validated on the same held-out windows. For each measured check, the per-seed "
+        "differences to the baseline, their mean and a 95% Student t-interval (mean ± t_{0.975,n-1} s/√n, "
+        "assuming normal, independent differences). Verdict: reproduced when the interval lies on the "
+        "claimed side (or inside the tolerance), contradicted when it lies on the other side; *no effect* "
+        f"when a loss check's interval holds zero and lies within ±{evidence.NO_EFFECT_NATS} nats (an "
+        "effect smaller than any the papers report); inconclusive otherwise or with fewer than "
+        f"{evidence.MIN_SEEDS} seeds. Exact quantities (parameters, FLOPs per token, cache bytes) are "
+        "compared directly. "
+        + (f"A check still inconclusive after {rep.scale.seeds} seeds, with an interval wider than ±"
+           f"{RESOLUTION_NATS} nats, got {rep.scale.seeds} more (up to {rep.scale.max_seeds}); two looks at "
+           "the data make the 95% nominal, a little optimistic. " if rep.scale.max_seeds else "")
+        + trained_by
+    )
+
+
+def sweep_rows(rep: Reproduction) -> tuple[list[str], list[list[str]]]:
+    """The learning-rate sweep: each arch's final validation loss per factor, and the chosen rates."""
+    factors = sorted({f for s in rep.sweeps.values() for f in s.losses})
+    head = ["architecture", *(f"x{f:.3g}" for f in factors), "chosen"]
+    rows = []
+    for arch, sweep in rep.sweeps.items():
+        cells = [f"{sweep.losses[f]:.4f}" if f in sweep.losses else "-" for f in factors]
+        best = factors.index(sweep.best)
+        cells[best] = f"**{cells[best]}**"
+        rows.append([arch, *cells, ", ".join(f"{k} {v:g}" for k, v in sweep.rates.items())])
+    return head, rows
+
+
+COMBINATION_TEXT = (
+    "The table no paper has: each paper's change alone and with SAS-P's block (or below Bank of Values' "
+    "table layers), at equal FLOPs. Cells are paired differences of final validation loss (nats; mean "
+    "[95% CI] over seeds). The interaction is (A+B - A) - (B - pre-ln): what B gains on top of A less "
+    "what it gains alone; near zero, the gains add up; positive, they overlap.")
+SWEEP_TEXT = ("Each architecture trained seed 0 for {steps} steps at each multiple of its recipe's peak "
+              "rates (AdamW's and Muon's together); the table gives the final validation loss, and its runs "
+              "train at the best (bold).")
+
+
+COMBINATION_HEAD = ["combination", "A - pre-ln", "B - pre-ln", "A+B - pre-ln", "A+B - A", "A+B - B",
+                    "interaction", "verdict"]
+
+
+def combination_rows(rep: Reproduction) -> list[list[str]]:
+    """The table no paper has: for each combination claim, every paired difference of final validation
+    loss among pre-ln, A, B and A+B at its setting (mean [95% CI], nats), the interaction
+    (A+B - A) - (B - pre-ln), and the claim's verdict."""
+    if rep.measured is None:
+        return []
+    rows = []
+    for result in rep.results:
+        if "combination" not in result.claim.tags:
+            continue
+        first, second, interaction = result.checks
+        together, a, b = first.check.arch, first.check.baseline, second.check.baseline
+        setting = first.check.setting
+
+        def loss(arch: str, _setting: str = setting) -> dict[int, float]:
+            return rep.measured.per_seed("val_loss", _setting, arch)
+
+        def diff(x: str, y: str) -> str:
+            return _interval_text(evidence.t_interval(evidence.paired_differences(loss(x), loss(y))))
+
+        assert interaction.interval is not None
+        rows.append([f"A = {a}, B = {b}: {together}", diff(a, "pre-ln"), diff(b, "pre-ln"),
+                     diff(together, "pre-ln"), diff(together, a), diff(together, b),
+                     _interval_text(interaction.interval), result.verdict])
+    return rows
+
+
+
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
 
-    results, scale, scale_name, runs, wall_seconds = (
-        rep.results,
-        rep.scale,
-        rep.scale_name,
-        rep.runs,
-        rep.seconds,
-    )
+    results, scale_name, runs = rep.results, rep.scale_name, rep.runs
     out = Path(out)
     figures = out / f"{scale_name}-figures"
     figures.mkdir(parents=True, exist_ok=True)
     info = machine()
-    n_runs = sum(len(v) for v in runs.values())
-    method = (
-        f"Scale `{scale_name}`: {scale.description}. {_optimizers(runs)} "
-        f"{n_runs} training runs. Runs are paired by seed: every architecture of a seed sees the same "
-        "batches and is validated on the same held-out windows. For each measured check, the per-seed "
-        "differences to the baseline, their mean and a 95% Student t-interval (mean ± t_{0.975,n-1} s/√n, "
-        "assuming normal, independent differences). Verdict: reproduced when the interval lies on the "
-        "claimed side (or inside the tolerance), contradicted when it lies on the other side, "
-        f"inconclusive otherwise or with fewer than {evidence.MIN_SEEDS} seeds. Exact quantities "
-        "(parameters, FLOPs per token, cache bytes) are compared directly. "
-        f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
-        f"torch {info['torch']}, blocklab {info['blocklab']}"
-        f"{' at ' + info['commit'] if info['commit'] else ''}; {info['date']}"
-        f"{f'; reproduce took {wall_seconds / 60:.1f} min' if wall_seconds else ''}."
-    )
+    method = method_text(rep, info)
     summary = [
         [r.claim.id, PAPERS[r.claim.paper].split(" (")[0], r.claim.where, r.claim.statement, r.verdict]
         for r in results
@@ -246,6 +334,19 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         "",
     ]
     md += md_table(["claim", "paper", "where", "claim", "verdict"], summary)
+    extra_html = ""
+    combos = combination_rows(rep)
+    if combos:
+        md += ["", "## Do the papers' gains add up?", "", COMBINATION_TEXT, ""]
+        md += md_table(COMBINATION_HEAD, combos)
+        extra_html += (f"<h2>Do the papers' gains add up?</h2><p>{html.escape(COMBINATION_TEXT)}</p>"
+                       + html_table(COMBINATION_HEAD, combos))
+    if rep.sweeps:
+        head, rows = sweep_rows(rep)
+        text = SWEEP_TEXT.format(steps=rep.scale.sweep_steps)
+        md += ["", "## Learning rates", "", text, ""]
+        md += md_table(head, rows)
+        extra_html += f"<h2>Learning rates</h2><p>{html.escape(text)}</p>" + html_table(head, rows)
     sections_html = []
     record = []
     for r in results:
@@ -318,8 +419,12 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     path = out / "reproduction.md"
     path.write_text("\n".join(md) + "\n")
     (out / "reproduction.json").write_text(
-        json.dumps({"scale": scale_name, "machine": info, "launch": rep.launch, "claims": record}, indent=2,
-                   default=_jsonable)
+        json.dumps({"scale": scale_name, "description": rep.scale.describe(),
+                    **({"campaign": read_campaign(rep.out)} if campaign_text(rep.out) else
+                       {"machine": info, "launch": rep.launch}),
+                    "sweep": {a: {"losses": {f"{f:.3g}": v for f, v in w.losses.items()}, "rates": w.rates}
+                              for a, w in rep.sweeps.items()},
+                    "claims": record}, indent=2, default=_jsonable)
     )
     page = (
         "<!doctype html><html><head><meta charset='utf-8'><title>blocklab reproduce</title><style>"
@@ -328,6 +433,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         "text-align:left;vertical-align:top}img{max-width:100%}</style></head><body>"
         f"<h1>blocklab reproduce: {html.escape(scale_name)}</h1><p>{html.escape(method)}</p>"
         f"<h2>Verdicts</h2>{html_table(['claim', 'paper', 'where', 'claim', 'verdict'], summary)}"
+        + extra_html
         + "".join(sections_html)
         + "</body></html>"
     )
@@ -337,3 +443,81 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
 
 def _jsonable(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else str(x)
+
+
+def _loss_claim(result: ClaimResult) -> bool:
+    return any(r.check.metric == "val_loss" for r in result.checks)
+
+
+def write_summary(reps: list[Reproduction], path: str | Path, command: str, notes: Path | None = None
+                  ) -> Path:
+    """One page over several scales (benchmarks/REPRODUCTION.md): how it was made and regenerated, the
+    verdict of every claim at every scale, the measured checks at a glance, the combination table and
+    the learning rates, with links to each scale's own report (OUT/<scale>/reproduction.md, written
+    beside it). A function of the run data and `notes` (a markdown file included as it is), so
+    regenerating it from the same data gives the same bytes."""
+    from blocklab.claims import PAPERS
+
+    path = Path(path)
+    names = [rep.scale_name for rep in reps]
+
+    def link(rep: Reproduction) -> str:
+        assert rep.out is not None
+        return os.path.relpath(rep.out / "reproduction.md", path.parent)
+
+    md = ["# Reproduction of the papers' claims on CPU", "",
+          f"Generated from the committed run data by `{command}`; do not edit it by hand (the reading below "
+          "comes from the notes file beside the data). Each scale's full report, with per-seed values "
+          "and figures, is linked below.", ""]
+    md += ["## How it was made", ""]
+    for rep in reps:
+        md += [f"**[{rep.scale_name}]({link(rep)})**. " + method_text(rep, machine()), ""]
+    md += ["## Verdicts", ""]
+    for rep in reps:
+        counts = {v: sum(r.verdict == v for r in rep.results) for v in evidence.VERDICTS}
+        loss = [r for r in rep.results if _loss_claim(r)]
+        open_loss = sum(r.verdict == "inconclusive" for r in loss)
+        md.append(f"- `{rep.scale_name}`: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+                  + f" of {len(rep.results)} claims; {open_loss} of the {len(loss)} loss claims "
+                  "inconclusive.")
+    md.append("")
+    by_scale = [{r.claim.id: r for r in rep.results} for rep in reps]
+    ids = list(dict.fromkeys(r.claim.id for rep in reps for r in rep.results))
+    rows = []
+    for cid in ids:
+        claim = next(results[cid].claim for results in by_scale if cid in results)
+        rows.append([cid, PAPERS[claim.paper].split(" (")[0], claim.where, claim.statement,
+                     *(results[cid].verdict if cid in results else "-" for results in by_scale)])
+    md += md_table(["claim", "paper", "where", "claim", *names], rows)
+    md += ["", "## The measured checks", "",
+           "Mean paired difference and 95% t-interval over n seeds, and the check's verdict, per scale.", ""]
+    rows = []
+    for cid in ids:
+        per_scale = [results.get(cid) for results in by_scale]
+        first = next(r for r in per_scale if r is not None)
+        for k, check in enumerate(first.checks):
+            if check.interval is None:
+                continue
+            cells = []
+            for r in per_scale:
+                iv = r.checks[k].interval if r is not None else None
+                cells.append("-" if iv is None or r is None else
+                             f"{_interval_text(iv)} (n={iv.n}) {r.checks[k].verdict}")
+            rows.append([cid, check.describe(), _relation(check), *cells])
+    md += md_table(["claim", "check", "expected", *names], rows)
+    for rep in reps:
+        combos = combination_rows(rep)
+        if combos:
+            md += ["", f"## Do the papers' gains add up? (`{rep.scale_name}`)", "", COMBINATION_TEXT, ""]
+            md += md_table(COMBINATION_HEAD, combos)
+    for rep in reps:
+        if rep.sweeps:
+            head, rows = sweep_rows(rep)
+            md += ["", f"## Learning rates (`{rep.scale_name}`)", "",
+                   SWEEP_TEXT.format(steps=rep.scale.sweep_steps), ""]
+            md += md_table(head, rows)
+    if notes is not None and notes.is_file():
+        md += ["", notes.read_text().strip()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(md) + "\n")
+    return path

@@ -150,7 +150,8 @@ class ResFormerBank(BankOfValues):
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         if 0 in cls.targets(cfg):
-            raise ConfigError(f"value_path_options['layers'] = {resolve_options(cls, cfg)['layers']!r} is not "
+            layers = resolve_options(cls, cfg)["layers"]
+            raise ConfigError(f"value_path_options['layers'] = {layers!r} is not "
                               "allowed for bov-resformer: layer 0 is the source of V_1, so the table layers "
                               f"must lie in [1, {cfg.n_layers}).")
 
