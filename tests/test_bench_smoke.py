@@ -176,3 +176,33 @@ def test_bench_decode_hand_frozen_mode_is_the_frozen_hand_loop():
 def test_bench_decode_refuses_an_unknown_compile_mode():
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--compile", "graphs"])
+
+
+def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
+    """benchmarks/gpu_campaign.py all --smoke: the MFU table and both GPU claims' pieces at a toy size on
+    the CPU; the runs keep their small files (no weights), each piece writes its report, and
+    `blocklab reproduce --no-train` reads the same runs back to the same verdicts."""
+    import gpu_campaign
+    from tests.helpers import write_code_corpus
+
+    from blocklab.claims import select
+    from blocklab.reproduce import reproduce
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    out = tmp_path / "out"
+    lines = gpu_campaign.main(["all", "--smoke", "--device", "cpu", "--out", str(out), "--data", str(corpus)])
+    assert lines[0] == f"mfu: {out / 'gpu-smoke.json'}"
+    assert json.loads((out / "gpu-smoke.json").read_text())["rows"]
+    assert [line.rsplit(": ", 1)[0] for line in lines[1:]] == [
+        "gpu-resformer-short: resformer-beats-pre-ln", "gpu-sas-p-short: sas-matches-pre-ln",
+        "gpu-sas-p-short: sas-p-throughput"]
+    for name, claims in gpu_campaign.PIECES.values():
+        assert (out / name / "reproduction.md").is_file()
+        assert not list((out / name).rglob("checkpoints"))
+        runs = list((out / name).rglob("summary.json"))
+        assert len(runs) == 3 * len(select(claims)[0].archs)
+    name, claims = gpu_campaign.PIECES["sas-p"]
+    saved = json.loads((out / name / "reproduction.json").read_text())
+    again = reproduce(select(claims), name, out, train=False)
+    assert [r.verdict for r in again.results] == [c["verdict"] for c in saved["claims"]]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,14 @@ SCALES: dict[str, Scale] = {
         eval_every=250,
     ),
 }
+# The GPU campaign's short budgets (benchmarks/gpu_campaign.py): each fits one 10-minute call on one
+# H100-class GPU, 3 seeds of every architecture one after another.
+SCALES["gpu-resformer-short"] = replace(
+    SCALES["gpu-resformer"], steps=400, eval_every=100,
+    description="resformer-82m (8 layers, d 512), 400 steps of 32 x 512 tokens (6.6M tokens), lr 1e-3")
+SCALES["gpu-sas-p-short"] = replace(
+    SCALES["gpu-sas-p"], steps=400, eval_every=100,
+    description="codeparrot-18l (18 layers, d 768), 400 steps of 64 x 128 tokens (3.3M tokens), lr 1e-3")
 
 
 # -- metrics ---------------------------------------------------------------------------------------
@@ -473,9 +481,9 @@ class Reproduction:
     measured: Measurements | None = None  # the measured metrics of the runs, for tables across claims
 
 
-def _scale(scale: str | Scale) -> tuple[str, Scale]:
+def _scale(scale: str | Scale, name: str | None = None) -> tuple[str, Scale]:
     if isinstance(scale, Scale):
-        return "custom", scale
+        return name or "custom", scale
     if scale not in SCALES:
         raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
     return scale, SCALES[scale]
@@ -505,6 +513,7 @@ def reproduce(
     train: bool = True,
     log=print,
     launcher=None,
+    name: str | None = None,
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
     (`blocklab.launch`; default one at a time here) and give each claim its verdict;
@@ -515,14 +524,14 @@ def reproduce(
     store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
     `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
     With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
-    training call left them.
+    training call left them. `name` names a `scale` given as a Scale (its folder; default "custom").
 
     Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
     cannot be judged on missing seeds)."""
     import time
 
     start = time.perf_counter()
-    name, scale = _scale(scale)
+    name, scale = _scale(scale, name)
     if not claims:
         raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
     root = Path(out) / name
