@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     p.add_argument("--results", type=Path, default=HERE / "results" / "gpu.json")
     p.add_argument("--budget-s", type=float, default=300.0, help="bench_gpu.py's budget for the MFU table")
     p.add_argument("--smoke", action="store_true", help="toy sizes on any device: seconds")
-    p.add_argument("--data", type=Path, help="with --smoke: a folder of text files instead of the embedded corpus")
+    p.add_argument("--data", type=Path,
+                   help="with --smoke: a folder of text files instead of the embedded corpus")
     opts = p.parse_args(argv)
     start = time.perf_counter()
     lines: list[str] = []
