@@ -626,14 +626,15 @@ def claim_rows(entries, runs_by_label, cfg: TrainConfig) -> list[list[str]]:
     rows = []
     for claim in CLAIMS:
         checks = [c for c in claim.checks if c.metric == "val_loss"]
-        if not checks or any(c.setting != setting or c.minus_setting or c.baseline not in by_arch
+        if not checks or any(c.setting != setting or c.minus_setting or c.minus or c.baseline not in by_arch
                              or c.arch not in by_arch for c in checks):
             continue
         verdicts = []
         for c in checks:
             iv = evidence.t_interval(evidence.paired_differences(_per_seed_loss(by_arch[c.arch]),
                                                                  _per_seed_loss(by_arch[c.baseline])))
-            verdicts.append(evidence.verdict(iv, c.relation, c.tolerance))
+            verdicts.append(evidence.verdict(iv, c.relation, c.tolerance,
+                                             equivalence=evidence.NO_EFFECT_NATS))
             interval = "-" if iv.low is None else f"[{iv.low:+.4f}, {iv.high:+.4f}]"
             expected = c.relation + (f" {c.tolerance:g}" if c.tolerance else "")
             rows.append([claim.id, f"{c.arch} - {c.baseline}", expected, f"{iv.mean:+.4f}", interval,
