@@ -324,6 +324,17 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
         if path != summary:
             assert path.read_bytes() == content, path
 
+    # a campaign under way: without one run, --no-train stops and names --partial; with it, the claim
+    # that reads the run is pending in the reports while the rest are judged
+    (root / "tiny-flops" / "runs" / "sas-p-seed2" / "summary.json").unlink()
+    assert main([*cli, "--no-train"]) == 2
+    assert main([*cli, "--no-train", "--partial"]) == 0
+    saved = json.loads((root / "reproduction.json").read_text())
+    assert [c["verdict"] for c in saved["claims"]] == ["pending"]
+    page = summary.read_text()
+    assert "--partial" in page and "| pending |" in page and "1 pending of 1 claims" in page
+    assert json.loads((out / "t4" / "reproduction.json").read_text())["claims"][0]["verdict"] != "pending"
+
 
 def test_undecided_checks_get_more_seeds_up_to_the_most():
     from blocklab.claims import Check, Claim

@@ -176,8 +176,11 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         return
     scales = names(args.scale) or ["quick" if args.quick else "cpu"]
     launcher = launch_cli.launcher_from_args(args, args.out)
-    reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher)
-            for scale in scales]
+    if args.partial and not args.no_train:
+        raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
+                          "judges.")
+    reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
+                      partial=args.partial) for scale in scales]
     if len(reps) == 1:
         path = write_reproduction(reps[0], args.report or args.out)
         print(f"report: {path} (and {path.with_suffix('.html')})")
@@ -185,8 +188,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         for rep in reps:
             write_reproduction(rep, Path(args.out) / rep.scale_name)
         report = args.report or str(Path(args.out) / "REPRODUCTION.md")
-        command = (f"blocklab reproduce --scale {','.join(scales)} --no-train --out {args.out} "
-                   f"--report {report}")
+        command = (f"blocklab reproduce --scale {','.join(scales)} --no-train "
+                   f"{'--partial ' if args.partial else ''}--out {args.out} --report {report}")
         if args.claims or args.paper or args.quick:
             chosen = (("claims", args.claims), ("paper", args.paper))
             command += "".join(f" --{k} {v}" for k, v in chosen if v)
@@ -337,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-train", action="store_true",
                    help="only read runs that exist (a missing one is an error): rebuilds the report from the "
                    "run data exactly")
+    p.add_argument("--partial", action="store_true",
+                   help="with --no-train: judge the claims whose runs have finished; the others read pending "
+                   "(the report of a campaign still under way)")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)

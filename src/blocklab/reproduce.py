@@ -327,19 +327,35 @@ class Sweep:
         return min(finite, key=finite.__getitem__)
 
 
-def read_sweep(plan: list[tuple[str, float, TrainConfig]], scale: Scale) -> dict[str, Sweep]:
-    """Each arch's sweep from its finished runs (a missing run is an error, as for the claims' runs)."""
+def read_sweep(plan: list[tuple[str, float, TrainConfig]], scale: Scale, partial: bool = False
+               ) -> dict[str, Sweep]:
+    """Each arch's sweep from its finished runs. A missing run is an error, as for the claims' runs;
+    with `partial`, its arch is left out."""
     sweeps: dict[str, Sweep] = {}
+    missing = set()
     for arch, factor, cfg in plan:
         run = Path(cfg.out_dir)
         if not (run / "summary.json").is_file():
-            raise ConfigError(f"{run} has not finished training: run `blocklab reproduce` without --no-train "
-                              "to train it (finished runs are reused).")
+            if partial:
+                missing.add(arch)
+                continue
+            raise ConfigError(not_finished(run))
         loss = _summary(run).get("val_loss")
         sweeps.setdefault(arch, Sweep(arch, {}, {})).losses[factor] = float("nan") if loss is None else loss
+    for arch in missing:
+        sweeps.pop(arch, None)
     for sweep in sweeps.values():
         sweep.rates = scaled_rates(sweep.arch, scale, sweep.best)
     return sweeps
+
+
+def not_finished(run: Path) -> str:
+    return (f"{run} has not finished training: run `blocklab reproduce` without --no-train to train it "
+            "(finished runs are reused), or add --partial to judge only the claims whose runs have finished.")
+
+
+class NotFinished(ConfigError):
+    """A run a check reads has not finished (with --partial, its claim reads pending)."""
 
 
 def finished_seeds(group: Path, arch: str) -> int:
@@ -365,6 +381,10 @@ def plan(claims: list[Claim], scale: Scale, out: Path, factors: dict[str, float]
                                     out / scale.group(setting), scale.base(setting))
         ]
     return runs
+
+
+# The verdict of a claim whose runs have not all finished (`reproduce(..., partial=True)`).
+PENDING = "pending"
 
 
 @dataclass
@@ -405,10 +425,7 @@ class Measurements:
         for (s, a, seed), run in self.runs.items():
             if (s, a) == (setting, arch):
                 if not (run / "summary.json").is_file():
-                    raise ConfigError(
-                        f"{run} has not finished training: run `blocklab reproduce` without "
-                        "--no-train to train it (finished runs are reused)."
-                    )
+                    raise NotFinished(not_finished(run))
                 value = METRICS[metric].compute(run)
                 if value is None or (isinstance(value, float) and math.isnan(value)):
                     raise ConfigError(f"{run} has no {metric} (did it finish?)")
@@ -469,7 +486,8 @@ class ClaimResult:
 
     @property
     def verdict(self) -> str:
-        return evidence.combine([c.verdict for c in self.checks])
+        verdicts = [c.verdict for c in self.checks]
+        return PENDING if PENDING in verdicts else evidence.combine(verdicts)
 
 
 @dataclass
@@ -491,6 +509,26 @@ def _scale(scale: str | Scale, name: str | None = None) -> tuple[str, Scale]:
     if scale not in SCALES:
         raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
     return scale, SCALES[scale]
+
+
+def _judge(claims: list[Claim], scale: Scale, measured: Measurements, ready: set[str] | None,
+           partial: bool) -> list[ClaimResult]:
+    """Each claim's verdict; with `partial`, a claim whose runs have not all finished (or whose archs'
+    sweep has not: not in `ready`) reads pending, its exact checks still judged."""
+    results = []
+    for claim in claims:
+        measured_archs = {a for k in claim.checks if not METRICS[k.metric].exact for a in k.archs}
+        try:
+            if ready is not None and not measured_archs <= ready:
+                raise NotFinished("the learning-rate sweep of an architecture has not finished")
+            results.append(ClaimResult(claim, [evaluate_check(k, scale, measured) for k in claim.checks]))
+        except NotFinished:
+            if not partial:
+                raise
+            results.append(ClaimResult(claim, [
+                evaluate_check(k, scale, measured) if METRICS[k.metric].exact else CheckResult(k, PENDING)
+                for k in claim.checks]))
+    return results
 
 
 def _more_seeds(results: list[ClaimResult], seeds: dict[tuple[str, str], int], scale: Scale
@@ -518,6 +556,7 @@ def reproduce(
     log=print,
     launcher=None,
     name: str | None = None,
+    partial: bool = False,
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
     (`blocklab.launch`; default one at a time here) and give each claim its verdict;
@@ -528,7 +567,9 @@ def reproduce(
     store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
     `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
     With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
-    training call left them. `name` names a `scale` given as a Scale (its folder; default "custom").
+    training call left them; with `partial` too, a claim whose runs have not all finished reads
+    pending instead of stopping the call. `name` names a `scale` given as a Scale (its folder;
+    default "custom").
 
     Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
     cannot be judged on missing seeds)."""
@@ -560,19 +601,25 @@ def reproduce(
         if train:
             began = time.perf_counter()
             train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
-        sweeps = read_sweep(swept, scale)
+        sweeps = read_sweep(swept, scale, partial=partial and not train)
     factors = {arch: s.best for arch, s in sweeps.items()} or None
+    ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
     seeds = {(setting, arch): max(scale.seeds, finished_seeds(root / scale.group(setting), arch))
              for setting, archs in needed.items() for arch in archs}
+    if ready is not None and not train:  # plan only what the finished sweeps allow
+        claims_to_plan = [c for c in claims if {a for k in c.checks for a in k.archs
+                                                if not METRICS[k.metric].exact} <= ready]
+    else:
+        claims_to_plan = claims
     while True:
-        runs = plan(claims, scale, root, factors, seeds)
+        runs = plan(claims_to_plan, scale, root, factors, seeds)
         if train:
             began = time.perf_counter()
             for setting, configs in runs.items():
                 log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
             train_all([pair for configs in runs.values() for pair in configs], "claims")
         measured = Measurements(runs)
-        results = [ClaimResult(c, [evaluate_check(k, scale, measured) for k in c.checks]) for c in claims]
+        results = _judge(claims, scale, measured, ready, partial and not train)
         more = _more_seeds(results, seeds, scale) if train else {}
         if not more:
             break

@@ -15,7 +15,15 @@ from typing import Any
 
 from blocklab import evidence
 from blocklab.report import html_table, md_table, plural
-from blocklab.reproduce import RESOLUTION_NATS, CheckResult, ClaimResult, Reproduction, read_campaign
+from blocklab.reproduce import (
+    METRICS,
+    PENDING,
+    RESOLUTION_NATS,
+    CheckResult,
+    ClaimResult,
+    Reproduction,
+    read_campaign,
+)
 
 RELATION_WORDS = {
     "lower": "< 0",
@@ -69,7 +77,12 @@ def _relation(result: CheckResult) -> str:
     return RELATION_WORDS[c.relation].format(tol=f"{c.tolerance:g}", expected=c.expected)
 
 
+VERDICTS = (*evidence.VERDICTS, PENDING)  # pending: runs not finished (reproduce --partial)
+
+
 def _cells(result: CheckResult) -> list[str]:
+    if result.verdict == PENDING:
+        return [result.describe(), "runs not finished", "-", "-", _relation(result), PENDING]
     if result.interval is not None:
         iv = result.interval
         seeds = ", ".join(f"{v:+.4f}" for v in iv.values)
@@ -293,6 +306,9 @@ def combination_rows(rep: Reproduction) -> list[list[str]]:
         first, second, interaction = result.checks
         together, a, b = first.check.arch, first.check.baseline, second.check.baseline
         setting = first.check.setting
+        if result.verdict == PENDING:
+            rows.append([f"A = {a}, B = {b}: {together}", *["-"] * 6, PENDING])
+            continue
 
         def loss(arch: str, _setting: str = setting) -> dict[int, float]:
             return rep.measured.per_seed("val_loss", _setting, arch)
@@ -322,7 +338,8 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         [r.claim.id, PAPERS[r.claim.paper].split(" (")[0], r.claim.where, r.claim.statement, r.verdict]
         for r in results
     ]
-    counts = {v: sum(r.verdict == v for r in results) for v in evidence.VERDICTS}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS if v != PENDING or
+              any(r.verdict == PENDING for r in results)}
     md = [
         f"# blocklab reproduce: {scale_name}",
         "",
@@ -474,7 +491,7 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
         md += [f"**[{rep.scale_name}]({link(rep)})**. " + method_text(rep, machine()), ""]
     md += ["## Verdicts", ""]
     for rep in reps:
-        counts = {v: sum(r.verdict == v for r in rep.results) for v in evidence.VERDICTS}
+        counts = {v: sum(r.verdict == v for r in rep.results) for v in VERDICTS}
         loss = [r for r in rep.results if _loss_claim(r)]
         open_loss = sum(r.verdict == "inconclusive" for r in loss)
         md.append(f"- `{rep.scale_name}`: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
@@ -496,12 +513,12 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
         per_scale = [results.get(cid) for results in by_scale]
         first = next(r for r in per_scale if r is not None)
         for k, check in enumerate(first.checks):
-            if check.interval is None:
+            if METRICS[check.check.metric].exact:
                 continue
             cells = []
             for r in per_scale:
                 iv = r.checks[k].interval if r is not None else None
-                cells.append("-" if iv is None or r is None else
+                cells.append("-" if r is None else PENDING if iv is None else
                              f"{_interval_text(iv)} (n={iv.n}) {r.checks[k].verdict}")
             rows.append([cid, check.describe(), _relation(check), *cells])
     md += md_table(["claim", "check", "expected", *names], rows)
