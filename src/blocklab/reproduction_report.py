@@ -160,6 +160,7 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
 
     settings = list(dict.fromkeys(s for c in checks for s in (c.setting, c.minus_setting) if s))
     fig, axes = plt.subplots(1, len(settings), figsize=(6.4 * len(settings), 4.2), squeeze=False)
+    drawn = False
     for ax, setting in zip(axes[0], settings, strict=True):
         archs = list(dict.fromkeys(a for c in checks for a in (c.baseline, c.arch) if a))
         for k, arch in enumerate(archs):
@@ -170,6 +171,7 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
             ]
             if not curves:
                 continue
+            drawn = True
             n = min(len(c) for c in curves)
             steps = [curves[0][i][0] for i in range(n)]
             ys = [[c[i][1] for c in curves] for i in range(n)]
@@ -181,7 +183,11 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss (nats/token)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if not drawn:  # no run of the claim has finished (reproduce --partial)
+        plt.close(fig)
+        return None
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -194,6 +200,8 @@ def _optimizers(runs: dict[str, list]) -> str:
     from blocklab.report import follows_recipe, optimizer_text
 
     configs = [(entry, cfg) for group in runs.values() for entry, cfg in group]
+    if not configs:
+        return ""
     kinds = sorted({f"{optimizer_text(cfg)}; peak lr {cfg.optim.lr:g}" for _, cfg in configs})
     recipe = all(follows_recipe(entry.arch, cfg) for entry, cfg in configs)
     return ("Optimiser: " + " | ".join(kinds) + (" (the main job's recipe for the size and each "
@@ -247,9 +255,11 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
         f"torch {info['torch']}, "
         f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; {info['date']}.")
     seeds = sorted({cfg.seed for group in rep.runs.values() for _, cfg in group})
+    planned = (f"{n_runs} training runs{f' and {n_sweep} sweep runs' if n_sweep else ''}, seeds 0-{seeds[-1]}"
+               if seeds else "No run planned yet (the learning-rate sweep has not finished)")
+    optimizers = _optimizers(rep.runs) + " " if rep.runs else ""
     return (
-        f"Scale `{rep.scale_name}`: {rep.scale.describe()}. {_optimizers(rep.runs)} "
-        f"{n_runs} training runs{f' and {n_sweep} sweep runs' if n_sweep else ''}, seeds 0-{seeds[-1]}. "
+        f"Scale `{rep.scale_name}`: {rep.scale.describe()}. {optimizers}{planned}. "
         "Runs are paired by seed: every architecture of a seed sees the same "
         "batches and is validated on the same held-out windows. For each measured check, the per-seed "
         "differences to the baseline, their mean and a 95% Student t-interval (mean ± t_{0.975,n-1} s/√n, "
@@ -494,9 +504,10 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
         counts = {v: sum(r.verdict == v for r in rep.results) for v in VERDICTS}
         loss = [r for r in rep.results if _loss_claim(r)]
         open_loss = sum(r.verdict == "inconclusive" for r in loss)
+        waiting = sum(r.verdict == PENDING for r in loss)
         md.append(f"- `{rep.scale_name}`: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
                   + f" of {len(rep.results)} claims; {open_loss} of the {len(loss)} loss claims "
-                  "inconclusive.")
+                  "inconclusive" + (f", {waiting} pending" if waiting else "") + ".")
     md.append("")
     by_scale = [{r.claim.id: r for r in rep.results} for rep in reps]
     ids = list(dict.fromkeys(r.claim.id for rep in reps for r in rep.results))
