@@ -7,9 +7,7 @@ import html
 import json
 import math
 import os
-import platform
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from blocklab.reproduce import (
     CheckResult,
     ClaimResult,
     Reproduction,
+    machine,
     read_campaign,
 )
 
@@ -32,44 +31,6 @@ RELATION_WORDS = {
     "at_most": "≤ {tol}",
     "equals": "= {expected}",
 }
-
-
-def machine() -> dict[str, Any]:
-    """What ran the runs: CPU, threads, versions, commit and date."""
-    import subprocess
-
-    import torch
-
-    import blocklab
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=Path(__file__).parent,
-                              timeout=10).stdout.strip()
-
-    try:
-        commit = git("rev-parse", "--short", "HEAD") or None
-        if commit and git("status", "--porcelain", "--untracked-files=no", "--", "."):
-            commit += "+changes"  # the package that ran differs from this commit
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "blocklab": blocklab.__version__,
-        "python": platform.python_version(),
-        "commit": commit,
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def _relation(result: CheckResult) -> str:
@@ -240,7 +201,8 @@ def campaign_text(root: Path | None) -> str | None:
         for r in launches))
     hours = sum(r["wall_seconds"] for r in launches) / 3600
     trained = sum(r["trained"] for r in launches)
-    return (f"{trained} runs trained in {len(launches)} launches ({dates[0]} to {dates[-1]}; "
+    return (f"{trained} runs trained in {len(launches)} launch(es) that ran to their end "
+            f"({dates[0]} to {dates[-1]}; "
             f"{hours:.1f} hours "
             f"of wall clock) at commit {commits}, on {machines}; {shares}.")
 
@@ -250,10 +212,21 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
     function of the run data (and, for a store without a campaign log, of this machine)."""
     n_runs = sum(len(v) for v in rep.runs.values())
     n_sweep = sum(len(s.losses) for s in rep.sweeps.values())
-    trained_by = campaign_text(rep.out) or (
-        f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
-        f"torch {info['torch']}, "
-        f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; {info['date']}.")
+    finished = [json.loads((Path(cfg.out_dir) / "summary.json").read_text())
+                for group in rep.runs.values() for _, cfg in group
+                if (Path(cfg.out_dir) / "summary.json").is_file()]
+    if rep.out is not None and not finished and not campaign_text(rep.out):
+        trained_by = "No run has trained yet."  # a function of the (empty) data, not of this machine
+    else:
+        trained_by = campaign_text(rep.out) or (
+            f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
+            f"torch {info['torch']}, "
+            f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; "
+            f"{info['date']}.")
+    if finished and rep.out is not None:
+        hours = sum(r["train_time"] for r in finished) / 3600
+        trained_by += (f" The store holds {len(finished)} finished claim runs of {n_runs} planned "
+                       f"({hours:.1f} hours of training, from their summaries).")
     seeds = sorted({cfg.seed for group in rep.runs.values() for _, cfg in group})
     planned = (f"{n_runs} training runs{f' and {n_sweep} sweep runs' if n_sweep else ''}, seeds 0-{seeds[-1]}"
                if seeds else "No run planned yet (the learning-rate sweep has not finished)")
