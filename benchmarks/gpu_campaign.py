@@ -1,5 +1,6 @@
-"""The GPU campaign: the papers' GPU-scale claims at short budgets and the MFU table, in pieces that
-each fit one 10-minute call on one H100-class GPU (about 20 minutes in all).
+"""The GPU campaign: the papers' GPU-scale claims at short budgets and the MFU table, in pieces meant
+to fit one 10-minute call each on one H100-class GPU, about 20 minutes in all. The times below are
+estimates from the models' FLOPs, not yet measured (no GPU was lent when this was written).
 
     python benchmarks/gpu_campaign.py mfu        # bench_gpu.py --quick: tokens/s, MFU, memory (~5 min)
     python benchmarks/gpu_campaign.py resformer  # ResFormer-82M vs the Transformer, 3 seeds (~6 min)

@@ -337,6 +337,8 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
 
 
 def test_undecided_checks_get_more_seeds_up_to_the_most():
+    from dataclasses import replace
+
     from blocklab.claims import Check, Claim
     from blocklab.evidence import t_interval
     from blocklab.reproduce import CheckResult, ClaimResult, _more_seeds
@@ -357,10 +359,4 @@ def test_undecided_checks_get_more_seeds_up_to_the_most():
     at_most = {**seeds, ("steps", "resformer"): 10, ("steps", "pre-ln"): 10}
     ten = result("resformer", [0.1, -0.2] * 5, "inconclusive")
     assert _more_seeds([ten], at_most, scale) == {}  # max_seeds reached
-    assert _more_seeds([wide], seeds, replace_scale(scale, max_seeds=None)) == {}
-
-
-def replace_scale(scale, **fields):
-    from dataclasses import replace
-
-    return replace(scale, **fields)
+    assert _more_seeds([wide], seeds, replace(scale, max_seeds=None)) == {}

@@ -621,7 +621,8 @@ def _torchrun(n: int, args: list[str], cwd: Path) -> str:
 
 @pytest.mark.parametrize("arch, parallel", [("pre-ln", "ddp"), ("pre-ln", "fsdp"), ("sas-p", "ddp"),
                                             ("sas-p", "fsdp"), ("sas-p+resformer-learnable", "fsdp"),
-                                            ("bov", "fsdp"), ("denseformer", "fsdp"), ("svformer", "fsdp")])
+                                            ("bov", "fsdp"), ("denseformer", "fsdp"), ("svformer", "fsdp"),
+                                            ("sas-p+bov-resformer", "fsdp")])
 def test_two_processes_match_one(corpus, tmp_path, arch, parallel):
     """Learned gains (SAS-P's alpha/beta/gamma, ResFormer's lambdas) are logged every step: under FSDP
     gathering them is a collective that every rank must enter (it hung when only rank 0 did)."""

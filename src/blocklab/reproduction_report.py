@@ -186,8 +186,6 @@ def _interval_text(iv: evidence.Interval) -> str:
 def campaign_text(root: Path | None) -> str | None:
     """What trained the runs, from OUT/<scale>/campaign.jsonl: dates, commits, machine, runs at once
     and threads, wall-clock time and runs trained; None without a log."""
-    from blocklab.reproduce import read_campaign
-
     launches = read_campaign(root) if root is not None else []
     if not launches:
         return None
@@ -306,7 +304,6 @@ def combination_rows(rep: Reproduction) -> list[list[str]]:
     return rows
 
 
-
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
@@ -420,8 +417,10 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     path.write_text("\n".join(md) + "\n")
     (out / "reproduction.json").write_text(
         json.dumps({"scale": scale_name, "description": rep.scale.describe(),
-                    **({"campaign": read_campaign(rep.out)} if campaign_text(rep.out) else
-                       {"machine": info, "launch": rep.launch}),
+                    # the campaign log where there is one or nothing has trained (so the file is a
+                    # function of the data); this machine otherwise (a store from before the log)
+                    **({"campaign": read_campaign(rep.out)} if campaign_text(rep.out) or "No run has trained"
+                       in method else {"machine": info, "launch": rep.launch}),
                     "sweep": {a: {"losses": {f"{f:.3g}": v for f, v in w.losses.items()}, "rates": w.rates}
                               for a, w in rep.sweeps.items()},
                     "claims": record}, indent=2, default=_jsonable)
