@@ -232,7 +232,8 @@ def test_a_second_process_waits_for_the_runs_lock(tmp_path):
 
 def test_the_summary_marks_a_finished_run_only_once_it_is_whole(corpus, tmp_path, monkeypatch):
     """summary.json is written to a temporary file and renamed: a run stopped while writing it has none."""
-    from blocklab.training import TrainConfig, loop, train
+    from blocklab import filemodes
+    from blocklab.training import TrainConfig, train
 
     real = os.replace
 
@@ -241,7 +242,7 @@ def test_the_summary_marks_a_finished_run_only_once_it_is_whole(corpus, tmp_path
             raise KeyboardInterrupt
         return real(src, dst)
 
-    monkeypatch.setattr(loop.os, "replace", crash_on_summary)
+    monkeypatch.setattr(filemodes.os, "replace", crash_on_summary)
     cfg = TrainConfig.from_dict({**base(corpus, tmp_path / "cache", steps=2),
                                  "out_dir": str(tmp_path / "run")})
     with pytest.raises(KeyboardInterrupt):

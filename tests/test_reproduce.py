@@ -130,6 +130,7 @@ def tiny_scale(corpus, cache) -> Scale:
         seq_len=32,
         lr=3e-3,
         eval_every=5,
+        timing_rounds=4,
         model={"d_model": 32, "n_layers": 4, "n_heads": 2},
         train={
             "eval_batches": 2,
@@ -163,11 +164,22 @@ def test_reproduce_end_to_end(corpus, tmp_path):
         "no effect" if -0.02 <= low and high <= 0.02 else "inconclusive")
     assert check.verdict == expected
 
-    # throughput as a ratio per seed
-    ratios = [
-        summary("sas-p", s)["tokens_per_s"] / summary("pre-ln", s)["tokens_per_s"] - 1 for s in range(3)
-    ]
-    assert results["sas-p-throughput"].checks[0].interval.values == pytest.approx(ratios, rel=1e-12)
+    # throughput: a ratio per round of the interleaved timing pass after training, never the logs
+    timing = json.loads((runs.parent / "timing.json").read_text())
+    assert timing["rounds"] == scale.timing_rounds and timing["steps"] == scale.timing_steps
+
+    def round_medians(arch):
+        times = timing["architectures"][arch]["step_s"]
+        assert len(times) == scale.timing_rounds * scale.timing_steps
+        return [float(np.median(times[r * scale.timing_steps:(r + 1) * scale.timing_steps]))
+                for r in range(scale.timing_rounds)]
+
+    ratios = [p / s - 1 for s, p in zip(round_medians("sas-p"), round_medians("pre-ln"), strict=True)]
+    throughput = results["sas-p-throughput"].checks[0]
+    assert throughput.interval.values == pytest.approx(ratios, rel=1e-9)
+    logged = [summary("sas-p", s)["tokens_per_s"] / summary("pre-ln", s)["tokens_per_s"] - 1
+              for s in range(3)]
+    assert throughput.interval.values[:3] != pytest.approx(logged)
 
     # SVFormer's cache by hand: pre-ln keeps K and V in all L layers, SVFormer K in all and V once
     kv = results["svformer-kv-cache"].checks[0]
@@ -201,7 +213,12 @@ def test_reproduce_end_to_end(corpus, tmp_path):
     again = reproduce(chosen, scale, out, log=messages.append)
     trained = [m for m in messages if m.endswith(": training")]
     assert not trained and any("reused" in m for m in messages)
+    assert not any("timing" in m for m in messages), "a group timed once is not timed again"
     assert [r.verdict for r in again.results] == [r.verdict for r in rep.results]
+    read_back = reproduce(chosen, scale, out, train=False, log=lambda *_: None)
+    assert {r.claim.id: r.checks[0].interval.values for r in read_back.results if r.checks[0].interval} == {
+        r.claim.id: r.checks[0].interval.values for r in rep.results if r.checks[0].interval}
+    assert "## Throughput" in md and "4 rounds x 3 steps" in md
 
 
 def test_deep_entropy_reads_the_deeper_half(corpus, tmp_path, monkeypatch):

@@ -114,8 +114,10 @@ CLAIMS: tuple[Claim, ...] = (
             Check("tokens_per_s", "sas-p", "pre-ln", "higher", relative=True),
             Check("flops_per_token", "sas-p", "pre-ln", "lower"),
         ),
-        notes="tokens/s is measured on the machine that ran the runs, one run after another; on a "
-        "shared machine load changes between runs widen the interval.",
+        notes="tokens/s comes from a timing pass after training, not from the runs' logs (a run shares "
+        "the machine with whatever else ran, and a resumed run's logged speed is its last half's): each "
+        "architecture's training step in interleaved rounds, so a change in load hits both alike; the "
+        "values are per round, the interval over rounds.",
         tags=("quick",),
     ),
     Claim(

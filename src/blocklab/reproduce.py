@@ -52,6 +52,9 @@ class Scale:
     lr_sweep: tuple[float, ...] = ()
     sweep_steps: int = 200
     leaves_out: tuple[str, ...] = ()  # claims with these tags are not judged at this scale
+    # The throughput checks' interleaved timing after training (`time_throughput`): rounds x steps
+    timing_rounds: int = 10
+    timing_steps: int = 3
 
     def base(self, setting: str) -> dict[str, Any]:
         """The TrainConfig fields shared by every run of `setting` (the budget included)."""
@@ -100,7 +103,7 @@ SETTINGS = ("steps", "flops", "seq-long")
 # The evidence scales: a per-architecture learning-rate sweep at x1/3, x1 and x3 of the recipe's rates
 # (the recipe's own grid, benchmarks/baseline_grid.py --grid lr), 5 seeds, and 5 more for a claim
 # still undecided after them.
-EVIDENCE = dict(seeds=5, max_seeds=10, lr_sweep=(1 / 3, 1.0, 3.0), sweep_steps=200)
+EVIDENCE = dict(seeds=5, max_seeds=10, lr_sweep=(1 / 3, 1.0, 3.0), sweep_steps=200, timing_rounds=20)
 
 SCALES: dict[str, Scale] = {
     "quick": Scale(
@@ -242,19 +245,23 @@ RESOLUTION_NATS = 0.01
 class Metric:
     description: str
     exact: bool  # a property of the architecture (no seeds) rather than a measurement of a run
-    compute: Callable[[Any], float]  # exact: ModelConfig -> float; measured: run directory -> float
+    # exact: ModelConfig -> float; measured: run directory -> float; timed: unused (None)
+    compute: Callable[[Any], float] | None
     # the equivalence bound of a "no effect" verdict (evidence.NO_EFFECT_NATS for losses; None: none)
     equivalence: float | None = None
     # an undecided check gets more seeds while its interval's half-width exceeds this (None: always)
     resolution: float | None = None
+    # measured per round of the interleaved timing pass after training (`time_throughput`), not per
+    # seed from a run's logs: more seeds do not narrow it
+    timed: bool = False
 
 
 METRICS: dict[str, Metric] = {
     "val_loss": Metric("final validation loss (nats/token)", False, lambda run: _summary(run)["val_loss"],
                        evidence.NO_EFFECT_NATS, RESOLUTION_NATS),
     "val_bpb": Metric("final validation bits per byte", False, lambda run: _summary(run)["val_bpb"]),
-    "tokens_per_s": Metric("training tokens/s", False, lambda run: _summary(run)["tokens_per_s"],
-                           resolution=0.01),
+    "tokens_per_s": Metric("training tokens/s, interleaved timing after training (per round)", False,
+                           None, timed=True),
     "deep_entropy": Metric("importance entropy, deeper half of the layers (nats)", False, deep_entropy),
     "lambda_v1_slope": Metric("slope of learned lambda_1 over layers", False, lambda_v1_slope),
     "params": Metric("parameters", True, _params),
@@ -408,7 +415,7 @@ class CheckResult:
     @property
     def undecided(self) -> bool:
         """Inconclusive with an interval wider than its metric's resolution: more seeds may decide it."""
-        if self.verdict != "inconclusive" or self.interval is None:
+        if self.verdict != "inconclusive" or self.interval is None or METRICS[self.check.metric].timed:
             return False
         resolution = METRICS[self.check.metric].resolution
         width = self.interval.half_width
@@ -424,12 +431,17 @@ class Measurements:
         }
 
     def per_seed(self, metric: str, setting: str, arch: str) -> dict[int, float]:
+        """{seed: value}; for a timed metric {round: value} of the group's interleaved timing."""
         out = {}
         for (s, a, seed), run in self.runs.items():
             if (s, a) == (setting, arch):
                 if not (run / "summary.json").is_file():
                     raise NotFinished(not_finished(run))
-                value = METRICS[metric].compute(run)
+                if METRICS[metric].timed:
+                    return read_timing(run.parent.parent, arch)
+                compute = METRICS[metric].compute
+                assert compute is not None
+                value = compute(run)
                 if value is None or (isinstance(value, float) and math.isnan(value)):
                     raise ConfigError(f"{run} has no {metric} (did it finish?)")
                 out[seed] = float(value)
@@ -569,6 +581,8 @@ def reproduce(
     best rate. Every (setting, arch) gets `scale.seeds` seeds, or as many as have finished in the
     store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
     `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
+    Throughput checks read an interleaved timing pass after training (`time_throughput`), never the
+    runs' logged tokens/s.
     With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
     training call left them; with `partial` too, a claim whose runs have not all finished reads
     pending instead of stopping the call. `name` names a `scale` given as a Scale (its folder;
@@ -621,6 +635,8 @@ def reproduce(
             for setting, configs in runs.items():
                 log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
             train_all([pair for configs in runs.values() for pair in configs], "claims")
+            # speed from interleaved rounds on this machine once training is over, not from the logs
+            time_throughput(claims_to_plan, scale, root, runs, launches[-1].get("threads"), log)
         measured = Measurements(runs)
         results = _judge(claims, scale, measured, ready, partial and not train)
         more = _more_seeds(results, seeds, scale) if train else {}
@@ -631,6 +647,78 @@ def reproduce(
     launched = launches[-1] if launches else None
     return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root,
                         measured)
+
+
+# -- throughput from interleaved timing ---------------------------------------------------------------
+TIMING = "timing.json"
+
+
+def timed_archs(claims: list[Claim]) -> dict[str, list[str]]:
+    """The architectures whose speed the claims' timed checks compare, by setting."""
+    timed: dict[str, dict[str, None]] = {}
+    for claim in claims:
+        for check in claim.checks:
+            if METRICS[check.metric].timed:
+                for setting in _settings(check):
+                    timed.setdefault(setting, {}).update(dict.fromkeys(check.archs))
+    return {setting: list(archs) for setting, archs in timed.items()}
+
+
+def time_throughput(claims: list[Claim], scale: Scale, root: Path,
+                    runs: dict[str, list[tuple[Entry, TrainConfig]]], threads: int | None, log=print) -> None:
+    """After training: time the training step of every architecture a throughput check reads again,
+    in `scale.timing_rounds` interleaved rounds of `scale.timing_steps` steps
+    (`compare.measure_architectures`, as compare's report does), on `threads` threads (the runs'), and
+    keep the step times in OUT/<scale>/<group>/timing.json. A run's logged tokens/s depends on what
+    else the machine did while it trained (another run, a resumed half); within a round every
+    architecture meets the same load. A group already timed for these architectures is not timed
+    again, so the verdict stays a function of the committed data."""
+    import time
+
+    from blocklab.compare import measure_architectures
+    from blocklab.filemodes import atomic_write_text
+
+    for setting, archs in timed_archs(claims).items():
+        path = root / scale.group(setting) / TIMING
+        if path.is_file() and set(archs) <= set(json.loads(path.read_text())["architectures"]):
+            continue
+        firsts = {e.label: (e, cfg) for e, cfg in reversed(runs.get(setting, []))}  # seed 0 of each arch
+        configs = [firsts[a] for a in archs]
+        if threads is not None:
+            configs = [(e, replace(cfg, threads=threads)) for e, cfg in configs]
+        log(f"{setting}: timing {', '.join(archs)} in {scale.timing_rounds} interleaved rounds of "
+            f"{scale.timing_steps} steps")
+        start = time.perf_counter()
+        measured = measure_architectures(configs, scale.timing_rounds, scale.timing_steps)
+        info = machine()
+        record = {
+            "rounds": scale.timing_rounds, "steps": scale.timing_steps,
+            "threads": threads if threads is not None else info["torch_threads"],
+            **{k: info[k] for k in ("date", "commit", "cpu", "cores", "torch")},
+            "seconds": round(time.perf_counter() - start, 1),
+            "architectures": {
+                label: {"tokens_per_step": cfg.batch_size * cfg.seq_len,
+                        "step_s": measured["architectures"][label]["step_s"]}
+                for label, (_, cfg) in zip(archs, configs, strict=True)},
+        }
+        atomic_write_text(path, json.dumps(record, indent=2))
+
+
+def read_timing(group: Path, arch: str) -> dict[int, float]:
+    """{round: tokens/s} of `arch` in `group`'s timing pass: the tokens of a step over the median of
+    the round's step times."""
+    import statistics
+
+    path = group / TIMING
+    if not path.is_file():
+        raise NotFinished(f"{group} has no interleaved timing ({TIMING}) yet: run `blocklab reproduce` "
+                          "without --no-train to time it (finished runs are reused).")
+    saved = json.loads(path.read_text())
+    if arch not in saved["architectures"]:
+        raise NotFinished(f"{path} did not time {arch}: run `blocklab reproduce` without --no-train.")
+    times, per = saved["architectures"][arch]["step_s"], saved["steps"]
+    tokens = saved["architectures"][arch]["tokens_per_step"]
+    return {r: tokens / statistics.median(times[r * per:(r + 1) * per]) for r in range(len(times) // per)}
 
 
 # -- the campaign log: what trained the committed runs, read back by the report -------------------

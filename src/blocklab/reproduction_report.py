@@ -17,6 +17,7 @@ from blocklab.reproduce import (
     METRICS,
     PENDING,
     RESOLUTION_NATS,
+    TIMING,
     CheckResult,
     ClaimResult,
     Reproduction,
@@ -66,7 +67,7 @@ def _cells(result: CheckResult) -> list[str]:
     ]
 
 
-HEAD = ["check", "per seed", "mean", "95% CI (t)", "expected", "verdict"]
+HEAD = ["check", "per seed (timing: per round)", "mean", "95% CI (t)", "expected", "verdict"]
 
 
 def _forest(result: ClaimResult, path: Path) -> Path | None:
@@ -234,7 +235,11 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
         "Runs are paired by seed: every architecture of a seed sees the same "
         "batches and is validated on the same held-out windows. For each measured check, the per-seed "
         "differences to the baseline, their mean and a 95% Student t-interval (mean ± t_{0.975,n-1} s/√n, "
-        "assuming normal, independent differences). Verdict: reproduced when the interval lies on the "
+        "assuming normal, independent differences)"
+        + ("; throughput checks pair the architectures by round of a timing pass after training instead "
+           "(Throughput)" if any(METRICS[k.check.metric].timed for r in rep.results for k in r.checks)
+           else "")
+        + ". Verdict: reproduced when the interval lies on the "
         "claimed side (or inside the tolerance), contradicted when it lies on the other side; *no effect* "
         f"when a loss check's interval holds zero and lies within ±{evidence.NO_EFFECT_NATS} nats (an "
         "effect smaller than any the papers report); inconclusive otherwise or with fewer than "
@@ -268,6 +273,42 @@ COMBINATION_TEXT = (
 SWEEP_TEXT = ("Each architecture trained seed 0 for {steps} steps at each multiple of its recipe's peak "
               "rates (AdamW's and Muon's together); the table gives the final validation loss, and its runs "
               "train at the best (bold).")
+
+
+TIMING_HEAD = ["setting", "architecture", "tokens/s, median (IQR) over rounds", "ratio to the first",
+               "timed"]
+
+
+def timing_rows(rep: Reproduction) -> list[list[str]]:
+    """The throughput checks' timing passes (OUT/<scale>/<group>/timing.json): per architecture the
+    median tokens/s over rounds with its interquartile range, and how the pass ran."""
+    from blocklab.report import spread
+    from blocklab.reproduce import read_timing
+
+    if rep.out is None:
+        return []
+    rows = []
+    for setting in rep.runs:
+        group = rep.out / rep.scale.group(setting)
+        if not (group / TIMING).is_file():
+            continue
+        saved = json.loads((group / TIMING).read_text())
+        how = (f"{saved['rounds']} rounds x {saved['steps']} steps, {plural(saved['threads'], 'thread')}; "
+               f"{saved['cpu']}, {saved['date']}")
+        first = None
+        for arch in saved["architectures"]:
+            s = spread(list(read_timing(group, arch).values()))
+            assert s is not None
+            first = first or s["median"]
+            rows.append([setting, arch, f"{s['median']:,.0f} ({s['q1']:,.0f}-{s['q3']:,.0f})",
+                         f"{s['median'] / first:.3f}", how])
+    return rows
+
+
+TIMING_TEXT = ("Throughput is timed after training, never read from the runs' logs: each architecture's "
+               "training step (fresh model, the runs' batch shape and optimisers) in interleaved rounds, "
+               "every architecture in turn within a round, so a change in the machine's load hits all "
+               "alike. A throughput check pairs the architectures by round.")
 
 
 COMBINATION_HEAD = ["combination", "A - pre-ln", "B - pre-ln", "A+B - pre-ln", "A+B - A", "A+B - B",
@@ -338,6 +379,12 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         md += md_table(COMBINATION_HEAD, combos)
         extra_html += (f"<h2>Do the papers' gains add up?</h2><p>{html.escape(COMBINATION_TEXT)}</p>"
                        + html_table(COMBINATION_HEAD, combos))
+    timing = timing_rows(rep)
+    if timing:
+        md += ["", "## Throughput", "", TIMING_TEXT, ""]
+        md += md_table(TIMING_HEAD, timing)
+        extra_html += (f"<h2>Throughput</h2><p>{html.escape(TIMING_TEXT)}</p>"
+                       + html_table(TIMING_HEAD, timing))
     if rep.sweeps:
         head, rows = sweep_rows(rep)
         text = SWEEP_TEXT.format(steps=rep.scale.sweep_steps)
@@ -510,6 +557,11 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
         if combos:
             md += ["", f"## Do the papers' gains add up? (`{rep.scale_name}`)", "", COMBINATION_TEXT, ""]
             md += md_table(COMBINATION_HEAD, combos)
+    for rep in reps:
+        timing = timing_rows(rep)
+        if timing:
+            md += ["", f"## Throughput (`{rep.scale_name}`)", "", TIMING_TEXT, ""]
+            md += md_table(TIMING_HEAD, timing)
     for rep in reps:
         if rep.sweeps:
             head, rows = sweep_rows(rep)

@@ -27,6 +27,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from blocklab.errors import ConfigError
+from blocklab.filemodes import atomic_write_text
 
 # Names other tokenizers give their separator and mask tokens, tried when loading a tokenizer.json.
 KNOWN_EOS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]", "<|eot_id|>")
@@ -130,10 +131,7 @@ class Tokenizer:
     def save(self, directory: str | Path) -> Path:
         """Write `directory/tokenizer.json` (atomically) and return its path."""
         path = Path(directory) / "tokenizer.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tokenizer.json.{id(self)}.tmp")
-        tmp.write_text(self.to_str(), encoding="utf-8")
-        tmp.replace(path)
+        atomic_write_text(path, self.to_str())
         return path
 
     def __repr__(self) -> str:

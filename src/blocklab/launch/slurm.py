@@ -29,6 +29,7 @@ from typing import Any
 import submitit
 
 from blocklab.errors import ConfigError
+from blocklab.filemodes import atomic_write_text
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import Outcome, claim, run_lock, train_run
@@ -207,10 +208,7 @@ class SlurmLauncher:
                 jobs[i] = job
                 record[todo[i].cfg.out_dir] = job.job_id
                 log(todo[i].line(f"{todo[i].verb}: submitted as {self.name} job {job.job_id}"))
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = record_path.with_name(f".tmp-jobs-{os.getpid()}.json")
-        tmp.write_text(json.dumps(record, indent=2))
-        os.replace(tmp, record_path)
+        atomic_write_text(record_path, json.dumps(record, indent=2))
         return jobs
 
     def _wait(self, jobs: list[Any], todo: list[Todo], log) -> list[Outcome]:

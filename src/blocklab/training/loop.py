@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from contextlib import nullcontext
@@ -28,6 +27,7 @@ from tqdm.std import tqdm as std_tqdm
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
+from blocklab.filemodes import atomic_write_text
 from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
 from blocklab.training import distributed, init_from, memory, rundir
@@ -490,9 +490,7 @@ class Trainer:
             summary = self._summary(val)
             if env.is_main:
                 # written last and atomically: a summary.json on disk is what marks a finished run
-                tmp = self.run_dir / f".tmp-summary-{os.getpid()}.json"
-                tmp.write_text(json.dumps(summary, indent=2))
-                os.replace(tmp, self.run_dir / "summary.json")
+                atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
         finally:
