@@ -212,6 +212,34 @@ def test_ctrl_c_and_kill_9_leave_no_worker_and_the_rerun_completes_the_report(co
         assert curve(out / "runs" / f"{arch}-seed0") == curve(reference / "runs" / f"{arch}-seed0")
 
 
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs a signal aimed at one thread")
+def test_sigterm_caught_by_a_reader_thread_still_stops_the_launcher_at_once():
+    """The kernel may hand `kill`'s SIGTERM to any thread; Python runs the handler in the main thread,
+    which the launcher must not leave asleep in its queue until a worker next writes (the old wait)."""
+    import queue
+    import threading
+
+    from blocklab.launch import local
+
+    events: queue.Queue = queue.Queue()
+
+    def reader():  # a thread like the workers' readers: the signal lands here
+        time.sleep(0.3)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+        time.sleep(10)
+        events.put(("worker", None))  # a blocked wait would only wake here, and return this event
+
+    previous = local._sigterm_as_interrupt()
+    try:
+        threading.Thread(target=reader, daemon=True).start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt, match="stopped by signal 15"):
+            local._next_event(events)
+        assert time.monotonic() - start < 5
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_a_second_process_waits_for_the_runs_lock(tmp_path):
     from blocklab.training import TrainConfig
 

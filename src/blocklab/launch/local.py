@@ -202,7 +202,7 @@ def _train_in_workers(todo: list[Todo], jobs: int, gpus: list[str], line: RunsPr
                 where = f" on GPU {gpu}" if gpu is not None else ""
                 line.write(t.line(f"{t.verb} in a worker{where}"), log)
                 running[slot] = _Worker(t, gpu, slot, line, events)
-            worker, message = events.get()
+            worker, message = _next_event(events)
             if message is not None:
                 worker.hear(message, line, log)
                 continue
@@ -217,6 +217,21 @@ def _train_in_workers(todo: list[Todo], jobs: int, gpus: list[str], line: RunsPr
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return [outcomes[t.index] for t in todo]
+
+
+# How often the waiting main thread wakes: a signal (SIGTERM from `kill` or a scheduler) is handled by
+# Python only in the main thread, and the kernel may deliver it to a reader thread instead, leaving a
+# main thread blocked in a queue's lock asleep until a worker next writes (a minute, at times).
+WAKE_S = 0.2
+
+
+def _next_event(events: queue.Queue) -> tuple[Any, Any]:
+    """The next (worker, message), waking every WAKE_S so that a pending signal's handler runs."""
+    while True:
+        try:
+            return events.get(timeout=WAKE_S)
+        except queue.Empty:
+            continue
 
 
 def _stop_all(workers: list[_Worker]) -> None:
