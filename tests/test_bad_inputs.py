@@ -72,6 +72,7 @@ BAD_TRAIN = [  # (overrides, words the message must hold)
     (["max_steps=2", "retrofit=resformer"], ["retrofit", "init_from"]),
     (["max_steps=2", "noequals"], ["noequals"]),
     ([], ["budget"]),
+    (["size=tinny"], ["tinny", "Did you mean tiny"]),  # the misspelt size first, not the missing budget
 ]
 
 

@@ -1,4 +1,4 @@
-"""blocklab: train, compare and inspect the Transformer block and value-path variants of four papers
+"""blocklab: train, compare and inspect the Transformer block and value-path variants of three papers
 (Simplifying Transformer Blocks, Value Residual Learning, Bank of Values), side by side."""
 
 from __future__ import annotations

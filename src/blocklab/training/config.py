@@ -302,17 +302,6 @@ def _validate(cfg: TrainConfig) -> None:
         cfg.fail("eval_batches", cfg.eval_batches, "it must be a positive integer or None (the whole split).")
     if cfg.batch_size % cfg.grad_accum:
         cfg.fail("batch_size", cfg.batch_size, f"it must be divisible by grad_accum={cfg.grad_accum}.")
-    budgets = cfg.budgets()
-    if not budgets:
-        raise ConfigError("TrainConfig has no budget: set at least one of "
-                          f"{', '.join(BUDGET_FIELDS)} (e.g. max_steps=200 or max_time=300).")
-    for name, value in budgets.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            cfg.fail(name, value, "a budget must be a positive number or None.")
-        if name in ("max_steps", "max_tokens") and not isinstance(value, int):
-            if not float(value).is_integer():
-                cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
-            setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     for name, choices in (("device", DEVICES), ("precision", PRECISIONS), ("parallel", PARALLELISMS)):
         if getattr(cfg, name) not in choices:
             cfg.fail(name, getattr(cfg, name), f"choose one of {', '.join(map(repr, choices))}.")
@@ -331,6 +320,18 @@ def _validate(cfg: TrainConfig) -> None:
         cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
                                          "lower seq_len or raise model.context_length (it follows seq_len "
                                          "by default).")
+    # the budget last: a misspelt arch or size is the first thing to fix
+    budgets = cfg.budgets()
+    if not budgets:
+        raise ConfigError("TrainConfig has no budget: set at least one of "
+                          f"{', '.join(BUDGET_FIELDS)} (e.g. max_steps=200 or max_time=300).")
+    for name, value in budgets.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            cfg.fail(name, value, "a budget must be a positive number or None.")
+        if name in ("max_steps", "max_tokens") and not isinstance(value, int):
+            if not float(value).is_integer():
+                cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
+            setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     _validate_init(cfg)
 
 
