@@ -102,7 +102,12 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     text = report.read_text()
     rows = table_rows(text)
     assert set(rows) == {"pre-ln", "sas-p+bov"}
-    assert report_module.summary_table(out) == section_table(text)  # what `blocklab compare` prints
+    printed = report_module.summary_table(out)  # what `blocklab compare` prints: the table, then the verdict
+    assert printed.startswith(section_table(text) + "\n\nverdict (2 seeds per architecture; too few")
+    for row in verdict_rows(text):
+        assert f". {row['architecture']:<20} {row['val loss']}" in printed
+        if row["reading"] != "-":
+            assert row["reading"] in printed
     results = json.loads((out / "results.json").read_text())
     assert [r["label"] for r in results["architectures"]] == ["pre-ln", "sas-p+bov"]
     by_label = {r["label"]: r for r in results["architectures"]}
@@ -204,7 +209,7 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 5 and "sas-p+bov" in page
     assert "`" not in page and "<code>pre-ln</code>" in page and "**" not in page
-    for title in ("Results", "Throughput", "Memory", "Differences to pre-ln", "Figures", "Method"):
+    for title in ("Verdict", "Results", "Throughput", "Memory", "Figures", "Method"):
         assert f'<h2 id="{report_module._anchor(title)}">{title}</h2>' in page
     assert page.count("<figcaption>") == 5 and "lower is better" in page
     assert '<td class="left">sas-p+bov</td>' in page and '<th class="left">architecture</th>' in page
@@ -553,17 +558,23 @@ def test_report_gives_paired_intervals_and_the_claims_covered(corpus, tmp_path):
                      log=lambda *_: None).read_text()
     loss = {(a, s): json.loads((out / "runs" / f"{a}-seed{s}" / "summary.json").read_text())["val_loss"]
             for a in ("pre-ln", "resformer", "sas") for s in range(3)}
-    section = report.split("## Differences to pre-ln")[1].split("##")[0]
-    rows = {line.split(" | ")[0].strip("| "): line for line in section.splitlines() if line.startswith("| ")}
+    verdict = report.split("## Verdict")[1].split("\n## ")[0]
+    assert report.index("## Verdict") < report.index("## Results"), "the report opens with its verdict"
+    ranked = verdict_rows(report)
+    order = sorted(("pre-ln", "resformer", "sas"), key=lambda a: sum(loss[a, s] for s in range(3)))
+    assert [r["architecture"] for r in ranked] == order and [r["rank"] for r in ranked] == ["1", "2", "3"]
+    rows = {r["architecture"]: r for r in ranked}
+    assert rows["pre-ln"]["loss - baseline"] == "baseline"
     for arch in ("resformer", "sas"):
         diffs = [loss[arch, s] - loss["pre-ln", s] for s in range(3)]
         low, high = stats.t.interval(0.95, 2, loc=sum(diffs) / 3, scale=stats.sem(diffs))
-        assert f"[{low:+.4f}, {high:+.4f}]" in rows[arch]
-        reading = "lower" if high < 0 else "higher" if low > 0 else "no clear difference"
-        assert rows[arch].rstrip(" |").endswith(reading)
-    claims = report.split("## Claims these runs test")[1]
-    assert "resformer-beats-pre-ln" in claims
-    assert "sas-matches-pre-ln" not in claims  # needs sas-p too
+        assert rows[arch]["95% CI (t)"] == f"[{low:+.4f}, {high:+.4f}]"
+        reading = ("lower than pre-ln" if high < 0 else "higher than pre-ln" if low > 0 else
+                   "no effect" if -0.02 <= low and high <= 0.02 else "no clear difference")
+        assert rows[arch]["reading"].startswith(reading), rows[arch]
+    assert "resformer-beats-pre-ln" in verdict
+    assert "sas-matches-pre-ln" not in verdict  # needs sas-p too
+    assert "**What is held equal.** Every run takes the same steps" in verdict
     # SAS trains beta_SA and alpha_FF, whose product alone matters: its scalar plot's caption says so
     assert report.count("Only the product of two panels matters") == 1
     assert "3 seeds per architecture" in report
@@ -571,7 +582,11 @@ def test_report_gives_paired_intervals_and_the_claims_covered(corpus, tmp_path):
     one_seed = compare(["pre-ln", "resformer"], tmp_path / "one", seeds=1,
                        base=base(corpus, tmp_path / "cache"), log=lambda *_: None, command=command,
                        timing_rounds=0).read_text()
-    assert "## Differences" not in one_seed
+    # one seed: ranked all the same, each difference read as "cannot tell" with the seeds that would
+    one = {r["architecture"]: r for r in verdict_rows(one_seed)}
+    assert one["resformer"]["95% CI (t)"] == "-"
+    assert one["resformer"]["reading"].startswith("cannot tell with 1 seed")
+    assert "this report cannot tell a difference from seed-to-seed noise" in one_seed
     # one seed: no interval, said in words, and a spread of null (not 0.0) in results.json
     assert "1 seed per architecture" in one_seed and "1 seeds" not in one_seed
     assert "With 1 seed there is no interval" in one_seed and "±" not in section_table(one_seed)
@@ -584,6 +599,16 @@ def test_report_gives_paired_intervals_and_the_claims_covered(corpus, tmp_path):
     assert "in training: CV per run" in section_table(one_seed, "Throughput")
     assert "| step (ms), median |" not in section_table(one_seed, "Throughput")
     assert all(r["throughput"]["interleaved"] is None for r in rows)
+
+
+def verdict_rows(report: str) -> list[dict[str, str]]:
+    """The rows of the report's ranked verdict table (the first table under "## Verdict"), in order."""
+    part = report.split("\n## Verdict\n")[1].split("\n## ")[0]
+    table = next(block for block in part.split("\n\n") if block.lstrip().startswith("| rank"))
+    lines = [line for line in table.splitlines() if line.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in line.strip("|").split("|")), strict=True))
+            for line in lines[1:]]
 
 
 def test_quiet_compare_prints_one_result_line_per_run(corpus, tmp_path, capsys):

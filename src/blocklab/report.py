@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from blocklab import verdict
 from blocklab.analysis.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN, run_health, spread_warnings
 from blocklab.training import TrainConfig
 from blocklab.training.config import BUDGETS
@@ -595,65 +596,9 @@ def _budget_setting(cfg: TrainConfig) -> str | None:
     return "steps" if kinds & {"steps", "tokens"} else None
 
 
-def statistics_rows(entries, runs_by_label) -> list[list[str]]:
-    """Each architecture's final validation loss minus the first one's, paired by seed, with its 95%
-    t-interval (blocklab.evidence); empty with fewer than two seeds."""
-    from blocklab import evidence
-
-    base = _per_seed_loss(runs_by_label[entries[0].label])
-    rows = []
-    for entry in entries[1:]:
-        diffs = evidence.paired_differences(_per_seed_loss(runs_by_label[entry.label]), base)
-        if len(diffs) < 2:
-            return []
-        iv = evidence.t_interval(diffs)
-        lower, higher = evidence.verdict(iv, "lower"), evidence.verdict(iv, "higher")
-        reading = ("lower" if lower == "reproduced" else "higher" if higher == "reproduced"
-                   else f"no clear difference{' (fewer than 3 seeds)' if iv.n < evidence.MIN_SEEDS else ''}")
-        rows.append([entry.label, ", ".join(f"{d:+.4f}" for d in diffs), f"{iv.mean:+.4f}",
-                     f"[{iv.low:+.4f}, {iv.high:+.4f}]", reading])
-    return rows
-
-
-def claim_rows(entries, runs_by_label, cfg: TrainConfig) -> list[list[str]]:
-    """The claims (blocklab.claims) whose validation-loss checks this comparison covers: every check's
-    architectures among the entries (by preset name) at this budget kind, with their verdicts."""
-    from blocklab import evidence
-    from blocklab.claims import CLAIMS
-
-    setting = _budget_setting(cfg)
-    by_arch = {e.arch: runs_by_label[e.label] for e in entries if e.label == e.arch}
-    rows = []
-    for claim in CLAIMS:
-        checks = [c for c in claim.checks if c.metric == "val_loss"]
-        if not checks or any(c.setting != setting or c.minus_setting or c.minus or c.baseline not in by_arch
-                             or c.arch not in by_arch for c in checks):
-            continue
-        verdicts = []
-        for c in checks:
-            iv = evidence.t_interval(evidence.paired_differences(_per_seed_loss(by_arch[c.arch]),
-                                                                 _per_seed_loss(by_arch[c.baseline])))
-            verdicts.append(evidence.verdict(iv, c.relation, c.tolerance,
-                                             equivalence=evidence.NO_EFFECT_NATS))
-            interval = "-" if iv.low is None else f"[{iv.low:+.4f}, {iv.high:+.4f}]"
-            expected = c.relation + (f" {c.tolerance:g}" if c.tolerance else "")
-            rows.append([claim.id, f"{c.arch} - {c.baseline}", expected, f"{iv.mean:+.4f}", interval,
-                         verdicts[-1]])
-        others = len(claim.checks) - len(checks)
-        if len(checks) > 1 or others:
-            rows.append([claim.id, "loss checks together" + (
-                f" ({others} other checks: blocklab reproduce)" if others else ""), "", "", "",
-                evidence.combine(verdicts)])
-    return rows
-
-
-STATS_HEAD = ["architecture", "val loss - first, per seed", "mean", "95% CI (t)", "reading"]
-CLAIMS_HEAD = ["claim", "check", "expected", "mean", "95% CI (t)", "verdict"]
-STATS_TEXT = ("Final validation loss minus the first architecture's, paired by seed (same batches, same "
-              "held-out windows), with the mean and a 95% Student t-interval (assumes normal, independent "
-              "differences). 'lower'/'higher' only where the interval excludes 0 with 3 or more seeds.")
-CLAIMS_TEXT = ("The papers' claims (blocklab.claims) whose validation-loss checks these architectures and "
-               "this budget cover; `blocklab reproduce` runs every check, the exact ones too.")
+CLAIMS_TEXT = ("The papers' claims (blocklab.claims) whose validation-loss checks these architectures "
+               "cover, each check paired by seed; `blocklab reproduce` runs every check, the exact ones "
+               "too, at the budget the paper compares at.")
 PLATEAU_TEXT = ("A model that knows only how often each token occurs in the training split scores U, the "
                 "cross-entropy of the scored held-out tokens under those frequencies (the unigram plateau); "
                 "early training sits near U before it uses context. A run still near it, or one that left it "
@@ -1104,8 +1049,9 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     figures = _figures(entries, runs_by_label, rows, _eval_facts(first, first[0]["cfg"]), out, trained)
     method = method_facts(entries, runs_by_label, run_info, measured)  # its wall time includes the figures
     warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"], trained)
-    results = {"format": "blocklab compare results, version 2", "method": method, "architectures": rows,
-               "warnings": warnings}
+    ranked = verdict.ranking(entries, runs_by_label, method["size"])
+    results = {"format": "blocklab compare results, version 3", "method": method, "architectures": rows,
+               "verdict": verdict.as_data(ranked), "warnings": warnings}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
 
     n_seeds = rows[0]["seeds"]
@@ -1116,6 +1062,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
              "windows; only the architecture differs. How every number was made is in [Method](#method); "
              "results.json holds the same figures and facts.")
     blocks: list[tuple] = [("p", intro)]
+    blocks += verdict_blocks(ranked, entries, runs_by_label, rows, method)
     blocks += [("p", f"**Warning:** {w}") for w in warnings]
     if method["failed"]:
         n = len(method["failed"])
@@ -1127,14 +1074,6 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     blocks += [("h2", "Throughput"), ("p", _throughput_text(method, rows)),
                ("table", *throughput_table(rows))]
     blocks += [("h2", "Memory"), ("p", _memory_text(rows)), ("table", *memory_table(rows))]
-    stats = statistics_rows(entries, runs_by_label) if len(entries) > 1 else []
-    if stats:
-        blocks += [("h2", "Differences to " + entries[0].label),
-                   ("p", STATS_TEXT), ("table", STATS_HEAD, stats)]
-    claims = claim_rows(entries, runs_by_label, runs_by_label[entries[0].label][0]["cfg"])
-    if claims:
-        blocks += [("h2", "Claims these runs test"),
-                   ("p", CLAIMS_TEXT), ("table", CLAIMS_HEAD, claims)]
     if sweep:
         rates = sorted({r for losses in sweep.values() for r in losses})
         sweep_rows = [[label] + [f"{losses[r]:.4f}" + (" (chosen)" if r == min(losses, key=losses.get)
@@ -1158,12 +1097,31 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     return out / "report.md"
 
 
+def verdict_blocks(ranked: dict[str, Any], entries, runs_by_label, rows: list[dict], method: dict[str, Any]
+                   ) -> list[tuple]:
+    """The report's opening: the ranked verdict, the claims these runs cover, what is held equal."""
+    blocks: list[tuple] = [("h2", "Verdict"), ("p", verdict.verdict_text(ranked)),
+                           ("table", verdict.VERDICT_HEAD, verdict.verdict_table(ranked))]
+    setting = _budget_setting(runs_by_label[entries[0].label][0]["cfg"])
+    claims = verdict.claim_rows(entries, runs_by_label, setting)
+    if claims:
+        blocks += [("p", CLAIMS_TEXT), ("table", verdict.CLAIMS_HEAD, claims)]
+    held = verdict.held_equal_text(rows, method["budget"]["kind"])
+    return blocks + [("p", "**What is held equal.** " + held)]
+
+
 def summary_table(out: str | Path) -> str:
-    """The report's main table, as markdown, from the results.json that `write_report` wrote in `out`."""
+    """The report's main table, as markdown, then its verdict with the report's caveats, from the
+    results.json that `write_report` wrote in `out`."""
     data = json.loads((Path(out) / "results.json").read_text())
     rows = data["architectures"] if isinstance(data, dict) else data
     head, body = _table(rows)
-    return "\n".join(md_table(head, body, alignments(head, body)))
+    lines = md_table(head, body, alignments(head, body))
+    if isinstance(data, dict) and data.get("verdict"):
+        lines += [""] + verdict.terminal_lines(data["verdict"])
+    if isinstance(data, dict):
+        lines += [f"warning: {w}" for w in data.get("warnings", [])]
+    return "\n".join(lines)
 
 
 # -- blocklab params -----------------------------------------------------------------------------------
