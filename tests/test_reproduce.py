@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -260,13 +261,22 @@ def test_no_train_names_the_missing_run(corpus, tmp_path):
 def test_cli_quick_runs_the_quick_claims(corpus, tmp_path, monkeypatch, capsys):
     from blocklab import reproduce as reproduce_module
 
-    monkeypatch.setitem(reproduce_module.SCALES, "quick", tiny_scale(corpus, tmp_path / "cache"))
+    caveat = reproduce_module.SCALES["quick"].caveat
+    scale = replace(tiny_scale(corpus, tmp_path / "cache"), caveat=caveat)
+    monkeypatch.setitem(reproduce_module.SCALES, "quick", scale)
     out = tmp_path / "rep"
     assert main(["reproduce", "--quick", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     md = (out / "reproduction.md").read_text()
     for claim in select(quick=True):
         assert f"## {claim.id}: " in md and claim.id in printed
+        # the terminal's verdict line carries the scope the report gives it, the quick caveat included
+        line = next(line for line in printed.splitlines() if f" {claim.id} " in line)
+        scope = line.split("(", 1)[1].rstrip(")")
+        assert f"*Scope of this verdict:* {scope}." in md
+        assert caveat in scope and "size tiny at 4 layers, 0.00064M tokens" in scope
+        if claim.id == "resformer-beats-pre-ln":
+            assert "3 seeds" in scope
     assert not (set(c.id for c in CLAIMS) - set(c.id for c in select(quick=True))) & set(
         line.split(": ")[0][3:] for line in md.splitlines() if line.startswith("## "))
 

@@ -163,7 +163,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 
     from blocklab.claims import select
     from blocklab.reproduce import SCALES, reproduce
-    from blocklab.reproduction_report import write_reproduction, write_summary
+    from blocklab.reproduction_report import scope, write_reproduction, write_summary
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None
@@ -196,9 +196,9 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
             command += " --quick" if args.quick else ""
         path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md")
         print(f"report: {path} (each scale's in {args.out}/<scale>/reproduction.md)")
-    for rep in reps:
+    for rep in reps:  # each verdict with the scope the report gives it
         for r in rep.results:
-            print(f"  {rep.scale_name:<10} {r.verdict:<13} {r.claim.id}")
+            print(f"  {rep.scale_name:<10} {r.verdict:<13} {r.claim.id:<30} ({scope(rep, r)})")
 
 
 def cmd_diagnose(args: argparse.Namespace) -> None:

@@ -55,6 +55,7 @@ class Scale:
     # The throughput checks' interleaved timing after training (`time_throughput`): rounds x steps
     timing_rounds: int = 10
     timing_steps: int = 3
+    caveat: str = ""  # what every verdict at this scale must be read with (printed beside each one)
 
     def base(self, setting: str) -> dict[str, Any]:
         """The TrainConfig fields shared by every run of `setting` (the budget included)."""
@@ -113,6 +114,7 @@ SCALES: dict[str, Scale] = {
         "scale (benchmarks/REPRODUCTION.md)",
         "tiny",
         120,
+        caveat="a pipeline check in early training, not evidence for or against the claim",
     ),
     "cpu": Scale(
         "size tiny (4 layers, d 128), 400 steps of 16 x 128 tokens (0.8M tokens)", "tiny", 400, **EVIDENCE

@@ -70,6 +70,26 @@ def _cells(result: CheckResult) -> list[str]:
 HEAD = ["check", "per seed (timing: per round)", "mean", "95% CI (t)", "expected", "verdict"]
 
 
+def scope(rep: Reproduction, result: ClaimResult) -> str:
+    """What a verdict must be read with, the same in the report and on the terminal: the scale's size
+    and tokens, the seeds behind its measured checks (fewer than 3 decide nothing), and the scale's own
+    caveat (the quick scale's verdicts are not evidence)."""
+    s = rep.scale
+    parts = [f"size {s.size}" + (f" at {s.model['n_layers']} layers" if "n_layers" in s.model else "")
+             + f", {s.steps * s.batch_size * s.seq_len / 1e6:.2g}M tokens"]
+    seeds = sorted({k.interval.n for k in result.checks if k.interval is not None
+                    and not METRICS[k.check.metric].timed})
+    if seeds:
+        parts.append(f"{seeds[0]}{'-' + str(seeds[-1]) if len(seeds) > 1 else ''} seeds"
+                     + (f": fewer than {evidence.MIN_SEEDS} decide nothing" if seeds[0] < evidence.MIN_SEEDS
+                        else ""))
+    if result.verdict == PENDING:
+        parts.append("runs not finished")
+    if s.caveat:
+        parts.append(s.caveat)
+    return "; ".join(parts)
+
+
 def _forest(result: ClaimResult, path: Path) -> Path | None:
     """Per-seed differences (dots) and the t-interval (bar) of each measured check."""
     measured = [r for r in result.checks if r.interval is not None]
@@ -410,6 +430,8 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
             "",
             f"**{PAPERS[c.paper]}, {c.where}.** {c.statement}",
             "",
+            f"*Scope of this verdict:* {scope(rep, r)}.",
+            "",
             f"*The paper:* {c.paper_result}.",
             "",
             "*Here:*",
@@ -426,7 +448,8 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         )
         sections_html.append(
             f"<h2>{html.escape(c.id)}: {html.escape(r.verdict)}</h2><p><b>{html.escape(PAPERS[c.paper])}, "
-            f"{html.escape(c.where)}.</b> {html.escape(c.statement)}</p><p><i>The paper:</i> "
+            f"{html.escape(c.where)}.</b> {html.escape(c.statement)}</p><p><i>Scope of this verdict:</i> "
+            f"{html.escape(scope(rep, r))}.</p><p><i>The paper:</i> "
             f"{html.escape(c.paper_result)}.</p>{html_table(HEAD, rows)}"
             + (f"<p>Note: {html.escape(c.notes)}</p>" if c.notes else "")
             + imgs
