@@ -171,8 +171,11 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     # BoV's value tables are counted apart from the embedding, and its cache is smaller
     assert float(rows["sas-p+bov"]["embedding + value tables"][:-1]) > float(rows["pre-ln"]
                                                                            ["embedding + value tables"][:-1])
-    for name in ("val_loss_vs_step", "val_loss_vs_tokens", "val_loss_vs_wall_time", "relative_loss",
-                 "scalars_sas-p_bov"):
+    results_rows = json.loads((out / "results.json").read_text())["architectures"]
+    wall = report_module.wall_clock_source(results_rows, "steps")  # left out when the timing was too noisy
+    figures = 5 if wall else 4
+    for name in ("val_loss_vs_step", "val_loss_vs_tokens", "relative_loss", "scalars_sas-p_bov",
+                 *(["val_loss_vs_wall_time"] if wall else [])):
         png = out / f"{name.replace('-', '_')}.png" if name.startswith("scalars") else out / f"{name}.png"
         assert png.read_bytes()[:8] == PNG_SIGNATURE, name
         assert f"({png.name})" in text
@@ -207,11 +210,11 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     assert facts["timing"]["rounds"] == 1 and facts["machine"]["logical_cores"]
     # the HTML: markdown rendered (no raw backticks), a heading per section, names left-aligned, captions
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "sas-p+bov" in page
+    assert page.count("data:image/png;base64,") == figures and "sas-p+bov" in page
     assert "`" not in page and "<code>pre-ln</code>" in page and "**" not in page
     for title in ("Verdict", "Results", "Throughput", "Memory", "Figures", "Method"):
         assert f'<h2 id="{report_module._anchor(title)}">{title}</h2>' in page
-    assert page.count("<figcaption>") == 5 and "lower is better" in page
+    assert page.count("<figcaption>") == figures and "lower is better" in page
     assert '<td class="left">sas-p+bov</td>' in page and '<th class="left">architecture</th>' in page
 
 
@@ -491,6 +494,46 @@ def test_wall_clock_curve_reads_the_validation_rows(tmp_path):
     assert ys == [2.9, 2.7, 2.6, 2.5]
     assert report_module._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
 
+
+
+def _timing_row(label: str, median: float | None, cv: float | None, run_cvs=(0.05,)) -> dict:
+    interleaved = None if median is None else {"median": median, "cv": cv}
+    return {"label": label, "throughput": {"interleaved": interleaved,
+                                           "in_training": {"cv_per_run": {f"seed {i}": c
+                                                                          for i, c in enumerate(run_cvs)}}}}
+
+
+def test_the_wall_clock_figure_takes_the_interleaved_speed_or_warns_or_is_left_out():
+    steady = [_timing_row("pre-ln", 0.2, 0.05), _timing_row("sas", 0.1, 0.1)]
+    assert report_module.wall_clock_source(steady, "steps") == "interleaved"
+    assert report_module.wall_clock_source(steady, "time") == "logs"  # the runs' clocks are the budget
+    noisy = [_timing_row("pre-ln", 0.2, 0.05), _timing_row("sas", 0.1, 0.4)]
+    assert report_module.wall_clock_source(noisy, "steps") is None
+    untimed = [_timing_row("pre-ln", None, None), _timing_row("sas", None, None)]
+    assert report_module.wall_clock_source(untimed, "steps") == "logs"
+    busy = [_timing_row("pre-ln", None, None), _timing_row("sas", None, None, run_cvs=(0.05, 0.6))]
+    assert report_module.wall_clock_source(busy, "steps") is None
+
+
+def test_the_wall_clock_axis_is_steps_at_the_interleaved_step_time(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    val = [{"kind": "val", "step": s, "val_loss": 5.0 - s / 10, "tokens": s * 64, "wall_time": s * 9.0}
+           for s in (2, 4)]
+    runs = {"pre-ln": [{"metrics": val}], "sas": [{"metrics": val}]}
+    entries = [Entry.parse(a) for a in runs]
+    rows = [_timing_row("pre-ln", 0.25, 0.05), _timing_row("sas", 0.125, 0.05)]
+    paths = report_module._plot_validation(entries, runs, tmp_path, rows, "interleaved")
+    wall = figures[2].axes[0]
+    lines = {line.get_label(): list(line.get_xdata()) for line in wall.get_lines()}
+    assert lines == {"pre-ln": [0.5, 1.0], "sas": [0.25, 0.5]}  # not the logged 18 and 36 s
+    assert wall.get_xlabel() == report_module.WALL_FROM_TIMING and paths[2].is_file()
+    figures.clear()
+    report_module._plot_validation(entries, runs, tmp_path, rows, "logs", "2 at a time")
+    assert "from the runs' own logs, trained 2 at a time" in figures[2].axes[0].get_title()
+    assert report_module._plot_validation(entries, runs, tmp_path, rows, None)[2] is None
 
 
 def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):

@@ -483,18 +483,46 @@ def _colour(k: int) -> str:
 
 
 VAL_PLOTS = (("step", "step"), ("tokens", "tokens"), ("wall_time", "training wall-clock (s)"))
+WALL_FROM_TIMING = "training time at the interleaved speed (s): step x median step time"
+WALL_FROM_LOGS_WARNING = ("from the runs' own logs, trained {trained}: a change in the machine's load "
+                          "between runs shifts this axis")
 
 
-def _plot_validation(entries, runs_by_label, out: Path) -> list[Path]:
+def wall_clock_source(rows: list[dict], budget_kind: str) -> str | None:
+    """Where the wall-clock figure's axis comes from: "interleaved" (each architecture's steps at its
+    median step time in the interleaved timing pass, which every load change hits alike), "logs" (the
+    runs' own clocks, drawn with a warning on the figure: no timing pass, or a wall-clock budget, whose
+    runs' clocks are the budget itself), or None to leave the figure out (the timing pass, or the runs
+    without one, saw step times too uneven to mean anything: coefficient of variation above BUSY_CV)."""
+    timed = [r["throughput"].get("interleaved") for r in rows]
+    if budget_kind != "time" and all(timed):
+        return "interleaved" if all((t["cv"] or 0) <= BUSY_CV for t in timed) else None
+    in_training = [cv for r in rows for cv in ((r["throughput"].get("in_training") or {}).get("cv_per_run")
+                                              or {}).values()]
+    return None if any((cv or 0) > BUSY_CV for cv in in_training) else "logs"
+
+
+def _plot_validation(entries, runs_by_label, out: Path, rows: list[dict] | None = None,
+                     wall: str | None = "logs", trained: str = "one after another") -> list[Path | None]:
     """Validation loss against step, tokens and training wall-clock: the mean over seeds, with a band of
-    ±1 standard deviation over seeds where there are two or more."""
+    ±1 standard deviation over seeds where there are two or more. The wall-clock axis follows `wall`
+    (`wall_clock_source`; None: that figure is left out, its path None)."""
     import matplotlib.pyplot as plt
 
-    paths = []
+    step_s = {r["label"]: r["throughput"]["interleaved"]["median"] for r in rows or []
+              if r["throughput"].get("interleaved")}
+    paths: list[Path | None] = []
     for x, xlabel in VAL_PLOTS:
+        if x == "wall_time" and wall is None:
+            paths.append(None)
+            continue
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for k, entry in enumerate(entries):
-            curves = [_val_curves(run, x) for run in runs_by_label[entry.label]]
+            if x == "wall_time" and wall == "interleaved":
+                curves = [_val_curves(run, "step") for run in runs_by_label[entry.label]]
+                curves = [([step * step_s[entry.label] for step in xs], ys) for xs, ys in curves]
+            else:
+                curves = [_val_curves(run, x) for run in runs_by_label[entry.label]]
             n = min(len(c[1]) for c in curves)
             xs = [statistics.fmean(c[0][i] for c in curves) for i in range(n)]
             stats = [mean_sd([c[1][i] for c in curves]) for i in range(n)]
@@ -505,7 +533,9 @@ def _plot_validation(entries, runs_by_label, out: Path) -> list[Path]:
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sds, strict=True)],
                                 [y + s for y, s in zip(ys, sds, strict=True)], color=_colour(k), alpha=0.2,
                                 linewidth=0)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(WALL_FROM_TIMING if x == "wall_time" and wall == "interleaved" else xlabel)
+        if x == "wall_time" and wall == "logs":  # the caveat travels with the image
+            ax.set_title(WALL_FROM_LOGS_WARNING.format(trained=trained), fontsize=8, color="C3", wrap=True)
         ax.set_ylabel("validation loss (nats/token)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -922,7 +952,8 @@ def _figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path, traine
     start = ("curves start at step 0, the initial model's loss" if ev["step0"] else
              f"the first evaluation is at step {ev['first_step']} (no step-0 evaluation is logged), so the "
              "curves start there")
-    val = _plot_validation(entries, runs_by_label, out)
+    wall = wall_clock_source(rows, _budget_kind(runs_by_label[entries[0].label][0]["cfg"]))
+    val = _plot_validation(entries, runs_by_label, out, rows, wall, trained)
     figs = [
         (val[0], "validation loss against step",
          f"Validation loss (nats per token, the same held-out windows for every run) against training step; "
@@ -930,11 +961,20 @@ def _figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path, traine
         (val[1], "validation loss against tokens",
          f"Validation loss against training tokens; lower is better; {bands}. At equal steps this is the "
          "step plot rescaled; at equal FLOPs a cheaper block reaches further right."),
-        (val[2], "validation loss against training wall-clock",
-         f"Validation loss against seconds of training (evaluation excluded); lower and further left is "
-         f"better; {bands}. The runs trained {trained}, so if the machine's load changed between "
-         "them this axis is not comparable between architectures: check the throughput section."),
     ]
+    if wall == "interleaved":
+        figs.append((val[2], "validation loss against training time at the interleaved speed",
+                     f"Validation loss against the training time each run would take at its architecture's "
+                     f"median step time in the interleaved timing pass (step x median step time; evaluation "
+                     f"excluded); lower and further left is better; {bands}. The runs' own clocks are not "
+                     "used: they trained " + trained + ", and a change in the machine's load between them "
+                     "would move this axis."))
+    elif wall == "logs":
+        figs.append((val[2], "validation loss against training wall-clock",
+                     f"Validation loss against seconds of training from the runs' own logs (evaluation "
+                     f"excluded); lower and further left is better; {bands}. The runs trained {trained}, so "
+                     "if the machine's load changed between them this axis is not comparable between "
+                     "architectures (the warning on the figure says so): check the throughput section."))
     if len(entries) > 1:
         base = entries[0].label
         figs.append((_plot_relative(entries, runs_by_label, out), f"training loss relative to {base}",
