@@ -251,6 +251,14 @@ def test_interrupted_compare_resumes(corpus, tmp_path, monkeypatch):
              if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]  # one curve, no step repeated or lost
     assert (out / "report.md").is_file()
+    # the resumed run's logged tokens/s mixes two starts: marked wherever it appears
+    summary = json.loads((out / "runs" / "resformer-seed0" / "summary.json").read_text())
+    assert summary["resumed_at"] == [4]
+    assert json.loads(first.read_text())["resumed_at"] == []
+    assert "tokens/s over 2 starts, resumed at step 4)" in messages[1 + 1]
+    throughput = table_rows((out / "report.md").read_text(), "Throughput")
+    assert throughput["resformer"]["in training: CV per run"].endswith("(resumed at step 4)")
+    assert "resumed" not in throughput["pre-ln"]["in training: CV per run"]
 
 
 def test_changed_config_is_not_silently_reused(corpus, tmp_path):

@@ -216,6 +216,10 @@ def test_reproduce_end_to_end(corpus, tmp_path):
     assert not trained and any("reused" in m for m in messages)
     assert not any("timing" in m for m in messages), "a group timed once is not timed again"
     assert [r.verdict for r in again.results] == [r.verdict for r in rep.results]
+    # a run's logged speed never feeds the claim: not even a resumed run's, whose summary mixes starts
+    sas_p0 = runs / "sas-p-seed0" / "summary.json"
+    resumed = {**json.loads(sas_p0.read_text()), "tokens_per_s": 657.0, "resumed_at": [3]}
+    sas_p0.write_text(json.dumps(resumed))
     read_back = reproduce(chosen, scale, out, train=False, log=lambda *_: None)
     assert {r.claim.id: r.checks[0].interval.values for r in read_back.results if r.checks[0].interval} == {
         r.claim.id: r.checks[0].interval.values for r in rep.results if r.checks[0].interval}

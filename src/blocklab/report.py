@@ -117,8 +117,12 @@ def _throughput(runs: list[dict], measured: dict[str, Any] | None, tokens_per_st
     interleaved = spread(timed)
     if interleaved is not None:
         interleaved["tokens_per_s"] = spread([tokens_per_step / t for t in timed if t > 0])
+    # a resumed run's summary tokens/s mixes the load of its starts: kept, and marked as such
+    resumed = {f"seed {r['summary']['seed']}": r["summary"]["resumed_at"] for r in runs
+               if r["summary"].get("resumed_at")}
     return {"tokens_per_step": tokens_per_step, "interleaved": interleaved, "in_training": in_training,
-            "tokens_per_s_summary": list(mean_sd([r["summary"].get("tokens_per_s") for r in runs]))}
+            "tokens_per_s_summary": list(mean_sd([r["summary"].get("tokens_per_s") for r in runs])),
+            "resumed": resumed}
 
 
 def _rows(entries, runs_by_label, measured: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -722,8 +726,10 @@ def throughput_table(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
             cells += [_ms(i, "median"), f"{_ms(i, 'q1')}-{_ms(i, 'q3')}", f"{_ms(i, 'min')}-{_ms(i, 'max')}",
                       f"{i['tokens_per_s']['median']:,.0f}", f"{fast_i[k]:.2f}x"]
         tr = t["in_training"]
-        cvs = ", ".join("-" if cv is None else f"{cv:.2f}"
-                        for cv in (tr or {}).get("cv_per_run", {}).values())
+        resumed = {run: f" (resumed at step {', '.join(map(str, at))})"
+                   for run, at in (t.get("resumed") or {}).items()}
+        cvs = ", ".join(("-" if cv is None else f"{cv:.2f}") + resumed.get(run, "")
+                        for run, cv in (tr or {}).get("cv_per_run", {}).items())
         cells += [_ms(tr, "median"), "-" if tr is None else f"{_ms(tr, 'q1')}-{_ms(tr, 'q3')}", cvs or "-",
                   "-" if fast_t[k] is None else f"{fast_t[k]:.2f}x"]
         body.append(cells)

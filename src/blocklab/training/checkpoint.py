@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ class TrainState:
     # budget is wall-clock) but not in tokens/s, which measures the compiled model
     warmup_time: float = 0.0
     warmup_tokens: int = 0
+    # the steps at which training went on from a checkpoint: its tokens/s then mixes the load of
+    # several starts, so reports mark it (speed claims never read it: blocklab.reproduce)
+    resumed_at: list[int] = field(default_factory=list)
 
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt")

@@ -74,7 +74,9 @@ def format_summary(result: RunResult | dict[str, Any], wall_time: float | None =
         work.append(f"{s['step']:,} steps")
     if s.get("tokens") is not None:
         spent = f" in {format_duration(s['train_time'])}" if s.get("train_time") is not None else ""
-        speed = f" ({s['tokens_per_s']:,.0f} tokens/s)" if s.get("tokens_per_s") else ""
+        resumed = (f" over {len(s['resumed_at']) + 1} starts, resumed at step "
+                   f"{', '.join(map(str, s['resumed_at']))}" if s.get("resumed_at") else "")
+        speed = f" ({s['tokens_per_s']:,.0f} tokens/s{resumed})" if s.get("tokens_per_s") else ""
         work.append(f"{s['tokens']:,} tokens{spent}{speed}")
     parts = [", ".join(work)] if work else []
     if s.get("val_loss") is not None:
@@ -478,6 +480,8 @@ class Trainer:
             resumed = self.checkpoint is not None
             if resumed:
                 self._restore()
+                if not self.budget.done(self.state):  # training goes on from here
+                    self.state.resumed_at.append(self.state.step)
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
                                    cfg.tensorboard) if env.is_main else None
             if not resumed:
