@@ -145,7 +145,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
     try:
         report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
                          sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
-                         timing_rounds=args.timing_rounds, launcher=launcher)
+                         timing_rounds=args.timing_rounds, launcher=launcher, add=args.add)
     except RunsFailed as err:  # the report of the runs that finished, then the failures (exit status 1)
         if err.report is not None:
             _print_report(err.report, summary_table)
@@ -199,6 +199,13 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     for rep in reps:  # each verdict with the scope the report gives it
         for r in rep.results:
             print(f"  {rep.scale_name:<10} {r.verdict:<13} {r.claim.id:<30} ({scope(rep, r)})")
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from blocklab.plot import plot_runs
+
+    path = plot_runs(args.runs, args.out)
+    print(f"plot: {path} (and {path.with_suffix('.html')}, PNGs beside them)")
 
 
 def cmd_diagnose(args: argparse.Namespace) -> None:
@@ -313,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep-steps", type=int,
                    help="steps of each sweep run (default: a quarter of --steps, or 100)")
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
+    p.add_argument("--add", action="append", default=[], metavar="RUN",
+                   help="a finished run trained elsewhere (blocklab train, another compare) to bring into "
+                   "the report; repeatable. It must share the data, tokenizer and held-out windows; one that "
+                   "matches an architecture's config but for its seed joins it as another seed")
     p.add_argument("--timing-rounds", type=int, default=5,
                    help="interleaved rounds of timed steps per architecture after training, for the "
                    "throughput table (0 skips them)")
@@ -347,6 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
+    p = sub.add_parser("plot", help="learning curves of any runs, overlaid (PNG, markdown, HTML)",
+                       description="Validation loss and bits per byte of one or more runs against step, "
+                       "tokens, training FLOPs and wall-clock, overlaid: OUT/loss_vs_<axis>.png, OUT/plot.md "
+                       "and OUT/plot.html.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (blocklab train's --out, a "
+                   "compare's runs/<arch>-seed<k>); finished or still training")
+    p.add_argument("--out", default="runs/plot", help="where the figures and pages go (default runs/plot)")
+    p.set_defaults(func=cmd_plot)
     p = sub.add_parser("diagnose", help="the papers' diagnostics of a trained run (entropy, norms, spectra)",
                        description="Attention-concentration entropy, value and hidden-state norms, token "
                        "similarity, value spectra, attention maps and learned scalars of a run, on its "

@@ -440,7 +440,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             base: dict[str, Any] | None = None, fresh: bool = False, log=print,
             lr_sweep: list[float] | None = None, sweep_steps: int | None = None,
             command: str | None = None, timing_rounds: int = TIMING_ROUNDS,
-            timing_steps: int = TIMING_STEPS, launcher=None) -> Path:
+            timing_steps: int = TIMING_STEPS, launcher=None, add: list[str | Path] | None = None) -> Path:
     """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`.
 
     With `lr_sweep`, each entry first trains seed 0 at every rate for `sweep_steps` steps (default a
@@ -448,7 +448,9 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     After training, each architecture's step is timed again in `timing_rounds` interleaved rounds of
     `timing_steps` steps (`measure_architectures`; 0 rounds: the report shows the in-training times
     alone) and its memory is measured. `command` is the command line the report records (None:
-    "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here).
+    "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here). `add`
+    names finished runs trained elsewhere to bring into the report (`added_runs`, checked against the
+    comparison's runs once those have trained; a missing one is refused before anything trains).
 
     Raises RunsPending when a launcher that does not wait left runs queued (the same call later collects
     them), and RunsFailed, after writing the report of the runs that finished, when some failed.
@@ -470,6 +472,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     labels = [e.label for e in entries]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"compare got the same architecture twice: {labels}")
+    for path in add or []:
+        _require_finished(Path(path))
     out = Path(out)
     if fresh and out.exists():
         shutil.rmtree(out / "runs", ignore_errors=True)
@@ -495,6 +499,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     finished = [pair for pair, o in zip(launch.configs, launch.outcomes, strict=True) if o.status != "failed"]
     if not finished:
         raise RunsFailed(failed)
+    extra = added_runs(add, finished) if add else []
+    finished += extra
     trained_at = time.perf_counter()
     if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
         from blocklab.training.loop import say
@@ -506,11 +512,84 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
                 "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
                 "launch": launch.describe(),
+                "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
                 "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
     report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
     if failed:
         raise RunsFailed(failed, report)
     return report
+
+
+# What an added run must share with the comparison's runs for its losses to be read against theirs:
+# the held-out windows are a function of the data, the tokenizer and these fields.
+WINDOW_FIELDS = ("batch_size", "seq_len", "eval_batches", "data.objective", "data.mask_prob")
+
+
+def _manifest(run: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run / "data_manifest.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--add {run}: its data_manifest.json cannot be read ({err}), so it cannot be "
+                          "checked against this comparison's data.") from None
+
+
+def data_differences(ours: Path, theirs: Path) -> list[str]:
+    """How run `theirs` differs from run `ours` in what fixes the held-out windows: the data (the
+    source's fingerprint, its settings, the validation split), the tokenizer, and WINDOW_FIELDS."""
+    from blocklab.training.config import flat, read_yaml
+
+    a, b = _manifest(ours), _manifest(theirs)
+    out = []
+    if a["source"].get("fingerprint") != b["source"].get("fingerprint"):
+        out.append(f"data source ({a['source'].get('description')} against {b['source'].get('description')})")
+    settings = sorted(k for k in a["settings"].keys() | b["settings"].keys()
+                      if a["settings"].get(k) != b["settings"].get(k))
+    out += [f"data.{k} ({a['settings'].get(k)!r} against {b['settings'].get(k)!r})" for k in settings]
+    if a["tokenizer"]["hash"] != b["tokenizer"]["hash"]:
+        out.append("tokenizer (tokenizer.json differs)")
+    if a["splits"]["val"] != b["splits"]["val"]:
+        out.append("validation split (its documents or tokens differ)")
+    ca, cb = flat(read_yaml(ours / "config.yaml")), flat(read_yaml(theirs / "config.yaml"))
+    out += [f"{k} ({ca.get(k)!r} against {cb.get(k)!r})" for k in WINDOW_FIELDS if ca.get(k) != cb.get(k)]
+    return out
+
+
+def _require_finished(run: Path) -> None:
+    if not (run / "summary.json").is_file():
+        raise ConfigError(f"--add {run}: not a finished run (no summary.json); give a run directory "
+                          "that `blocklab train` or a compare finished.")
+
+
+def added_runs(paths: list[str | Path], configs: list[tuple[Entry, TrainConfig]]
+               ) -> list[tuple[Entry, TrainConfig]]:
+    """Runs trained elsewhere (`blocklab train`, another compare, another machine) brought into this
+    comparison's report. Each must be finished and share the data, tokenizer and held-out windows of the
+    comparison's runs (`data_differences`; refused with the differences named otherwise). A run whose
+    config matches one of the entries' apart from its seed (and where it lives) joins that entry as
+    another seed; any other run (a longer budget, another rate) is an entry of its own, labelled with
+    its folder."""
+    from blocklab.training.config import NOT_RESULTS, changed_fields, read_yaml
+
+    ours = Path(configs[0][1].out_dir)
+    added: list[tuple[Entry, TrainConfig]] = []
+    for path in paths:
+        run = Path(path)
+        _require_finished(run)
+        differences = data_differences(ours, run)
+        if differences:
+            raise ConfigError(f"--add {run} cannot join this report: it differs from {ours} in "
+                              f"{'; '.join(differences)}. Only runs on the same data, tokenizer and held-out "
+                              "windows can be compared with these.")
+        cfg = TrainConfig.from_dict({**read_yaml(run / "config.yaml"), "out_dir": str(run)})
+        joined = next((e for e, c in configs if e.arch == cfg.arch and not changed_fields(
+            c, cfg, NOT_RESULTS | {"seed"})), None)
+        entry = joined or Entry(f"{cfg.arch} ({run.name})", cfg.arch)
+        taken = [c.seed for e, c in configs + added if e.label == entry.label]
+        if cfg.seed in taken:
+            raise ConfigError(f"--add {run}: `{entry.label}` already has a run of seed {cfg.seed}; add "
+                              "another seed, or a run that differs in more than its seed.")
+        added.append((entry, cfg))
+    return added
 
 
 def _entry_of(cfg: TrainConfig, configs: list[tuple[Entry, TrainConfig]]) -> Entry | None:

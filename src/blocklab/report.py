@@ -1107,6 +1107,10 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
              f"`{method['data']['source']}`. Every run shares the data, tokenizer, batch order and held-out "
              "windows; only the architecture differs. How every number was made is in [Method](#method); "
              "results.json holds the same figures and facts.")
+    added = (run_info or {}).get("added") or []
+    if added:
+        intro += (" Runs trained elsewhere and added with `--add` (same data, tokenizer and held-out "
+                  "windows, checked): " + "; ".join(f"`{a['label']}` from `{a['run']}`" for a in added) + ".")
     blocks: list[tuple] = [("p", intro)]
     blocks += verdict_blocks(ranked, entries, runs_by_label, rows, method)
     blocks += [("p", f"**Warning:** {w}") for w in warnings]

@@ -55,11 +55,21 @@ def _interval_text(iv: evidence.Interval, digits: int = 4) -> str:
     return "-" if iv.low is None else f"[{iv.low:+.{digits}f}, {iv.high:+.{digits}f}]"
 
 
+def _by_seed(runs: list[dict], base: list[dict], key: str = "val_loss") -> dict[int, float]:
+    """{seed: difference} over the seeds both have (none: a run added from elsewhere with its own)."""
+    a, b = _per_seed(runs, key), _per_seed(base, key)
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def _paired(runs: list[dict], base: list[dict], key: str = "val_loss") -> list[float]:
+    return list(_by_seed(runs, base, key).values())
+
+
 def pooled_paired_sd(entries, runs_by_label) -> float | None:
     """This comparison's own seed spread of paired differences to the baseline, pooled over the
     architectures (None with fewer than 2 seeds)."""
-    base = _per_seed(runs_by_label[entries[0].label])
-    groups = [evidence.paired_differences(_per_seed(runs_by_label[e.label]), base) for e in entries[1:]]
+    base = runs_by_label[entries[0].label]
+    groups = [_paired(runs_by_label[e.label], base) for e in entries[1:]]
     groups = [g for g in groups if len(g) >= 2]
     df = sum(len(g) - 1 for g in groups)
     if not df:
@@ -85,12 +95,14 @@ def ranking(entries, runs_by_label, size: str) -> dict[str, Any]:
         bpbs = list(_per_seed(runs, "val_bpb").values())
         row: dict[str, Any] = {"label": e.label, "seeds": len(runs), "val_loss": sum(losses) / len(losses),
                                "val_bpb": sum(bpbs) / len(bpbs)}
-        if e.label != base_label:
-            d = evidence.paired_differences(_per_seed(runs), _per_seed(runs_by_label[base_label]))
-            d_bpb = evidence.paired_differences(_per_seed(runs, "val_bpb"),
-                                                _per_seed(runs_by_label[base_label], "val_bpb"))
-            iv, iv_bpb = evidence.t_interval(d), evidence.t_interval(d_bpb)
+        row["baseline"] = e.label == base_label
+        d = _paired(runs, runs_by_label[base_label])
+        if not row["baseline"] and d:
+            iv = evidence.t_interval(d)
+            iv_bpb = evidence.t_interval(_paired(runs, runs_by_label[base_label], "val_bpb"))
             row.update(diff=iv, diff_bpb=iv_bpb, reading=_reading(iv, sd, base_label))
+        elif not row["baseline"]:
+            row["reading"] = f"no seed in common with {base_label}: not paired, so not compared"
         rows.append(row)
     rows.sort(key=lambda r: r["val_loss"])
     return {"rows": rows, "baseline": base_label, "paired_sd": sd, "paired_sd_source": sd_source}
@@ -126,8 +138,8 @@ def verdict_table(ranked: dict[str, Any]) -> list[list[str]]:
     body = []
     for k, r in enumerate(ranked["rows"], 1):
         if "diff" not in r:
-            body.append([str(k), r["label"], f"{r['val_loss']:.4f}", f"{r['val_bpb']:.4f}", "baseline", "-",
-                         "-", "-"])
+            body.append([str(k), r["label"], f"{r['val_loss']:.4f}", f"{r['val_bpb']:.4f}",
+                         "baseline" if r["baseline"] else "-", "-", "-", r.get("reading") or "-"])
             continue
         iv, iv_bpb = r["diff"], r["diff_bpb"]
         body.append([str(k), r["label"], f"{r['val_loss']:.4f}", f"{r['val_bpb']:.4f}", f"{iv.mean:+.4f}",
@@ -158,7 +170,7 @@ def terminal_lines(data: dict[str, Any]) -> list[str]:
     for k, r in enumerate(rows, 1):
         d = r["diff"]
         if d is None:
-            lines.append(f"  {k}. {r['label']:<20} {r['val_loss']:.4f}  baseline")
+            lines.append(f"  {k}. {r['label']:<20} {r['val_loss']:.4f}  {r['reading'] or 'baseline'}")
             continue
         ci = "" if d["low"] is None else f" [{d['low']:+.4f}, {d['high']:+.4f}]"
         lines.append(f"  {k}. {r['label']:<20} {r['val_loss']:.4f}  {d['mean']:+.4f}{ci}  {r['reading']}")
@@ -210,12 +222,15 @@ def claim_rows(entries, runs_by_label, setting: str | None) -> list[list[str]]:
                              f"needs runs at the {c.minus_setting} setting: blocklab reproduce"])
                 verdicts.append("inconclusive")
                 continue
-            d = evidence.paired_differences(_per_seed(by_arch[c.arch]), _per_seed(by_arch[c.baseline]))
+            by_seed = _by_seed(by_arch[c.arch], by_arch[c.baseline])
             if c.minus:
-                minus = evidence.paired_differences(_per_seed(by_arch[c.minus[0]]),
-                                                    _per_seed(by_arch[c.minus[1]]))
-                d = [a - b for a, b in zip(d, minus, strict=True)]
-            iv = evidence.t_interval(d)
+                minus = _by_seed(by_arch[c.minus[0]], by_arch[c.minus[1]])
+                by_seed = {seed: v - minus[seed] for seed, v in by_seed.items() if seed in minus}
+            if not by_seed:
+                rows.append([claim.id, what, expected, "-", "-", "no seed in common: not paired"])
+                verdicts.append("inconclusive")
+                continue
+            iv = evidence.t_interval(list(by_seed.values()))
             verdict = evidence.verdict(iv, c.relation, c.tolerance, equivalence=evidence.NO_EFFECT_NATS)
             verdicts.append(verdict)
             caveats = []

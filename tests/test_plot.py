@@ -1,0 +1,110 @@
+"""`blocklab plot` on runs from `blocklab train`, and `compare --add` bringing such runs into a report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blocklab.cli import main
+from blocklab.compare import compare
+from blocklab.config import ConfigError
+from blocklab.training.metrics import read_metrics
+from helpers import compare_base, write_code_corpus
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def overrides(corpus: Path, cache: Path, **extra) -> list[str]:
+    """`blocklab train` key=value overrides of the compare tests' quick config."""
+    fields = {**compare_base(corpus, cache), **extra}
+    out = []
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            out += [f"{key}.{k}={v}" for k, v in value.items()]
+        elif key != "progress":
+            out.append(f"{key}={value}")
+    return out
+
+
+def train(corpus, cache, out: Path, *extra: str) -> Path:
+    assert main(["train", *overrides(corpus, cache), *extra, "--out", str(out)]) == 0
+    return out
+
+
+def test_plot_overlays_runs_from_train_on_four_axes(corpus, tmp_path, capsys):
+    cache = tmp_path / "cache"
+    a = train(corpus, cache, tmp_path / "a", "arch=pre-ln")
+    b = train(corpus, cache, tmp_path / "b", "arch=sas-p", "max_steps=6")
+    assert main(["plot", str(a), str(b), "--out", str(tmp_path / "plot")]) == 0
+    assert "plot:" in capsys.readouterr().out
+    md = (tmp_path / "plot" / "plot.md").read_text()
+    for axis in ("step", "tokens", "flops", "wall_time"):
+        png = tmp_path / "plot" / f"loss_vs_{axis}.png"
+        assert png.read_bytes()[:8] == PNG_SIGNATURE and f"({png.name})" in md
+    page = (tmp_path / "plot" / "plot.html").read_text()
+    assert page.count("data:image/png;base64,") == 4
+    # the table: each run's last evaluation, as its metrics.jsonl has it
+    for run, steps in ((a, 4), (b, 6)):
+        last = read_metrics(run / "metrics.jsonl", "val")[-1]
+        assert last["step"] == steps and f"| {last['val_loss']:.4f} |" in md
+
+
+def test_plot_draws_flops_as_tokens_times_flops_per_token(corpus, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from blocklab import plot
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run = train(corpus, tmp_path / "cache", tmp_path / "a")
+    plot.plot_runs([run], tmp_path / "plot")
+    per_token = json.loads((run / "summary.json").read_text())["flops_per_token"]
+    tokens = [r["tokens"] for r in read_metrics(run / "metrics.jsonl", "val")]
+    flops_axes = figures[2].axes[0]
+    assert list(flops_axes.get_lines()[0].get_xdata()) == [t * per_token for t in tokens]
+
+
+def test_plot_refuses_what_is_not_a_run(tmp_path, capsys):
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "is not a run directory: it has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_compare_add_joins_a_seed_and_adds_a_longer_run_after_checking_the_data(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    base = compare_base(corpus, cache)
+    # seed 1 of pre-ln and a longer sas run, trained outside the compare
+    seed1 = train(corpus, cache, tmp_path / "elsewhere" / "pre-ln-1", "arch=pre-ln", "seed=1",
+                  "optim.name=muon", "optim.lr=0.03", "optim.muon_lr=0.06")
+    longer = train(corpus, cache, tmp_path / "elsewhere" / "sas-long", "arch=sas", "max_steps=8")
+    out = tmp_path / "cmp"
+    report = compare(["pre-ln", "sas"], out, seeds=1, base=base, timing_rounds=1, timing_steps=1,
+                     log=lambda *_: None, add=[seed1, longer]).read_text()
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["label"]: r for r in results["architectures"]}
+    assert rows["pre-ln"]["seeds"] == 2, "a run matching pre-ln's config but its seed joins it"
+    assert rows["sas (sas-long)"]["steps"] == 8 and rows["sas"]["steps"] == 4
+    assert "added with `--add`" in report and str(longer) in report
+    # the same run again, or one on other data, is refused naming why
+    with pytest.raises(ConfigError, match="already has a run of seed 1"):
+        compare(["pre-ln", "sas"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None,
+                add=[seed1, seed1])
+    other = tmp_path / "other-corpus"
+    other.mkdir()
+    for i in range(20):
+        (other / f"z{i}.py").write_text("".join(f"z{i} = {j}\n" for j in range(100)))
+    stranger = train(other, cache, tmp_path / "elsewhere" / "stranger", "arch=pre-ln",
+                     "data.val_fraction=0.3")
+    with pytest.raises(ConfigError, match=r"cannot join this report: it differs .* in data source"):
+        compare(["pre-ln"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None, add=[stranger])
+    windows = train(corpus, cache, tmp_path / "elsewhere" / "windows", "arch=pre-ln", "eval_batches=1")
+    with pytest.raises(ConfigError, match=r"eval_batches \(2 against 1\)"):
+        compare(["pre-ln"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None, add=[windows])
+    with pytest.raises(ConfigError, match="not a finished run"):
+        compare(["pre-ln"], out, seeds=1, base=base, log=lambda *_: None, add=[tmp_path / "nothing"])
