@@ -317,6 +317,11 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
 
     root = out / "t3"
     sweep = root / "tiny-lr-sweep" / "runs"
+
+    def group(arch):  # the equal-FLOPs budget is pre-ln's in the scale's steps: its runs are the steps runs
+        return root / ("tiny-steps" if arch == "pre-ln" else "tiny-flops")
+
+    assert not (root / "tiny-flops" / "runs" / "pre-ln-seed0").exists(), "pre-ln trained twice"
     for arch in ("pre-ln", "sas-p", "resformer", "sas-p+resformer"):
         losses = {f: json.loads((sweep / f"{arch}-lrx{f:g}-seed0" / "summary.json").read_text())["val_loss"]
                   for f in (0.5, 1.0)}
@@ -325,12 +330,12 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
         for f in (0.5, 1.0):
             optim = yaml.safe_load((sweep / f"{arch}-lrx{f:g}-seed0" / "config.yaml").read_text())["optim"]
             assert (optim["lr"], optim["muon_lr"]) == pytest.approx((0.03 * f, 0.06 * f))
-        run = root / "tiny-flops" / "runs" / f"{arch}-seed0"
+        run = group(arch) / "runs" / f"{arch}-seed0"
         optim = yaml.safe_load((run / "config.yaml").read_text())["optim"]
         assert (optim["lr"], optim["muon_lr"]) == pytest.approx((0.03 * best, 0.06 * best))
 
     def loss(arch, seed):
-        return json.loads((root / "tiny-flops" / "runs" / f"{arch}-seed{seed}" / "summary.json").read_text())[
+        return json.loads((group(arch) / "runs" / f"{arch}-seed{seed}" / "summary.json").read_text())[
             "val_loss"]
 
     saved = json.loads((root / "reproduction.json").read_text())

@@ -80,7 +80,7 @@ class Scale:
                 )
             base.update(seq_len=4 * self.seq_len, batch_size=self.batch_size // 4)
         if setting == "flops":  # what the baseline (pre-ln) spends in `steps` steps
-            base["max_flops"] = default_budget("flops", [Entry.parse("pre-ln")], base, self.steps)
+            base["max_flops"] = default_budget("flops", [Entry.parse(FLOPS_BASELINE)], base, self.steps)
         else:
             base["max_steps"] = self.steps
         return base
@@ -100,6 +100,16 @@ class Scale:
 
 
 SETTINGS = ("steps", "flops", "seq-long")
+# The equal-FLOPs budget is what this architecture spends in the scale's steps, so its equal-FLOPs runs
+# are its equal-steps runs, step for step (same schedule, same batches): they are read from there,
+# not trained twice (`run_group`).
+FLOPS_BASELINE = "pre-ln"
+
+
+def run_group(setting: str, arch: str) -> str:
+    """The setting whose runs `arch` reads at `setting`: its own, but the equal-steps runs for the
+    equal-FLOPs baseline."""
+    return "steps" if setting == "flops" and arch == FLOPS_BASELINE else setting
 
 # The evidence scales: a per-architecture learning-rate sweep at x1/3, x1 and x3 of the recipe's rates
 # (the recipe's own grid, benchmarks/baseline_grid.py --grid lr), 5 seeds, and 5 more for a claim
@@ -390,9 +400,15 @@ def plan(claims: list[Claim], scale: Scale, out: Path, factors: dict[str, float]
             for arch in archs
             for pair in run_configs([_entry(arch, scale, (factors or {}).get(arch))],
                                     (seeds or {}).get((setting, arch), scale.seeds),
-                                    out / scale.group(setting), scale.base(setting))
+                                    out / scale.group(run_group(setting, arch)),
+                                    scale.base(run_group(setting, arch)))
         ]
     return runs
+
+
+def unique_runs(runs: dict[str, list[tuple[Entry, TrainConfig]]]) -> list[tuple[Entry, TrainConfig]]:
+    """Every planned run once (two settings may read one run: `run_group`)."""
+    return list({cfg.out_dir: (e, cfg) for group in runs.values() for e, cfg in group}.values())
 
 
 # The verdict of a claim whose runs have not all finished (`reproduce(..., partial=True)`).
@@ -623,7 +639,8 @@ def reproduce(
         sweeps = read_sweep(swept, scale, partial=partial and not train)
     factors = {arch: s.best for arch, s in sweeps.items()} or None
     ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
-    seeds = {(setting, arch): max(scale.seeds, finished_seeds(root / scale.group(setting), arch))
+    seeds = {(setting, arch): max(scale.seeds,
+                                  finished_seeds(root / scale.group(run_group(setting, arch)), arch))
              for setting, archs in needed.items() for arch in archs}
     if ready is not None and not train:  # plan only what the finished sweeps allow
         claims_to_plan = [c for c in claims if {a for k in c.checks for a in k.archs
@@ -636,7 +653,7 @@ def reproduce(
             began = time.perf_counter()
             for setting, configs in runs.items():
                 log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
-            train_all([pair for configs in runs.values() for pair in configs], "claims")
+            train_all(unique_runs(runs), "claims")
             # speed from interleaved rounds on this machine once training is over, not from the logs
             time_throughput(claims_to_plan, scale, root, runs, launches[-1].get("threads"), log)
         measured = Measurements(runs)

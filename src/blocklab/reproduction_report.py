@@ -23,6 +23,7 @@ from blocklab.reproduce import (
     Reproduction,
     machine,
     read_campaign,
+    unique_runs,
 )
 
 RELATION_WORDS = {
@@ -229,10 +230,10 @@ def campaign_text(root: Path | None) -> str | None:
 def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
     """The scale, the optimiser, the statistics and the verdict rules, and what trained the runs: a
     function of the run data (and, for a store without a campaign log, of this machine)."""
-    n_runs = sum(len(v) for v in rep.runs.values())
+    claim_runs = unique_runs(rep.runs)
+    n_runs = len(claim_runs)
     n_sweep = sum(len(s.losses) for s in rep.sweeps.values())
-    finished = [json.loads((Path(cfg.out_dir) / "summary.json").read_text())
-                for group in rep.runs.values() for _, cfg in group
+    finished = [json.loads((Path(cfg.out_dir) / "summary.json").read_text()) for _, cfg in claim_runs
                 if (Path(cfg.out_dir) / "summary.json").is_file()]
     if rep.out is not None and not finished and not campaign_text(rep.out):
         trained_by = "No run has trained yet."  # a function of the (empty) data, not of this machine
