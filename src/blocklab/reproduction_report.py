@@ -393,25 +393,15 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
         "",
     ]
     md += md_table(["claim", "paper", "where", "claim", "verdict"], summary)
-    extra_html = ""
-    combos = combination_rows(rep)
-    if combos:
-        md += ["", "## Do the papers' gains add up?", "", COMBINATION_TEXT, ""]
-        md += md_table(COMBINATION_HEAD, combos)
-        extra_html += (f"<h2>Do the papers' gains add up?</h2><p>{html.escape(COMBINATION_TEXT)}</p>"
-                       + html_table(COMBINATION_HEAD, combos))
-    timing = timing_rows(rep)
-    if timing:
-        md += ["", "## Throughput", "", TIMING_TEXT, ""]
-        md += md_table(TIMING_HEAD, timing)
-        extra_html += (f"<h2>Throughput</h2><p>{html.escape(TIMING_TEXT)}</p>"
-                       + html_table(TIMING_HEAD, timing))
+    tables = [("Do the papers' gains add up?", COMBINATION_TEXT, COMBINATION_HEAD, combination_rows(rep)),
+              ("Throughput", TIMING_TEXT, TIMING_HEAD, timing_rows(rep))]
     if rep.sweeps:
-        head, rows = sweep_rows(rep)
-        text = SWEEP_TEXT.format(steps=rep.scale.sweep_steps)
-        md += ["", "## Learning rates", "", text, ""]
-        md += md_table(head, rows)
-        extra_html += f"<h2>Learning rates</h2><p>{html.escape(text)}</p>" + html_table(head, rows)
+        tables.append(("Learning rates", SWEEP_TEXT.format(steps=rep.scale.sweep_steps), *sweep_rows(rep)))
+    extra_html = ""
+    for title, text, head, rows in tables:  # the tables across claims, those with rows
+        if rows:
+            md += ["", f"## {title}", "", text, ""] + md_table(head, rows)
+            extra_html += f"<h2>{title}</h2><p>{html.escape(text)}</p>" + html_table(head, rows)
     sections_html = []
     record = []
     for r in results:
