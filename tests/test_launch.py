@@ -212,7 +212,8 @@ def test_ctrl_c_and_kill_9_leave_no_worker_and_the_rerun_completes_the_report(co
         assert curve(out / "runs" / f"{arch}-seed0") == curve(reference / "runs" / f"{arch}-seed0")
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs a signal aimed at one thread")
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"),
+                    reason="signal.pthread_kill (a signal aimed at one thread) is POSIX-only, not on Windows")
 def test_sigterm_caught_by_a_reader_thread_still_stops_the_launcher_at_once():
     """The kernel may hand `kill`'s SIGTERM to any thread; Python runs the handler in the main thread,
     which the launcher must not leave asleep in its queue until a worker next writes (the old wait)."""

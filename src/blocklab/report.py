@@ -618,10 +618,6 @@ def gain_product_note(model_cfg: dict[str, Any]) -> str | None:
 
 
 # -- statistics -------------------------------------------------------------------------------------------
-def _per_seed_loss(runs: list[dict]) -> dict[int, float]:
-    return {r["summary"]["seed"]: r["summary"]["val_loss"] for r in runs}
-
-
 def _budget_setting(cfg: TrainConfig) -> str | None:
     """The claims' setting this comparison measures: equal FLOPs, or equal steps (and tokens)."""
     kinds = {kind for kind, name in BUDGETS.items() if getattr(cfg, name) is not None}

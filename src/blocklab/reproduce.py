@@ -701,8 +701,8 @@ def time_throughput(claims: list[Claim], scale: Scale, root: Path,
         path = root / scale.group(setting) / TIMING
         if path.is_file() and set(archs) <= set(json.loads(path.read_text())["architectures"]):
             continue
-        firsts = {e.label: (e, cfg) for e, cfg in reversed(runs.get(setting, []))}  # seed 0 of each arch
-        configs = [firsts[a] for a in archs]
+        configs = [next((e, c) for e, c in runs[setting] if e.label == arch and c.seed == 0)
+                   for arch in archs]  # seed 0 stands for the architecture
         if threads is not None:
             configs = [(e, replace(cfg, threads=threads)) for e, cfg in configs]
         log(f"{setting}: timing {', '.join(archs)} in {scale.timing_rounds} interleaved rounds of "

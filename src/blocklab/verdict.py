@@ -119,10 +119,9 @@ def _reading(iv: evidence.Interval, sd: float | None, base: str) -> str:
             return f"higher than {base}"
         if lower == "no effect":
             return f"no effect (interval within ±{evidence.NO_EFFECT_NATS} nats)"
-    beyond = "" if sd is None else (" (beyond the seed spread)" if abs(iv.mean) > sd else
-                                    " (within the seed spread)")
     if sd is None:
         return f"cannot tell with {iv.n} seed(s); no measured seed spread for this size: try --seeds 3"
+    beyond = " (beyond the seed spread)" if abs(iv.mean) > sd else " (within the seed spread)"
     n = seeds_needed(iv.mean, sd)
     more = f"about {n} seeds would tell one this size" if n else f"more than {MOST_SEEDS} seeds"
     if iv.n >= evidence.MIN_SEEDS:
