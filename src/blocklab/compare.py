@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from blocklab import locks
 from blocklab.config import ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.launch import Launch, RunsFailed, train_runs
@@ -475,49 +476,53 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     for path in add or []:
         _require_finished(Path(path))
     out = Path(out)
-    if fresh and out.exists():
-        shutil.rmtree(out / "runs", ignore_errors=True)
-    base = base or {}
-    sweep = sweep_info = None
-    failed = []
-    if lr_sweep:
-        if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
-            raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
-        steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
-        log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
-        sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,
-                                            log, launcher)
-        swept.raise_if_pending("the learning-rate sweep", "write the report")
-        failed += swept.failed
-        (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
-        sweep_info = {"rates": sorted(set(lr_sweep)), "steps": steps}
-        entries = with_best_rates(entries, sweep)
-    configs = run_configs(entries, seeds, out, base)
-    launch = train_runs(configs, launcher, log)
-    launch.raise_if_pending("the comparison", "write the report")
-    failed += launch.failed
-    finished = [pair for pair, o in zip(launch.configs, launch.outcomes, strict=True) if o.status != "failed"]
-    if not finished:
-        raise RunsFailed(failed)
-    extra = added_runs(add, finished) if add else []
-    finished += extra
-    trained_at = time.perf_counter()
-    if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
-        from blocklab.training.loop import say
+    with locks.hold(out):  # one comparison at a time in a folder: no run or report of another is touched
+        if fresh and (out / "runs").is_dir():
+            for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
+                with locks.hold(run):  # never a run another process is training (FolderInUse names it)
+                    shutil.rmtree(run)
+        base = base or {}
+        sweep = sweep_info = None
+        failed = []
+        if lr_sweep:
+            if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
+                raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
+            steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
+            log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
+            sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,
+                                                log, launcher)
+            swept.raise_if_pending("the learning-rate sweep", "write the report")
+            failed += swept.failed
+            (out / "lr_sweep.json").write_text(json.dumps({"steps": steps, "val_loss": sweep}, indent=2))
+            sweep_info = {"rates": sorted(set(lr_sweep)), "steps": steps}
+            entries = with_best_rates(entries, sweep)
+        configs = run_configs(entries, seeds, out, base)
+        launch = train_runs(configs, launcher, log)
+        launch.raise_if_pending("the comparison", "write the report")
+        failed += launch.failed
+        finished = [pair for pair, o in zip(launch.configs, launch.outcomes, strict=True)
+                    if o.status != "failed"]
+        if not finished:
+            raise RunsFailed(failed)
+        extra = added_runs(add, finished) if add else []
+        finished += extra
+        trained_at = time.perf_counter()
+        if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
+            from blocklab.training.loop import say
 
-        say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
-            f"interleaved rounds x {timing_steps} steps) for the report")
-    measured = measure_architectures(finished, timing_rounds, timing_steps)
-    measured["seconds"] = time.perf_counter() - trained_at
-    run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
-                "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
-                "launch": launch.describe(),
-                "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
-                "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
-    report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
-    if failed:
-        raise RunsFailed(failed, report)
-    return report
+            say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
+                f"interleaved rounds x {timing_steps} steps) for the report")
+        measured = measure_architectures(finished, timing_rounds, timing_steps)
+        measured["seconds"] = time.perf_counter() - trained_at
+        run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
+                    "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
+                    "launch": launch.describe(),
+                    "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
+                    "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
+        report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
+        if failed:
+            raise RunsFailed(failed, report)
+        return report
 
 
 # What an added run must share with the comparison's runs for its losses to be read against theirs:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.std import tqdm as std_tqdm
 
+from blocklab import locks
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
@@ -251,8 +252,13 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     """Train one model. `config` is a TrainConfig, a dict, a YAML path or None (defaults);
     keyword overrides use TrainConfig field names, with dotted names for sections given as a dict,
     e.g. ``train(max_steps=100, **{"optim.lr": 3e-4})``. With ``resume=True`` the run's saved
-    config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it."""
-    return Trainer(resolve_config(config, overrides, resume), resume=resume).run()
+    config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it.
+
+    The run's folder is held for the whole run (`blocklab.locks`): a second process training into it
+    is refused with this one's pid and command (under torchrun, the launch's first process holds it)."""
+    cfg = resolve_config(config, overrides, resume)
+    with locks.hold(cfg.out_dir) if distributed.launch_rank() == 0 else nullcontext():
+        return Trainer(cfg, resume=resume).run()
 
 
 def _announce_resume(run_dir: Path, checkpoint: Path | None, cfg: TrainConfig) -> None:
@@ -331,12 +337,12 @@ class Trainer:
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
             self.data = prepare_data(cfg.data, progress=cfg.progress)
-            stats = self.data.stats  # one line with the counts; data_manifest.json lists the files
-            counts = ((stats["skipped_count"], "files that are not UTF-8 text"),
-                      (stats["bad_records"], "unreadable JSONL records"))
-            skipped = [f"{n} {what}" for n, what in counts if n]
-            if skipped:
-                say(f"skipped {' and '.join(skipped)} (see data_manifest.json)")
+            stats = self.data.stats  # a line with the counts; data_manifest.json lists the files
+            if stats["skipped_count"]:
+                say(f"skipped {stats['skipped_count']} files that are not UTF-8 text "
+                    "(see data_manifest.json)")
+            if stats["bad_records"]:  # how many records were read, how many skipped and why
+                say(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
