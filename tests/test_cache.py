@@ -428,11 +428,15 @@ def test_generate_errors():
     with pytest.raises(ValueError, match="context_length"):
         model.generate(prompt, 22)
     for kwargs, word in [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
-                         (dict(top_k=0), "top_k"), (dict(stop_tokens=[VOCAB]), "stop_tokens")]:
+                         (dict(top_k=0), "top_k"), (dict(stop_tokens=[VOCAB]), "stop_tokens"),
+                         (dict(temperature=float("inf")), "positive finite"),
+                         (dict(temperature=float("nan")), "temperature"),
+                         (dict(temperature=1.0, top_k=VOCAB + 1), f"vocabulary size \\({VOCAB}\\)")]:
         with pytest.raises(ValueError, match=word):
             model.generate(prompt, 3, **kwargs)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(prompt, 0)
+    model.generate(prompt, 3, temperature=1.0, top_k=VOCAB)  # every token: the edge is allowed
 
 
 # -- 4. generation -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import sys
 import textwrap
+import traceback
 from importlib import metadata
 
 from blocklab import __version__
@@ -397,9 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (the default); else a positive finite number")
+    p.add_argument("--top-k", type=int, help="sample from the k likeliest tokens: 1 to the vocabulary size")
+    p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with this much "
+                   "probability: in (0, 1]")
     p.add_argument("--seed", type=int)
     p.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
     p.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
@@ -426,6 +429,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blocklab: interrupted; {err or 'rerun the same command: finished runs are reused'}",
               file=sys.stderr)
         return 130
+    except OSError as err:  # the machine's, not blocklab's: permissions, a full or read-only disk ...
+        print(f"blocklab: error: {err}", file=sys.stderr)
+        return 1
+    except Exception:  # not a mistake in the input (those are named above): a bug, with its traceback
+        traceback.print_exc()
+        print(f"blocklab: internal error (traceback above) in `blocklab {' '.join(argv)}`: this is a bug in "
+              "blocklab, not in your input. Please report it with the command and the traceback.",
+              file=sys.stderr)
+        return 1
     return 0
 
 

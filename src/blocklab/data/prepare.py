@@ -33,7 +33,7 @@ import numpy as np
 import tokenizers
 
 from blocklab.data.config import DataConfig
-from blocklab.data.sources import Source, open_source, split_budgets, split_documents
+from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
 from blocklab.errors import ConfigError
 
@@ -72,13 +72,18 @@ def _key(obj: Any) -> str:
 
 
 def _no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
+    """The error for a split left empty: what the source holds and where each document went."""
     skipped = f"; {len(source.skipped)} files were skipped as not UTF-8" if source.skipped else ""
+    found = f" ({split_census(source, cfg)}{skipped})"
     if split == "val":
         return ConfigError(
-            f"no document of {source.description} fell into the validation split "
-            f"(val_fraction = {cfg.val_fraction}, split by a hash of each document's name){skipped}. "
-            "Add documents, raise val_fraction, or set val_fraction = 0 to train without validation.")
-    return ConfigError(f"{source.description} holds no readable training documents{skipped}.")
+            f"no document of {source.description} fell into the validation split (val_fraction = "
+            f"{cfg.val_fraction}, split by a hash of each document's name){found}. Add documents, raise "
+            "val_fraction, or set val_fraction = 0 to train without validation.")
+    one_file = " (or give that one file as the source: a file is split by paragraphs)" \
+        if getattr(source, "file_count", 0) == 1 else ""
+    return ConfigError(f"no training documents in {source.description}{found}. Add documents, or lower "
+                       f"val_fraction{one_file}.")
 
 
 def _say(message: str) -> None:
@@ -203,7 +208,8 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
             "source": {"spec": cfg.source, "kind": source.kind, "description": source.description,
                        "fingerprint": corpus["fingerprint"], "files": source.file_count,
                        "skipped_files": list(source.skipped), "skipped_count": len(source.skipped),
-                       "bad_records": getattr(source, "bad_records", 0)},
+                       "bad_records": getattr(source, "bad_records", 0),
+                       "records": getattr(source, "census", lambda: "")()},
             "settings": {name: getattr(cfg, name) for name in
                          ("source", "text_field", "hf_kwargs", "max_chars", "val_fraction", "tokenizer",
                           "vocab_size", "bpe_min_frequency", "bpe_train_chars", "eos_token", "mask_token")},
@@ -270,6 +276,7 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
         "skipped_files": manifest["source"]["skipped_files"],
         "skipped_count": manifest["source"]["skipped_count"],
         "bad_records": manifest["source"]["bad_records"],
+        "records": manifest["source"].get("records", ""),
     }
     return PreparedData(
         config=cfg, tokenizer=tokenizer, train=arrays["train"], val=arrays["val"],

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from blocklab import integrity
@@ -162,7 +162,11 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`. With
     `verify`, the weights and tokenizer must match the sha256 recorded in config.json."""
     folder = Path(folder)
-    data = json.loads((folder / CONFIG_NAME).read_text())
+    try:
+        data = json.loads((folder / CONFIG_NAME).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON ({err}): the export is damaged; export "
+                          "it again (blocklab export --run DIR --out FOLDER).") from None
     sums = data.pop(SHA_KEY, None)
     if verify:
         integrity.verify(folder, sums, str(folder / CONFIG_NAME))
@@ -180,7 +184,11 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     with torch.device(device):
         model = Transformer(cfg)
     model.to(dtype)
-    load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))
+    try:
+        load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))
+    except SafetensorError as err:
+        raise ConfigError(f"{folder / WEIGHTS_NAME} is not a readable safetensors file ({err}): the export "
+                          "is damaged; export it again (blocklab export --run DIR --out FOLDER).") from None
     return model
 
 

@@ -7,6 +7,7 @@ has stopped or after `max_new_tokens`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -51,10 +52,13 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          f"{input_ids.dtype} of shape {tuple(input_ids.shape)}.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r} is not allowed: a positive integer.")
-    if not temperature >= 0:
-        raise ValueError(f"temperature = {temperature!r} is not allowed: 0 (greedy) or a positive number.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k = {top_k!r} is not allowed: a positive integer or None.")
+    if not 0 <= temperature < math.inf:  # inf would divide every logit to 0: uniform noise, not sampling
+        raise ValueError(f"temperature = {temperature!r} is not allowed: 0 (greedy) or a positive finite "
+                         "number.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k = {top_k!r} is not allowed: an integer from 1 to the vocabulary size "
+                         f"({vocab}), or None to sample from every token.")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p = {top_p!r} is not allowed: a probability in (0, 1] or None.")
     bad = [s for s in [*(stop_tokens or ()), *([] if pad_token is None else [pad_token])]

@@ -129,11 +129,18 @@ def save_weights(weights: dict[str, Tensor], path: str | Path) -> None:
 
 
 def load_weights_file(path: str | Path) -> dict[str, Tensor]:
-    from safetensors import safe_open
+    """The state dict of a safetensors file; one that is not a readable safetensors file (damaged,
+    truncated, something else under the name) is a ConfigError naming it."""
+    from safetensors import SafetensorError, safe_open
 
-    weights = load_file(str(path))
-    with safe_open(str(path), "pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    try:
+        weights = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    except (SafetensorError, ValueError) as err:
+        raise ConfigError(f"{path} is not a readable safetensors file ({err}): it is damaged or not a "
+                          "weights file. Restore it from the run's checkpoint (blocklab export) or a "
+                          "copy.") from None
     for name, target in aliases.items():
         weights[name] = weights[target]
     return weights
