@@ -21,7 +21,10 @@ recorded and hold only ids below the tokenizer's vocabulary size. A damaged entr
 or cut short after it was written, a manifest deleted or edited) is named in one line on stderr,
 moved aside and rebuilt; a damaged cached BPE file is trained again. Each shard is read once per
 process for the check (sha256 and the largest id in one pass), keyed by its path, inode,
-modification time and size; a later call finds the result by a stat.
+modification time and size; a later call finds the result by a stat. Measured
+(benchmarks/token_cache_check.py, a shared 2-core EPYC, uint16 ids): about 20 ms per 10M tokens
+once per process (74 ms for 50M), 0.2-0.3 ms for every later call, as much as opening the memmaps;
+hashing while writing adds about 11 ms per 10M tokens to tokenising.
 """
 
 from __future__ import annotations
