@@ -1,5 +1,5 @@
 """Benchmark the token cache's check: what reading each shard once per process (sha256 and the largest
-id in one pass, `blocklab.data.prepare.check_entry`) costs, against plain memory-mapped loading.
+id in one pass, `blocklab.data.cache_entry.check_entry`) costs, against plain memory-mapped loading.
 
 For each size (default 1M, 10M and 50M tokens of uint16 ids, as any vocabulary under 65,536 gives), a
 cache entry is written into a temporary folder: random ids split 90/10 into train.bin and val.bin,
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from blocklab.data import prepare
+from blocklab.data import cache_entry, prepare
 from blocklab.data.tokenizer import byte_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,7 +55,7 @@ def write_entry(entry: Path, n_tokens: int, vocab_size: int, seed: int = 0) -> d
     counts = {s: {"file": f"{s}.bin", "documents": 1, "tokens": int(p.size), "bytes": int(p.size),
                   "chars": int(p.size), "bytes_per_token": 1.0} for s, p in parts.items()}
     manifest = {
-        "format": prepare.FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "format": cache_entry.FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "source": {"spec": "synthetic", "kind": "synthetic", "description": "random ids", "fingerprint": "",
                    "files": 0, "skipped_files": [], "skipped_count": 0, "bad_records": 0},
         "settings": {}, "dtype": "uint16", "splits": counts,
@@ -86,34 +86,35 @@ def timed(fn) -> float:
 def measure(entry: Path, repeats: int) -> dict[str, list[float]]:
     """Seconds per repeat of each contender on one entry; the contenders take turns within a repeat."""
     tok = byte_tokenizer()
-    shards = [entry / f"{s}.bin" for s in prepare.SPLITS]
-    prepare._DIGESTS.clear()
-    prepare.check_entry(entry, tok)  # whole, and the files warm
-    data = {s: np.memmap(p, dtype=np.uint16, mode="r") for s, p in zip(prepare.SPLITS, shards, strict=True)}
+    shards = [entry / f"{s}.bin" for s in cache_entry.SPLITS]
+    cache_entry._DIGESTS.clear()
+    cache_entry.check_entry(entry, tok)  # whole, and the files warm
+    data = {s: np.memmap(p, dtype=np.uint16, mode="r")
+            for s, p in zip(cache_entry.SPLITS, shards, strict=True)}
     in_memory = [np.fromfile(p, dtype=np.uint16) for p in shards]
 
     def memmap() -> None:
         manifest = json.loads((entry / "manifest.json").read_text())
-        for s in prepare.SPLITS:
+        for s in cache_entry.SPLITS:
             prepare._load_split(entry / manifest["splits"][s]["file"], np.dtype(manifest["dtype"]))
 
     def cold() -> float:
-        prepare._DIGESTS.clear()
+        cache_entry._DIGESTS.clear()
         for p in shards:
             drop_from_page_cache(p)
-        return timed(lambda: prepare.check_entry(entry, tok))
+        return timed(lambda: cache_entry.check_entry(entry, tok))
 
     def warm() -> float:
-        prepare._DIGESTS.clear()
+        cache_entry._DIGESTS.clear()
         for p in shards:  # back in the page cache after a cold repeat
             p.read_bytes()
-        return timed(lambda: prepare.check_entry(entry, tok))
+        return timed(lambda: cache_entry.check_entry(entry, tok))
 
     out: dict[str, list[float]] = {name: [] for name in TIMINGS}
     for _ in range(repeats):
         out["check_cold"].append(cold())
         out["check_warm"].append(warm())
-        out["check_cached"].append(timed(lambda: prepare.check_entry(entry, tok)))
+        out["check_cached"].append(timed(lambda: cache_entry.check_entry(entry, tok)))
         out["memmap"].append(timed(memmap))
         out["read_memmap"].append(timed(lambda: [int(a.max()) for a in data.values()]))
         out["hash_while_writing"].append(timed(lambda: [hashlib.sha256(a.data).digest() for a in in_memory]))
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
     text = table(header, rows)
     print(text)
     result = dict(machine=info, command=" ".join(["python", *sys.argv]),
-                  args=dict(sizes=sizes, repeats=args.repeats, dtype="uint16", read_bytes=prepare.READ_BYTES),
+                  args=dict(sizes=sizes, repeats=args.repeats, dtype="uint16",
+                            read_bytes=cache_entry.READ_BYTES),
                   cells=cells, table=text)
     out = args.out or (None if args.quick else RESULTS / "token_cache_check.json")
     if out is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from blocklab.data import DataConfig, prepare_data
+from blocklab.data import DataConfig, cache_entry, prepare_data
 from blocklab.data import prepare as prepare_module
 
 
@@ -187,8 +187,8 @@ def test_missing_shard_is_rebuilt(corpus, tmp_path, fresh, capsys):
 
 def test_files_are_read_once_per_process(corpus, tmp_path, monkeypatch, capsys):
     reads: list[str] = []
-    real = prepare_module._shard_digest
-    monkeypatch.setattr(prepare_module, "_shard_digest", lambda path, dtype: reads.append(path.name)
+    real = cache_entry.shard_digest
+    monkeypatch.setattr(cache_entry, "shard_digest", lambda path, dtype: reads.append(path.name)
                         or real(path, dtype))
     config = cfg(corpus, tmp_path / "cache")
     first = prepare_data(config)
@@ -237,7 +237,7 @@ def test_stale_temporary_entries_are_removed(corpus, tmp_path, fresh):
     shards = cache / "shards"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
-    here = prepare_module._where()  # this host and pid namespace
+    here = cache_entry._where()  # this host and pid namespace
     stale = shards / f".tmp-{fresh.path.name}-{int(dead.stdout)}-0badc0de@{here}"
     bad = shards / f".bad-{fresh.path.name}-{int(dead.stdout)}-0badc0de@{here}"
     alive = shards / f".tmp-{fresh.path.name}-{os.getpid()}-0000beef@{here}"

@@ -63,6 +63,9 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
             if on_wait is not None:
                 on_wait()
             fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:  # a file system without flock (some network mounts): no lock to be had
+            yield
+            return
         handle.seek(0)
         handle.truncate()
         command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])

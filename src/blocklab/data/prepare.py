@@ -15,27 +15,19 @@ Everything is written into a temporary name and renamed into place, so a crashed
 run never leaves a half-written entry that a later run would trust; the leftovers of a killed run
 on this host (``.tmp-*``, ``.bad-*``) are removed when an entry is next built.
 
-An entry is checked before it is used, once per process: the manifest must parse, hold the fields
-read here and name the tokenizer in use; each shard must have the size and sha256 its manifest
-recorded and hold only ids below the tokenizer's vocabulary size. A damaged entry (a file changed
-or cut short after it was written, a manifest deleted or edited) is named in one line on stderr,
-moved aside and rebuilt; a damaged cached BPE file is trained again. Each shard is read once per
-process for the check (sha256 and the largest id in one pass), keyed by its path, inode,
-modification time and size; a later call finds the result by a stat. Measured
-(benchmarks/token_cache_check.py, a shared 2-core EPYC, uint16 ids): about 20 ms per 10M tokens
-once per process (74 ms for 50M), 0.2-0.3 ms for every later call, as much as opening the memmaps;
-hashing while writing adds about 11 ms per 10M tokens to tokenising.
+An entry is checked before it is used (`cache_entry`: sizes, sha256 and id range, once per
+process); a damaged one (a file changed or cut short after it was written, a manifest deleted or
+edited) is named in one line on stderr, moved aside and rebuilt, and a damaged cached BPE file is
+trained again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import os
 import shutil
-import socket
 import sys
 import time
 import uuid
@@ -47,18 +39,27 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from blocklab.data.cache_entry import (
+    FORMAT,
+    SPLITS,
+    DamagedEntry,
+    aside,
+    check_entry,
+    discard,
+    first_line,
+    remove_leftovers,
+    repair_lock,
+    token_dtype,
+)
 from blocklab.data.config import DataConfig
 from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
 from blocklab.errors import ConfigError
 
-FORMAT = 2  # bump when the shard or manifest layout changes (2: each shard's size and sha256)
 # The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
 # tokenizers again (a retrained BPE need not equal the one saved runs were trained with).
 TOKENIZER_FORMAT = 1
-SPLITS = ("train", "val")
 CHUNK_CHARS = 4_000_000  # characters per encode_batch call: parallel, yet bounded memory
-READ_BYTES = 1 << 24  # bytes per read when checking a shard: a multiple of every id width
 DEFAULTS = DataConfig()
 
 
@@ -137,11 +138,11 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
         return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
     except ConfigError:
         pass
-    with _repair_lock(path):
+    with repair_lock(path):
         try:  # another process may have trained it again while this one waited
             return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
         except ConfigError as err:
-            _say(f"cached tokenizer {path} cannot be read ({_first_line(err.__cause__ or err)}); "
+            _say(f"cached tokenizer {path} cannot be read ({first_line(err.__cause__ or err)}); "
                  "training it again")
         path.unlink(missing_ok=True)
         return _train_cached_bpe(cfg, source, path, progress), True
@@ -193,15 +194,11 @@ def _train_cached_bpe(cfg: DataConfig, source: Source, path: Path, progress: boo
 # -- shards ------------------------------------------------------------------------------------------
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size < 2**16 else np.uint32)
-
-
 def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
                  out_dir: Path) -> None:
     """Tokenise every document into `out_dir/{train,val}.bin` and write the manifest, atomically."""
     dtype = token_dtype(tokenizer.vocab_size)
-    tmp = _aside(out_dir, "tmp")
+    tmp = aside(out_dir, "tmp")
     tmp.mkdir(parents=True)
     counts: dict[str, dict[str, Any]] = {s: dict.fromkeys(("documents", "tokens", "bytes", "chars"), 0)
                                          for s in SPLITS}
@@ -278,197 +275,6 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
         raise
 
 
-class DamagedEntry(Exception):
-    """What is wrong with a cache entry, in words ("train.bin is missing")."""
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _manifest_error(m: Any, tokenizer: Tokenizer) -> str | None:
-    """What makes `m` no manifest of an entry made with `tokenizer` ("manifest.json ..."), or None.
-    Every field prepare_data reads is checked, so that a bad one is named here, not in a traceback."""
-    if not isinstance(m, dict):
-        return f"manifest.json is not a JSON object but {type(m).__name__}"
-    if m.get("format") != FORMAT:
-        return f"manifest.json has format {m.get('format')!r} where this blocklab writes {FORMAT}"
-    want = token_dtype(tokenizer.vocab_size).name
-    if m.get("dtype") != want:  # uint16 or uint32, as token_dtype chose when writing
-        return f"manifest.json has dtype {m.get('dtype')!r} where the tokenizer's ids need {want!r}"
-    if not isinstance(m.get("tokenizer"), dict) or m["tokenizer"].get("hash") != tokenizer.hash:
-        return "manifest.json names another tokenizer than the one in use"
-    source = m.get("source")
-    if not (isinstance(source, dict) and isinstance(source.get("skipped_files"), list)
-            and _count(source.get("skipped_count")) and _count(source.get("bad_records"))):
-        return "manifest.json lacks the source's skipped files and bad record counts"
-    splits, sums = m.get("splits"), m.get("checksums")
-    if not isinstance(splits, dict) or not isinstance(sums, dict):
-        return f"manifest.json lacks {'splits' if not isinstance(splits, dict) else 'checksums'}"
-    itemsize = np.dtype(want).itemsize
-    for s in SPLITS:
-        split, name = splits.get(s), f"{s}.bin"
-        if not isinstance(split, dict):
-            return f"manifest.json lacks the {s} split"
-        if split.get("file") != name:  # a shard is always named after its split, never another file
-            return f"manifest.json names {split.get('file')!r} as the {s} split's file, not {name!r}"
-        for key in ("documents", "tokens", "bytes", "chars"):
-            if not _count(split.get(key)):
-                return f"manifest.json gives the {s} split {split.get(key)!r} {key}, not a count"
-        ratio = split.get("bytes_per_token")
-        if ratio is not None and (not isinstance(ratio, int | float) or isinstance(ratio, bool)):
-            return f"manifest.json gives the {s} split bytes_per_token {ratio!r}, not a number"
-        check = sums.get(name)
-        if not (isinstance(check, dict) and _count(check.get("size"))
-                and isinstance(check.get("sha256"), str)):
-            return f"manifest.json lacks the size and sha256 of {name}"
-        if check["size"] != split["tokens"] * itemsize:
-            return (f"manifest.json gives {name} {check['size']:,} bytes, which do not hold its "
-                    f"{split['tokens']:,} {want} tokens")
-    return None
-
-
-def _shard_digest(path: Path, dtype: np.dtype) -> tuple[str, int]:
-    """sha256 and the largest id (-1 when empty) of shard `path`, in one pass of bounded reads."""
-    digest, top = hashlib.sha256(), -1
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(max(1, min(READ_BYTES, os.fstat(fh.fileno()).st_size)))  # no 16 MB for a small file
-        view = memoryview(buf)
-        while n := fh.readinto(buf):
-            digest.update(view[:n])
-            if n >= dtype.itemsize:
-                top = max(top, int(np.frombuffer(buf, dtype=dtype, count=n // dtype.itemsize).max()))
-    return digest.hexdigest(), top
-
-
-# (path, inode, mtime_ns, size, dtype) -> (sha256, largest id): each shard is read once per process.
-_DIGESTS: dict[tuple[str, int, int, int, str], tuple[str, int]] = {}
-
-
-def _digest(path: Path, stat: os.stat_result, dtype: np.dtype) -> tuple[str, int]:
-    # stat is taken before reading, so a file changed meanwhile gets a new key and is read again.
-    key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size, dtype.name)
-    if key not in _DIGESTS:
-        _DIGESTS[key] = _shard_digest(path, dtype)
-    return _DIGESTS[key]
-
-
-def check_entry(out_dir: Path, tokenizer: Tokenizer) -> dict[str, Any]:
-    """The manifest of cache entry `out_dir` once the entry is found whole for `tokenizer` (see the
-    module docstring); raises DamagedEntry naming the file and what is wrong with it."""
-    try:
-        text = (out_dir / "manifest.json").read_text()
-    except FileNotFoundError:
-        raise DamagedEntry("no manifest.json (it was deleted, or the entry was left incomplete)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DamagedEntry(f"manifest.json cannot be read ({err})") from None
-    try:
-        manifest = json.loads(text)
-    except ValueError as err:
-        raise DamagedEntry(f"manifest.json is not valid JSON ({err})") from None
-    problem = _manifest_error(manifest, tokenizer)
-    if problem:
-        raise DamagedEntry(problem)
-    dtype = np.dtype(manifest["dtype"])
-    for s in SPLITS:
-        name = f"{s}.bin"
-        want = manifest["checksums"][name]
-        try:
-            stat = (out_dir / name).stat()
-        except FileNotFoundError:
-            raise DamagedEntry(f"{name} is missing") from None
-        if stat.st_size != want["size"]:
-            raise DamagedEntry(f"{name} holds {stat.st_size:,} bytes where its manifest says "
-                               f"{want['size']:,} (the file was cut short or changed after it was written)")
-        sha256, top = _digest(out_dir / name, stat, dtype)
-        if sha256 != want["sha256"]:
-            raise DamagedEntry(f"{name} sha256 differs from its manifest (the file was changed after it "
-                               "was written)")
-        if top >= tokenizer.vocab_size:
-            raise DamagedEntry(f"{name} holds token id {top}, beyond the tokenizer's "
-                               f"{tokenizer.vocab_size} ids")
-    return manifest
-
-
-def _first_line(err: BaseException) -> str:
-    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-
-
-def _where() -> str:
-    """This host and pid namespace: where a pid means this process (containers on one host may share
-    a host name and a cache but not their pids)."""
-    try:
-        space = os.readlink("/proc/self/ns/pid").strip("pid:[]")
-    except OSError:
-        space = ""
-    return f"{socket.gethostname()}~{space}" if space.isdigit() else socket.gethostname()
-
-
-def _aside(out_dir: Path, kind: str) -> Path:
-    """A hidden name beside `out_dir` for a temporary ("tmp") or discarded ("bad") copy of it, naming
-    the process that made it and where, so that a later run can tell a dead process's leftovers."""
-    return out_dir.parent / f".{kind}-{out_dir.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}@{_where()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process (PermissionError), or a pid we cannot ask about
-        return True
-    return True
-
-
-def _remove_leftovers(out_dir: Path) -> None:
-    """Remove the temporary and discarded copies of `out_dir` left by processes of this host that have
-    since died (killed while tokenising or deleting). Another host's are left alone: its pids mean
-    nothing here."""
-    here = _where()
-    for path in out_dir.parent.glob(f".*-{out_dir.name}-*@*"):
-        head, _, where = path.name.partition("@")
-        parts = head.split("-")
-        if (where == here and len(parts) == 4 and parts[0] in (".tmp", ".bad") and parts[2].isdigit()
-                and not _alive(int(parts[2]))):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _discard(out_dir: Path) -> None:
-    """Remove a damaged entry: renamed aside first, so that no run ever finds half of it under its
-    name, then deleted. A concurrent run may have moved it already."""
-    aside = _aside(out_dir, "bad")
-    try:
-        out_dir.rename(aside)
-    except FileNotFoundError:
-        return
-    except OSError as err:
-        raise ConfigError(f"cache entry {out_dir} is damaged and cannot be moved aside ({err}): delete "
-                          "it, or set data.cache_dir to a folder this process can write.") from None
-    shutil.rmtree(aside, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _repair_lock(target: Path) -> Iterator[None]:
-    """An exclusive `flock` on `.<name>.lock` beside `target` while a damaged cache file is replaced, so
-    that processes finding the same damage (DDP ranks, launcher workers) repair it once: the others
-    wait, then find it whole. Without flock (Windows, some network file systems) there is no lock;
-    the temporary names and renames still keep every entry whole."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    try:
-        handle = open(target.with_name(f".{target.name}.lock"), "a")
-    except OSError:  # a folder this process cannot write: the repair itself will say so
-        yield
-        return
-    with handle:
-        with contextlib.suppress(OSError):
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
-
-
 def _load_split(path: Path, dtype: np.dtype) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.zeros(0, dtype=dtype)  # np.memmap cannot map an empty file
@@ -484,12 +290,12 @@ def _checked_entry(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus
             return check_entry(out_dir, tokenizer), False
         except DamagedEntry:
             pass
-        with _repair_lock(out_dir):
+        with repair_lock(out_dir):
             try:  # another process may have rebuilt it while this one waited
                 return check_entry(out_dir, tokenizer), False
             except DamagedEntry as damage:
                 _say(f"cache entry {out_dir}: {damage}; rebuilding it")
-            _discard(out_dir)
+            discard(out_dir)
             return _build(cfg, source, tokenizer, corpus, out_dir, progress), True
     return _build(cfg, source, tokenizer, corpus, out_dir, progress), True
 
@@ -500,7 +306,7 @@ def _build(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[s
     if progress:
         _say(f"tokenizing {source.description} with the {tokenizer.vocab_size:,}-token tokenizer ...")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(out_dir)
+    remove_leftovers(out_dir)
     build_shards(cfg, source, tokenizer, corpus, out_dir)
     try:  # the entry just written, or a concurrent run's written first: checked like any other
         manifest = check_entry(out_dir, tokenizer)
