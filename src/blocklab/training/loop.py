@@ -484,6 +484,9 @@ class Trainer:
                     self.state.resumed_at.append(self.state.step)
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
                                    cfg.tensorboard) if env.is_main else None
+            if logger is not None and logger.torn is not None:
+                say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
+                    "write")
             if not resumed:
                 scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
                 if logger is not None:
