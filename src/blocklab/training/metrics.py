@@ -11,14 +11,17 @@ tokens scored, ``val_bytes``). Scalar names are the names of the trainable gains
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from blocklab.diskfull import said_plainly
 from blocklab.errors import ConfigError
 from blocklab.filemodes import atomic_write_text
 from blocklab.model.gains import is_gain
+from blocklab.training.checkpoint import resume_hint
 
 
 def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
@@ -73,14 +76,17 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.run_dir = Path(run_dir)
         self.torn: int | None = None
         if resume_step is None:
-            self.path.write_text("")
+            with self._writing(0):
+                self.path.write_text("")
         elif self.path.exists():
             rows, torn = read_rows(self.path)
             self.torn = None if torn is None else len(torn)
             text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
-            atomic_write_text(self.path, text)  # whole or not at all: a failure keeps the file as it was
+            with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was
+                atomic_write_text(self.path, text)
         self.writer = None
         if tensorboard:
             try:
@@ -90,9 +96,13 @@ class MetricsLogger:
                                   "pip install 'blocklab[tensorboard]'") from err
             self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
+    def _writing(self, size: int) -> AbstractContextManager[None]:
+        """A write to metrics.jsonl, said plainly when the disk refuses it."""
+        return said_plainly("metrics", self.path, size, lambda: resume_hint(self.run_dir))
+
     def log(self, row: dict[str, Any]) -> None:
         line = json.dumps(row) + "\n"
-        with self.path.open("a") as f:  # one write: only it can be torn
+        with self._writing(len(line)), self.path.open("a") as f:  # one write: only it can be torn
             f.write(line)
         if self.writer is not None:
             for key, value in row.items():
