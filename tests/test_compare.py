@@ -299,6 +299,25 @@ def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, 
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_run_stopped_mid_append_resumes_past_its_torn_metrics_line(corpus, tmp_path, monkeypatch):
+    """A disk filling up (or the power failing) while a run appends to metrics.jsonl leaves its last line
+    torn; the compare run again resumes that run past it, and reports."""
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=6)
+    real_step = interrupt_at_step_call(monkeypatch, 4)  # the last checkpoint is step 2
+    with pytest.raises(KeyboardInterrupt):
+        compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    metrics = out / "runs" / "pre-ln-seed0" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"kind": "train", "step": 4, "lo')
+    messages = []
+    compare(["pre-ln"], out, base=cfg, log=messages.append)
+    assert "resuming" in messages[0]
+    assert [r["step"] for r in read_metrics(metrics, "train") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert (out / "report.md").is_file()
+
+
 def test_a_run_stopped_before_its_first_checkpoint_starts_afresh(corpus, tmp_path, monkeypatch):
     out = tmp_path / "cmp"
     cfg = base(corpus, tmp_path / "cache", steps=3)

@@ -172,7 +172,12 @@ def test_read_metrics_is_one_reader_with_clear_errors(tmp_path):
     path.write_text('{"kind": "train", "step": 1}\n\n{"kind": "val", "step": 1}\n')
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
     assert read_metrics(path, "val") == [{"kind": "val", "step": 1}]
-    path.write_text(path.read_text() + "{truncated\n")
+    whole = path.read_bytes()
+    path.write_bytes(whole + b"\0" * 64)  # a power cut's tail: zeros, no newline, not even JSON
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    path.write_bytes(whole + b"{truncated\n")  # a torn last line holds no record: passed over
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    path.write_text(path.read_text() + '{"kind": "val", "step": 2}\n')  # but not before the end
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object"):
         read_metrics(path)
     with pytest.raises(FileNotFoundError, match="no metrics file at"):
@@ -344,6 +349,52 @@ def test_resume_continues_the_same_loss_curve(corpus, tmp_path, monkeypatch):
     assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical on CPU
     for p_full, p_res in zip(full.model.parameters(), resumed.model.parameters(), strict=False):
         assert torch.equal(p_full, p_res)
+
+
+def test_resume_cuts_a_torn_last_metrics_line(corpus, tmp_path, monkeypatch, capsys):
+    """A disk filling up or the power failing while metrics.jsonl is appended to leaves its last line
+    torn; the checkpoint is intact, so the resume drops that line, says so and goes on to the curve of
+    an uninterrupted run."""
+    base = dict(max_steps=8, ckpt_every=3, eval_every=4)
+    full = train(config(corpus, tmp_path / "a", **base))
+    real_step = loop.Trainer._step
+
+    def interrupted(self):
+        if self.state.step == 4:  # dies during step 5; the last checkpoint is step 3
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(corpus, tmp_path / "b", **base))
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    metrics = tmp_path / "b" / "run" / "metrics.jsonl"
+    torn = '{"kind": "train", "step": 9, "lo'
+    with metrics.open("a") as f:
+        f.write(torn)
+    capsys.readouterr()
+    resumed = train(config(corpus, tmp_path / "b", **base), resume=True)
+    assert f"{metrics}: dropped a torn last line ({len(torn)} bytes)" in capsys.readouterr().err
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical on CPU
+    vals = [(r["step"], r["val_loss"]) for r in read_metrics(full.run_dir / "metrics.jsonl", "val")]
+    assert [(r["step"], r["val_loss"]) for r in read_metrics(metrics, "val")] == vals
+    assert metrics.read_text().endswith("}\n") and not list(metrics.parent.glob(".tmp-*"))
+
+
+def test_resume_refuses_a_metrics_line_damaged_before_the_end(corpus, tmp_path, capsys):
+    from blocklab.cli import main
+
+    run = train(config(corpus, tmp_path, max_steps=2)).run_dir
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:20] + "\n"  # not a torn write, which only ever cuts the end
+    metrics.write_text("".join(lines))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"blocklab: error: {metrics}:2 is not a JSON object") and "delete that line" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert metrics.read_text() == "".join(lines)  # left as it was, for the user to repair
 
 
 def test_resume_rejects_a_different_model(corpus, tmp_path, capsys):

@@ -12,7 +12,7 @@ import traceback
 from importlib import metadata
 
 from blocklab import __version__
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     except RunsPending as err:  # --no-wait: submitted, nothing wrong
         print(f"blocklab: {err}")
         return 0
-    except RunsFailed as err:
+    except (RunsFailed, DiskFullError) as err:  # DiskFullError: `train` says it alike (cmd_train)
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:

@@ -10,8 +10,9 @@ the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a 
 replace them; only the blocklab format records sha256s (transformers would not check them).
 
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
-half-written export. An existing folder is replaced only when it is empty or holds nothing but a
-previous export (so that a run folder with logs or checkpoints is never deleted).
+half-written export (and a write the disk refuses leaves nothing behind: a DiskFullError says so).
+An existing folder is replaced only when it is empty or holds nothing but a previous export (so
+that a run folder with logs or checkpoints is never deleted).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from blocklab import integrity
+from blocklab import diskfull, integrity
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.filemodes import as_created
 from blocklab.interop import hf_export
@@ -151,9 +152,12 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make owner-only folders and files
             as_created(path)
         _move_into_place(tmp, folder)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if diskfull.failed_write(err) is None:
+            raise
+        raise diskfull.disk_full(err, "the export", folder, diskfull.tensor_bytes(model.state_dict()),
+                                 "Free some space and export again.") from err
     return folder
 
 

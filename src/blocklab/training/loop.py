@@ -28,6 +28,8 @@ from blocklab import locks
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
+from blocklab.diskfull import said_plainly
+from blocklab.errors import TrainingError
 from blocklab.filemodes import atomic_write_text
 from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
@@ -37,10 +39,6 @@ from blocklab.training.config import TrainConfig, read_yaml, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
 from blocklab.training.schedules import lr_factor
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a non-finite loss, a run that does not match its checkpoint)."""
 
 
 @dataclass
@@ -391,6 +389,9 @@ class Trainer:
                 json.dumps({**self.data.manifest, "tokenizer_hash": self.data.tokenizer.hash}, indent=2))
             self.data.tokenizer.save(self.run_dir)
 
+    def _resume_hint(self) -> str:
+        return ckpt.resume_hint(self.run_dir)
+
     def _restore(self) -> None:
         path = self.checkpoint
         ckpt.verify_checkpoint(path, self.run_dir)  # weights, optimizer, model config, tokenizer
@@ -482,7 +483,8 @@ class Trainer:
     def run(self) -> RunResult:
         cfg, env = self.cfg, self.env
         try:
-            self._prepare_run_dir()
+            with said_plainly("the run's files in", self.run_dir, None, self._resume_hint):
+                self._prepare_run_dir()
             resumed = self.checkpoint is not None
             if resumed:
                 self._restore()
@@ -490,6 +492,9 @@ class Trainer:
                     self.state.resumed_at.append(self.state.step)
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
                                    cfg.tensorboard) if env.is_main else None
+            if logger is not None and logger.torn is not None:
+                say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
+                    "write")
             if not resumed:
                 scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
                 if logger is not None:
@@ -500,7 +505,9 @@ class Trainer:
             summary = self._summary(val)
             if env.is_main:
                 # written last and atomically: a summary.json on disk is what marks a finished run
-                atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+                text, path = json.dumps(summary, indent=2), self.run_dir / "summary.json"
+                with said_plainly("the summary", path, len(text), self._resume_hint):
+                    atomic_write_text(path, text)
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
         finally:
