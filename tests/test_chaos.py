@@ -59,7 +59,8 @@ def test_random_kills_resume_bit_for_bit(tmp_path):
         out = tmp_path / f"trial{trial}"
         while not (out / "summary.json").is_file():
             resume = any((out / "checkpoints").glob("step_*/state.json"))  # else afresh, as a user would
-            cmd = _args(corpus, tmp_path / "cache", out) + (["--resume"] if resume else ["overwrite=true"])
+            args = _args(corpus, tmp_path / "cache", out)  # overrides before --out: argparse takes one run
+            cmd = args[:-2] + (["--resume"] if resume else ["overwrite=true"]) + args[-2:]
             steps_before = _last_step(out)
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             deadline = time.monotonic() + 120
