@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.quick:
         args.sizes, args.repeats = "1", 2
     sizes = [int(float(s) * 1_000_000) for s in args.sizes.split(",")]
-    from _measure import machine_info, table
+    from _measure import machine_info, table, write_result
 
     info = machine_info("cpu", 1)
     print(f"# token_cache_check: {[f'{n / 1e6:g}M' for n in sizes]} tokens, {args.repeats} repeats; "
@@ -166,10 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
                             read_bytes=cache_entry.READ_BYTES),
                   cells=cells, table=text)
     out = args.out or (None if args.quick else RESULTS / "token_cache_check.json")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        print(f"# wrote {out}")
+    write_result(result, out)
     return result
 
 
