@@ -79,7 +79,7 @@ def cmd_presets(_args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from blocklab.training import TrainingError, distributed, train
     from blocklab.training.config import resolve_config
-    from blocklab.training.loop import format_summary
+    from blocklab.training.progress import format_summary
 
     config, overrides = None, list(args.overrides)
     if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
@@ -163,8 +163,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from blocklab.claims import select
+    from blocklab.report.reproduction import scope, write_reproduction, write_summary
     from blocklab.reproduce import SCALES, reproduce
-    from blocklab.reproduction_report import scope, write_reproduction, write_summary
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None

@@ -289,14 +289,14 @@ class StepProbe:
     The run's resolved model (its model_config.json) is built afresh with the run's seed, with the
     run's optimisers, precision, gradient accumulation and clipping, on random token batches of the
     run's shape (batch_size x seq_len): the cost of a step depends on the shapes, not on the weights
-    nor on which tokens are fed. The step is the trainer's own (`Trainer._step`): forward and
+    nor on which tokens are fed. The step is the trainer's own (`training.step.train_step`): forward and
     backward per micro-batch, the loss read back, the gradient norm clipped, every optimiser stepped.
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
         from blocklab.model import Transformer
-        from blocklab.training.loop import autocast_for
         from blocklab.training.optim import build_optimizers
+        from blocklab.training.step import autocast_for
 
         run = Path(cfg.out_dir)
         self.cfg, self.device = cfg, device
@@ -318,24 +318,12 @@ class StepProbe:
         self.tokens = cfg.batch_size * cfg.seq_len
 
     def step(self, tracker=None) -> None:
-        """One training step; `tracker` (a memory.SavedTensorTracker) watches the first micro-batch."""
-        from contextlib import nullcontext
+        """One training step (`step.train_step`, the trainer's); `tracker` (a memory.SavedTensorTracker)
+        watches the first micro-batch."""
+        from blocklab.training.step import train_step
 
-        from blocklab.training.loop import lm_loss
-
-        accum, clip = self.cfg.grad_accum, self.cfg.optim.grad_clip
-        total = torch.zeros((), device=self.device)
-        for micro in range(accum):
-            with (tracker if tracker is not None and micro == 0 else nullcontext()), self.autocast:
-                loss = lm_loss(self.model, self.batch) / accum
-            loss.backward()
-            total += loss.detach()
-        total.item()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
-        for opt in self.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        train_step(self.model, [self.batch] * self.cfg.grad_accum, self.optimizers, accum=self.cfg.grad_accum,
+                   autocast=self.autocast, grad_clip=self.cfg.optim.grad_clip, watch=tracker)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -508,7 +496,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         finished += extra
         trained_at = time.perf_counter()
         if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
-            from blocklab.training.loop import say
+            from blocklab.training.progress import say
 
             say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
                 f"interleaved rounds x {timing_steps} steps) for the report")

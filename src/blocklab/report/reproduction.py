@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import evidence
-from blocklab.report import html_table, md_table, plural
+from blocklab.report.html import html_table
+from blocklab.report.markdown import md_table
+from blocklab.report.method import follows_recipe, how_runs_trained, optimizer_text, plural
+from blocklab.report.stats import spread
 from blocklab.reproduce import (
     METRICS,
     PENDING,
@@ -180,8 +183,6 @@ def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
 def _optimizers(runs: dict[str, list]) -> str:
     """The optimiser settings the runs trained with, as the compare report words them, and whether
     they are the main job's recipe (`recipes.recipe_optim`)."""
-    from blocklab.report import follows_recipe, optimizer_text
-
     configs = [(entry, cfg) for group in runs.values() for entry, cfg in group]
     if not configs:
         return ""
@@ -193,8 +194,6 @@ def _optimizers(runs: dict[str, list]) -> str:
 
 def _threads(launch: dict[str, Any] | None, info: dict[str, Any]) -> str:
     """How the runs shared the machine: N at a time on T threads each, or torch's default threads."""
-    from blocklab.report import how_runs_trained, plural
-
     if not launch or (launch["jobs"] == 1 and launch["launcher"] == "local"):
         return f"{info['torch_threads']} torch threads"
     return f"runs trained {how_runs_trained({'launch': launch})}" + (
@@ -303,7 +302,6 @@ TIMING_HEAD = ["setting", "architecture", "tokens/s, median (IQR) over rounds", 
 def timing_rows(rep: Reproduction) -> list[list[str]]:
     """The throughput checks' timing passes (OUT/<scale>/<group>/timing.json): per architecture the
     median tokens/s over rounds with its interquartile range, and how the pass ran."""
-    from blocklab.report import spread
     from blocklab.reproduce import read_timing
 
     if rep.out is None:
