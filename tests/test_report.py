@@ -129,7 +129,7 @@ def test_the_timing_pass_interleaves_the_architectures(tmp_path, monkeypatch):
             order.append(Path(self.cfg.out_dir).name)
             return super().timed_step()
 
-    monkeypatch.setattr(compare_module, "StepProbe", Probe)
+    monkeypatch.setattr(compare_module.timing, "StepProbe", Probe)  # what measure_architectures builds
     entries = [Entry.parse(a) for a in ("a", "b", "c")]
     configs = [(e, _fake_run(tmp_path, e.label)) for e in entries]
     state = torch.random.get_rng_state()
