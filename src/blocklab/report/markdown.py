@@ -1,5 +1,4 @@
-"""Rendering a report's blocks (headings, paragraphs, lists, tables, figures) as markdown.
-"""
+"""Rendering a report's blocks (headings, paragraphs, lists, tables, figures) as markdown."""
 
 from __future__ import annotations
 

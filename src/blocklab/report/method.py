@@ -173,12 +173,8 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
-def method_items(m: dict[str, Any]) -> list[str]:
-    """The Method section, one markdown list item per fact."""
-    archs = ", ".join(f"`{a['label']}`" + (f" (`{a['arch']}`)" if a["arch"] != a["label"] else "")
-                      for a in m["architectures"])
-    shapes = "; ".join(s["shape"] + ("" if len(m["model_shapes"]) == 1 else
-                                     f" ({', '.join(s['architectures'])})") for s in m["model_shapes"])
+def _lr_text(m: dict[str, Any]) -> str:
+    """The peak learning rates and where they came from: a sweep, the main job's recipe, or given."""
     rates = {a["lr"] for a in m["architectures"]}
     if len(rates) == 1:
         lr = f"{rates.pop():g} for every architecture"
@@ -193,6 +189,16 @@ def method_items(m: dict[str, Any]) -> list[str]:
                "not swept)")
     else:
         lr += " (given, not swept)"
+    return lr
+
+
+def method_items(m: dict[str, Any]) -> list[str]:
+    """The Method section, one markdown list item per fact."""
+    archs = ", ".join(f"`{a['label']}`" + (f" (`{a['arch']}`)" if a["arch"] != a["label"] else "")
+                      for a in m["architectures"])
+    shapes = "; ".join(s["shape"] + ("" if len(m["model_shapes"]) == 1 else
+                                     f" ({', '.join(s['architectures'])})") for s in m["model_shapes"])
+    lr = _lr_text(m)
     data, ev = m["data"], m["eval"]
     objective = ("next-token prediction" if data["objective"] == "clm"
                  else f"masked-token prediction ({data['mask_prob']:g} of the tokens masked)")

@@ -1,5 +1,4 @@
-"""`blocklab params`: parameter counts and analytic FLOPs per token of the presets at each size.
-"""
+"""`blocklab params`: parameter counts and analytic FLOPs per token of the presets at each size."""
 
 from __future__ import annotations
 

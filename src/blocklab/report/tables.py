@@ -1,5 +1,4 @@
-"""The report's tables as (head, rows) of strings: results, throughput, memory, the unigram plateau.
-"""
+"""The report's tables as (head, rows) of strings: results, throughput, memory, the unigram plateau."""
 
 from __future__ import annotations
 
