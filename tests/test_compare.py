@@ -24,6 +24,7 @@ from blocklab.compare import (
 from blocklab.config import ConfigError
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.recipes import recipe_optim
+from blocklab.report import plots as report_plots
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 from helpers import compare_base, write_code_corpus
@@ -213,7 +214,7 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     assert page.count("data:image/png;base64,") == figures and "sas-p+bov" in page
     assert "`" not in page and "<code>pre-ln</code>" in page and "**" not in page
     for title in ("Verdict", "Results", "Throughput", "Memory", "Figures", "Method"):
-        assert f'<h2 id="{report_module._anchor(title)}">{title}</h2>' in page
+        assert f'<h2 id="{report_module.anchor(title)}">{title}</h2>' in page
     assert page.count("<figcaption>") == figures and "lower is better" in page
     assert '<td class="left">sas-p+bov</td>' in page and '<th class="left">architecture</th>' in page
 
@@ -516,10 +517,10 @@ def test_wall_clock_curve_reads_the_validation_rows(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = {"metrics": read_metrics(path)}
-    xs, ys = report_module._val_curves(run, "wall_time")
+    xs, ys = report_plots._val_curves(run, "wall_time")
     assert xs[:3] == [3.5, 7.25, 8.0] and math.isnan(xs[3])
     assert ys == [2.9, 2.7, 2.6, 2.5]
-    assert report_module._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
+    assert report_plots._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
 
 
 
@@ -552,15 +553,15 @@ def test_the_wall_clock_axis_is_steps_at_the_interleaved_step_time(tmp_path, mon
     runs = {"pre-ln": [{"metrics": val}], "sas": [{"metrics": val}]}
     entries = [Entry.parse(a) for a in runs]
     rows = [_timing_row("pre-ln", 0.25, 0.05), _timing_row("sas", 0.125, 0.05)]
-    paths = report_module._plot_validation(entries, runs, tmp_path, rows, "interleaved")
+    paths = report_plots._plot_validation(entries, runs, tmp_path, rows, "interleaved")
     wall = figures[2].axes[0]
     lines = {line.get_label(): list(line.get_xdata()) for line in wall.get_lines()}
     assert lines == {"pre-ln": [0.5, 1.0], "sas": [0.25, 0.5]}  # not the logged 18 and 36 s
     assert wall.get_xlabel() == report_module.WALL_FROM_TIMING and paths[2].is_file()
     figures.clear()
-    report_module._plot_validation(entries, runs, tmp_path, rows, "logs", "2 at a time")
+    report_plots._plot_validation(entries, runs, tmp_path, rows, "logs", "2 at a time")
     assert "from the runs' own logs, trained 2 at a time" in figures[2].axes[0].get_title()
-    assert report_module._plot_validation(entries, runs, tmp_path, rows, None)[2] is None
+    assert report_plots._plot_validation(entries, runs, tmp_path, rows, None)[2] is None
 
 
 def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
@@ -580,8 +581,8 @@ def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
 
     runs = {label: [run(k / 10)] for k, label in enumerate(labels)}
     entries = [Entry.parse(label) for label in labels]
-    report_module._plot_validation(entries, runs, tmp_path)
-    report_module._plot_relative(entries, runs, tmp_path)
+    report_plots._plot_validation(entries, runs, tmp_path)
+    report_plots._plot_relative(entries, runs, tmp_path)
     colours = [{line.get_label(): line.get_color() for line in fig.axes[0].get_lines()
                 if not line.get_label().startswith("_")} for fig in figures]
     for plot in colours[1:]:
