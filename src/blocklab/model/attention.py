@@ -27,7 +27,7 @@ from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.value_paths import make_value_path
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 Gains = tuple[Tensor | float, Tensor | float, Tensor | float | None]  # alpha, beta, gamma (shaped only)
 

@@ -23,7 +23,7 @@ from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 
 def _skip(init: float, trainable: bool) -> Gain | None:

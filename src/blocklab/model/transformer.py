@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -14,14 +15,14 @@ from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step
 from blocklab.model.dispatch import call
-from blocklab.model.init_schemes import nanochat_init
+from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import Backout, Smear
 from blocklab.model.value_paths import make_shared_module
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 
 @runtime_checkable
@@ -35,7 +36,7 @@ class _Resettable(Protocol):
 class _InitFromModel(Protocol):
     """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
 
-    def init_from_model(self, model: Transformer) -> None: ...
+    def init_from_model(self, token_embedding: Tensor) -> None: ...
 
 
 def _reparam(module: object) -> ReparamLinear:
@@ -97,7 +98,7 @@ class Transformer(nn.Module):
             tie_reparam_inits(values, projs, cfg.reparam_tie)
         for module in self.modules():  # inits that need the rest of the model (BoV tables)
             if module is not self and isinstance(module, _InitFromModel):
-                module.init_from_model(self)
+                module.init_from_model(self.tok_emb.weight)
 
     # -- typed access to the blocks --------------------------------------------------------------
     def block(self, layer: int) -> Block:
@@ -152,7 +153,7 @@ class Transformer(nn.Module):
         keeps its folded copy beside the parameters (GPT-2 small: +599 MiB over 472 MiB of weights). Both
         measured against eager decoding and a hand-written loop in benchmarks/RESULTS.md.
         """
-        self._decoding = CompiledStep(self, freeze_weights, compile_kwargs)
+        self._decoding = CompiledStep(self, self.decode_step, freeze_weights, compile_kwargs)
 
     def decoding_step(self) -> Step:
         """What `generate` runs for each new token, (input_ids, cache) -> next-token logits: `decode_step`,
@@ -162,7 +163,8 @@ class Transformer(nn.Module):
         if decoding is None:
             return self.decode_step
         if not decoding.is_current(self):
-            decoding = self._decoding = CompiledStep(self, decoding.freeze_weights, decoding.compile_kwargs)
+            decoding = self._decoding = CompiledStep(self, self.decode_step, decoding.freeze_weights,
+                                                        decoding.compile_kwargs)
         return decoding
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
@@ -277,3 +279,33 @@ class Transformer(nn.Module):
 
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache)
+
+
+def _linear(module: object) -> nn.Linear | None:
+    """The module if it is a plain trainable linear map (identity and reparameterised maps keep theirs)."""
+    return module if isinstance(module, nn.Linear) else None
+
+
+@torch.no_grad()
+def nanochat_init(model: Transformer) -> None:
+    """Overwrite the default init with nanochat's (model/init_schemes.py's docstring); value-path tables
+    and gates keep the inits their paths give them, and Bank of Values tables are built afterwards from
+    these W^V."""
+    s = math.sqrt(3.0 / model.cfg.d_model)
+    nn.init.normal_(model.tok_emb.weight, std=0.8)
+    if model.head is not None:
+        nn.init.normal_(model.head.weight, std=0.001)
+    if model.smear is not None:
+        nn.init.uniform_(model.smear.gate.weight, 0.0, 0.02)
+    for block in model.block_list():
+        attn = block.attn
+        w_v = getattr(attn.values, "w_v", None)
+        for module in (attn.q, attn.k, w_v):
+            linear = _linear(module)
+            if linear is not None:
+                init_projection_(linear.weight, model.cfg)
+        proj = _linear(attn.proj)
+        if proj is not None:
+            nn.init.zeros_(proj.weight)
+        nn.init.uniform_(block.mlp.fc.weight, -0.4 * s, 0.4 * s)
+        nn.init.zeros_(block.mlp.out.weight)

@@ -39,7 +39,7 @@ from blocklab.model.value_paths.resformer import (
 )
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 VALUE_PATHS: dict[str, type[ValuePath]] = {
     "standard": StandardValues,
@@ -64,15 +64,15 @@ VALUE_PATHS: dict[str, type[ValuePath]] = {
 }
 
 
-def make_value_path(cfg: ModelConfig, layer: int) -> ValuePath:
+def make_value_path(cfg: ModelFields, layer: int) -> ValuePath:
     return VALUE_PATHS[cfg.value_path](cfg, layer)
 
 
-def make_shared_module(cfg: ModelConfig) -> SharedModule | None:
+def make_shared_module(cfg: ModelFields) -> SharedModule | None:
     return VALUE_PATHS[cfg.value_path].make_shared(cfg)
 
 
-def validate_value_path(cfg: ModelConfig) -> None:
+def validate_value_path(cfg: ModelFields) -> None:
     if cfg.value_path not in VALUE_PATHS:
         raise ConfigError(
             f"ModelConfig.value_path = {cfg.value_path!r} is not allowed: choose one of "

@@ -21,6 +21,7 @@ through `ModelConfig.value_path_options`) with their defaults.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -32,8 +33,7 @@ from blocklab.model.dispatch import call
 from blocklab.model.linear_maps import make_value_map
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
-    from blocklab.model.transformer import Transformer
+    from blocklab.model.fields import ModelFields
 
 VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
 
@@ -98,7 +98,7 @@ class ValuePath(nn.Module):
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
         self.layer = layer
         self.opts = resolve_options(type(self), cfg)
@@ -112,7 +112,7 @@ class ValuePath(nn.Module):
         self.reads_layers: tuple[int, ...] = ()
 
     @staticmethod
-    def make_value_map(cfg: ModelConfig, layer: int) -> nn.Module:
+    def make_value_map(cfg: ModelFields, layer: int) -> nn.Module:
         return make_value_map(cfg.value_form_of(layer), cfg)
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -134,31 +134,32 @@ class ValuePath(nn.Module):
 
     # -- starting from a pretrained baseline (interop/retrofitting.py) -----------------------------
     @classmethod
-    def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG003
+    def baseline_options(cls, cfg: ModelFields, given: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG003
         """Options under which this variant starts where the baseline is (the caller's `given` win)."""
         return given
 
     def start_at_baseline(self) -> None:
         """Set new parameters so that this layer computes what the baseline computed."""
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
-        """Initialise from the pretrained baseline's weights (Bank of Values' tables from its W^V)."""
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
+        """Initialise from the pretrained baseline's weights (Bank of Values' tables from its W^V);
+        `baseline` holds the baseline's value path of every layer."""
 
-    def init_from_model(self, model: Transformer) -> None:
-        """Initialisation that needs other parts of the model (Bank of Values' tables)."""
+    def init_from_model(self, token_embedding: Tensor) -> None:
+        """Initialisation that needs other parts of the model: the token embedding E (BoV's tables)."""
 
     # -- rules read by the rest of blocklab ----------------------------------------------------------
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:  # noqa: ARG003
+    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:  # noqa: ARG003
         """The model-level module of this value path, if it has one."""
         return None
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         """Raise ConfigError for combinations that make no sense."""
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:  # noqa: ARG003
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:  # noqa: ARG003
         """Whether `layer` owns a value projection W^V (False: SVFormer, CLA followers, BoV targets).
 
         Read by validation: tied reparameterised inits need W_V in every layer.
@@ -185,10 +186,10 @@ class SharedModule(nn.Module):
     def start_at_baseline(self) -> None:
         """See `ValuePath.start_at_baseline`."""
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """See `ValuePath.init_from_baseline`."""
 
-    def init_from_model(self, model: Transformer) -> None:
+    def init_from_model(self, token_embedding: Tensor) -> None:
         """See `ValuePath.init_from_model`."""
 
     def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
@@ -203,7 +204,7 @@ def value_map(path: ValuePath) -> nn.Module | None:
 
 
 class StandardValues(ValuePath):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
@@ -212,7 +213,7 @@ class StandardValues(ValuePath):
         return LayerValues(q, k, call(self.w_v, x)), carry
 
 
-def resolve_options(cls: type[ValuePath], cfg: ModelConfig) -> dict[str, Any]:
+def resolve_options(cls: type[ValuePath], cfg: ModelFields) -> dict[str, Any]:
     given = dict(cfg.value_path_options)
     unknown = set(given) - set(cls.options)
     if unknown:
@@ -226,7 +227,7 @@ def resolve_options(cls: type[ValuePath], cfg: ModelConfig) -> dict[str, Any]:
     return {**cls.options, **given}
 
 
-def _check_option_type(cfg: ModelConfig, name: str, value: Any, default: Any) -> None:
+def _check_option_type(cfg: ModelFields, name: str, value: Any, default: Any) -> None:
     """An option takes values of its default's type (ints pass for floats; `layers` is checked later)."""
     if name == "layers" or default is None:
         return

@@ -1,7 +1,8 @@
 """Checks run on every `ModelConfig`: each failure names the field, the value and what is allowed.
 
-It sits above `blocklab.model`: the value-path checks read the registry there. `ModelConfig` is named
-only in annotations, so nothing imports back up from the model.
+It sits above the model's components (the value-path checks read their registry) and below
+`ModelConfig` (model/config.py), which runs `validate` on construction; it reads the fields through
+`ModelFields` (model/fields.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from blocklab.model.trunk import SMEAR_CHANNELS
 from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 # The allowed values of ModelConfig's choice fields.
 NORMS = ("layernorm", "rmsnorm", "none")
@@ -35,13 +36,13 @@ def _fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"ModelConfig.{name} = {value!r} is not allowed: {allowed}")
 
 
-def _choice(cfg: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
+def _choice(cfg: ModelFields, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(cfg, name)
     if value not in choices:
         _fail(name, value, f"choose one of {', '.join(map(repr, choices))}.")
 
 
-def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
+def _positive(cfg: ModelFields, name: str, optional: bool = False) -> None:
     value = getattr(cfg, name)
     if optional and value is None:
         return
@@ -54,9 +55,14 @@ _TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
           "dict[str, Any]": ((dict,), "a dict")}
 
 
-def _check_types(cfg: ModelConfig) -> None:
+def _fields(cfg: ModelFields) -> tuple[dataclasses.Field, ...]:
+    # mypy sees no dataclass through config_dataclass
+    return dataclasses.fields(cfg)  # type: ignore[arg-type]
+
+
+def _check_types(cfg: ModelFields) -> None:
     """Each field holds a value of its annotated type (ints pass for floats, bools never pass for numbers)."""
-    for f in dataclasses.fields(cfg):
+    for f in _fields(cfg):
         kind, _, optional = f.type.partition(" | ")
         value = getattr(cfg, f.name)
         if value is None and optional == "None":
@@ -66,7 +72,7 @@ def _check_types(cfg: ModelConfig) -> None:
             _fail(f.name, value, f"it must be {words}" + (" or None." if optional else "."))
 
 
-def _check_trunk(cfg: ModelConfig) -> None:
+def _check_trunk(cfg: ModelFields) -> None:
     """nanochat's trunk fields (model/trunk.py)."""
     if cfg.attn_logit_scale <= 0:
         _fail("attn_logit_scale", cfg.attn_logit_scale, "it must be > 0 (1 is the usual 1/sqrt(d_h)).")
@@ -84,7 +90,7 @@ def _check_trunk(cfg: ModelConfig) -> None:
               "std 0.001, which one tied matrix cannot have; set tie_embeddings=False.")
 
 
-def validate(cfg: ModelConfig) -> None:
+def validate(cfg: ModelFields) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
@@ -144,7 +150,7 @@ def validate(cfg: ModelConfig) -> None:
         _fail("logit_softcap", cfg.logit_softcap, "it must be > 0 or None.")
     if cfg.leaky_relu_slope < 0:
         _fail("leaky_relu_slope", cfg.leaky_relu_slope, "the negative-side slope must be >= 0 (0 is ReLU).")
-    for f in dataclasses.fields(cfg):  # a NaN or infinite gain, eps or std would poison every step
+    for f in _fields(cfg):  # a NaN or infinite gain, eps or std would poison every step
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             _fail(f.name, value, "it must be a finite number.")
