@@ -104,7 +104,7 @@ def test_the_import_finder_counts_type_checking_and_function_level_imports():
 
 def test_the_model_config_loads_without_the_presets():
     """`import blocklab.model.config` loads no preset; `from_preset` works once presets are imported."""
-    code = ("import sys, blocklab.model.config as c; assert 'blocklab.presets' not in sys.modules, 'presets'; "
+    code = ("import sys, blocklab.model.config as c; assert 'blocklab.presets' not in sys.modules; "
             "cfg = c.ModelConfig(n_layers=2); import blocklab.presets; "
             "assert c.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -14,7 +14,6 @@ from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step
-from blocklab.model.dispatch import call
 from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import norm_of
@@ -179,22 +178,22 @@ class Transformer(nn.Module):
         any (no smear)."""
         x = tokens if self.cfg.embed_scale == 1.0 else tokens * self.cfg.embed_scale
         if self.pos_emb is not None:
-            x = x + call(self.pos_emb, positions)
+            x = x + self.pos_emb(positions)
         elif self.cfg.positions == "sinusoidal":
             x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
-        return x if self.embed_norm is None else call(self.embed_norm, x)
+        return x if self.embed_norm is None else self.embed_norm(x)
 
     def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
         """The smear over the new tokens; while decoding its first token mixes in the cached last one."""
         previous = None
         if cache is not None and cache.length > 0:
             last = positions[:1] - 1
-            previous = self.embed(call(self.tok_emb, cache.last_token_ids()), last)
+            previous = self.embed(self.tok_emb(cache.last_token_ids()), last)
         return smear(x, previous)
 
     def logits(self, x: Tensor) -> Tensor:
-        x = call(self.norm, x)
-        logits = call(self.head, x) if self.head is not None else x @ self.tok_emb.weight.T
+        x = self.norm(x)
+        logits = self.head(x) if self.head is not None else x @ self.tok_emb.weight.T
         if self.cfg.logit_softcap is not None:
             cap = self.cfg.logit_softcap
             logits = cap * torch.tanh(logits / cap)
@@ -236,7 +235,7 @@ class Transformer(nn.Module):
         return self._run_blocks(input_ids, cache.begin(input_ids), cache)  # positions after the cached
 
     def _run_blocks(self, input_ids: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
-        tokens = call(self.tok_emb, input_ids)
+        tokens = self.tok_emb(input_ids)
         x = self.embed(tokens, positions)
         if self.smear is not None:
             x = self._smear(self.smear, x, positions, cache)
@@ -248,7 +247,7 @@ class Transformer(nn.Module):
         backout, saved = self.backout, x
         try:
             for layer, block in enumerate(self.blocks):
-                x, carry = call(block, x, carry)
+                x, carry = block(x, carry)
                 if shared is not None:  # outside the block: reads the outputs of earlier blocks
                     x, carry = shared.after_block(layer, x, carry)
                 if backout is not None and layer == backout.layer:

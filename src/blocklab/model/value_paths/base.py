@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
-from blocklab.model.dispatch import call
 from blocklab.model.linear_maps import make_value_map
 
 if TYPE_CHECKING:
@@ -210,7 +209,7 @@ class StandardValues(ValuePath):
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
-        return LayerValues(q, k, call(self.w_v, x)), carry
+        return LayerValues(q, k, self.w_v(x)), carry
 
 
 def resolve_options(cls: type[ValuePath], cfg: ModelFields) -> dict[str, Any]:
