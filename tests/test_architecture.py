@@ -14,7 +14,7 @@ import torch
 
 import blocklab
 from blocklab import ConfigError, ModelConfig, Transformer
-from blocklab.model.value_paths import VALUE_PATHS, ValuePath
+from blocklab.model.value_paths import VALUE_PATHS, Registered, ValuePath
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blocklab"
@@ -126,7 +126,8 @@ def worked_example() -> type[ValuePath]:
 def scaled(monkeypatch):
     """The example registered as the docs say: one registry line."""
     cls = worked_example()
-    monkeypatch.setitem(VALUE_PATHS, "scaled-values", cls)
+    entry = Registered(cls, scalar_titles={"scale": "value scale s_n"})
+    monkeypatch.setitem(VALUE_PATHS, "scaled-values", entry)
     return cls
 
 

@@ -12,9 +12,27 @@ Leaf module: it imports only `blocklab.configbase`.
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any
+from typing import Any, Literal
 
 from blocklab.configbase import ConfigBase, config_dataclass
+
+# The choices of the choice fields: mypy checks them where the code reads a field, and validation
+# (model/validation.py) reads the allowed values from these same types.
+Norm = Literal["layernorm", "rmsnorm", "none"]
+NormLayers = Literal["all", "first"]
+RMSNormEps = Literal["inside", "outside"]
+Positions = Literal["learned", "sinusoidal", "rope", "none"]
+MLPAct = Literal["relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu"]  # gelu_tanh: GPT-2
+InitScheme = Literal["normal", "nanochat"]
+BlockLayout = Literal["pre-ln", "post-ln", "parallel"]
+AttnMatrix = Literal["softmax", "skipinit", "shaped"]
+LinearForm = Literal["linear", "identity", "reparam"]
+ReparamInit = Literal["identity", "orthogonal"]
+ReparamTie = Literal["none", "all-tied", "ll-tied"]
+CHOICES = {"norm": Norm, "norm_layers": NormLayers, "rmsnorm_eps": RMSNormEps, "positions": Positions,
+           "mlp_act": MLPAct, "init_scheme": InitScheme, "block_layout": BlockLayout,
+           "attn_matrix": AttnMatrix, "value_form": LinearForm, "first_value_form": LinearForm,
+           "proj_form": LinearForm, "reparam_init": ReparamInit, "reparam_tie": ReparamTie}
 
 
 @config_dataclass
@@ -31,15 +49,15 @@ class ModelFields(ConfigBase):
     # -- task ----------------------------------------------------------------------------------
     causal: bool = True  # False: bidirectional encoder (masked LM)
     # -- components ----------------------------------------------------------------------------
-    norm: str = "layernorm"
+    norm: Norm = "layernorm"
     norm_eps: float | None = 1e-5  # None: the dtype's machine epsilon (RMSNorm only; nanochat)
-    rmsnorm_eps: str = "inside"  # inside: x / sqrt(ms + eps) (torch); outside: x / (sqrt(ms) + eps)
-    norm_layers: str = "all"  # "first": only block 0 keeps its input norm (SAS-P without norms)
+    rmsnorm_eps: RMSNormEps = "inside"  # inside: x / sqrt(ms + eps) (torch); outside: x / (sqrt(ms) + eps)
+    norm_layers: NormLayers = "all"  # "first": only block 0 keeps its input norm (SAS-P without norms)
     final_norm: bool = True
     qk_norm: bool = False  # parameter-free RMSNorm on queries and keys (nanochat)
-    positions: str = "learned"
+    positions: Positions = "learned"
     rope_base: float = 10000.0
-    mlp_act: str = "gelu"
+    mlp_act: MLPAct = "gelu"
     leaky_relu_slope: float = 0.0  # only for mlp_act="leaky_relu" (the skipless-MLP ablation)
     tie_embeddings: bool = True
     bias: bool = False
@@ -58,16 +76,16 @@ class ModelFields(ConfigBase):
     smear: bool = False  # x_t += lambda_s sigmoid(W_s x_t[:24]) x_{t-1} on the embeddings
     residual_scalars: bool = False  # x <- lambda_r,i x + lambda_0,i x0 before block i
     backout: bool = False  # x <- x - lambda_b x_{L/2} before the final norm
-    init_scheme: str = "normal"  # normal: N(0, init_std) weights; nanochat: nanochat's init
+    init_scheme: InitScheme = "normal"  # normal: N(0, init_std) weights; nanochat: nanochat's init
     # -- block layout and skip/branch gains (Simplifying Transformer Blocks, Eqs. 1 and 7) -------
-    block_layout: str = "pre-ln"
+    block_layout: BlockLayout = "pre-ln"
     attn_skip_gain: float = 1.0  # alpha_SA; 0 removes the attention skip
     attn_branch_gain: float = 1.0  # beta_SA
     mlp_skip_gain: float = 1.0  # alpha_FF (alpha_comb in the parallel layout); 0 removes it
     mlp_branch_gain: float = 1.0  # beta_FF
     trainable_block_gains: bool = False
     # -- attention-matrix form (Eqs. 2, 4, 5) -------------------------------------------------
-    attn_matrix: str = "softmax"  # softmax: A; skipinit: aI + bA; shaped: aI + bA - gC
+    attn_matrix: AttnMatrix = "softmax"  # softmax: A; skipinit: aI + bA; shaped: aI + bA - gC
     attn_alpha: float = 1.0
     attn_beta: float = 1.0
     attn_gamma: float = 1.0
@@ -75,11 +93,11 @@ class ModelFields(ConfigBase):
     headwise_gains: bool = True  # one alpha, beta, gamma per head (else one per layer)
     query_init_std: float | None = None  # None: init_std; 0 zeros W_Q so that A = C at init
     # -- value and projection form (Eq. 6) ----------------------------------------------------
-    value_form: str = "linear"  # linear | identity | reparam (W = a*W_init + b*dW)
-    first_value_form: str | None = None  # None: value_form (SAS keeps a trainable W_V in layer 0)
-    proj_form: str = "linear"
-    reparam_init: str = "orthogonal"  # W_init: identity or random orthogonal (a frozen buffer)
-    reparam_tie: str = "none"  # none | all-tied (W_P,init = W_V,init^T) | ll-tied (Fig. 14)
+    value_form: LinearForm = "linear"  # linear | identity | reparam (W = a*W_init + b*dW)
+    first_value_form: LinearForm | None = None  # None: value_form (SAS keeps a trainable W_V in layer 0)
+    proj_form: LinearForm = "linear"
+    reparam_init: ReparamInit = "orthogonal"  # W_init: identity or random orthogonal (a frozen buffer)
+    reparam_tie: ReparamTie = "none"  # none | all-tied (W_P,init = W_V,init^T) | ll-tied (Fig. 14)
     value_skip_gain: float = 1.0  # alpha_V
     value_resid_gain: float = 1.0  # beta_V
     proj_skip_gain: float = 1.0  # alpha_P
@@ -113,5 +131,5 @@ class ModelFields(ConfigBase):
         kind = self.window_pattern[layer % len(self.window_pattern)]
         return self.window_size if kind == "S" else None
 
-    def value_form_of(self, layer: int) -> str:
+    def value_form_of(self, layer: int) -> LinearForm:
         return self.first_value_form if (layer == 0 and self.first_value_form) else self.value_form

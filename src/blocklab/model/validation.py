@@ -9,35 +9,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from blocklab.errors import ConfigError
+from blocklab.model.fields import CHOICES
 from blocklab.model.trunk import SMEAR_CHANNELS
-from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
+from blocklab.model.value_paths import validate_value_path, value_path_class
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
-
-# The allowed values of ModelConfig's choice fields.
-NORMS = ("layernorm", "rmsnorm", "none")
-NORM_LAYERS = ("all", "first")
-POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLP_ACTS = ("relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu")  # gelu_tanh: GPT-2
-BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
-ATTN_MATRICES = ("softmax", "skipinit", "shaped")
-LINEAR_FORMS = ("linear", "identity", "reparam")
-REPARAM_INITS = ("identity", "orthogonal")
-REPARAM_TIES = ("none", "all-tied", "ll-tied")
-INIT_SCHEMES = ("normal", "nanochat")
-RMSNORM_EPS = ("inside", "outside")
-
 
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"ModelConfig.{name} = {value!r} is not allowed: {allowed}")
 
 
-def _choice(cfg: ModelFields, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(cfg, name)
+def _choice(cfg: ModelFields, name: str) -> None:
+    """A choice field holds one of the values of its `Literal` type (model/fields.py)."""
+    value, choices = getattr(cfg, name), get_args(CHOICES[name])
     if value not in choices:
         _fail(name, value, f"choose one of {', '.join(map(repr, choices))}.")
 
@@ -64,6 +52,7 @@ def _check_types(cfg: ModelFields) -> None:
     """Each field holds a value of its annotated type (ints pass for floats, bools never pass for numbers)."""
     for f in _fields(cfg):
         kind, _, optional = f.type.partition(" | ")
+        kind = "str" if f.name in CHOICES else kind  # a Literal of strings (checked by `_choice`)
         value = getattr(cfg, f.name)
         if value is None and optional == "None":
             continue
@@ -96,20 +85,9 @@ def validate(cfg: ModelFields) -> None:
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
         _positive(cfg, name, optional=True)
     _check_types(cfg)
-    _choice(cfg, "norm", NORMS)
-    _choice(cfg, "norm_layers", NORM_LAYERS)
-    _choice(cfg, "positions", POSITIONS)
-    _choice(cfg, "mlp_act", MLP_ACTS)
-    _choice(cfg, "block_layout", BLOCK_LAYOUTS)
-    _choice(cfg, "attn_matrix", ATTN_MATRICES)
-    _choice(cfg, "value_form", LINEAR_FORMS)
-    _choice(cfg, "proj_form", LINEAR_FORMS)
-    if cfg.first_value_form is not None:
-        _choice(cfg, "first_value_form", LINEAR_FORMS)
-    _choice(cfg, "reparam_init", REPARAM_INITS)
-    _choice(cfg, "reparam_tie", REPARAM_TIES)
-    _choice(cfg, "init_scheme", INIT_SCHEMES)
-    _choice(cfg, "rmsnorm_eps", RMSNORM_EPS)
+    for name in CHOICES:
+        if not (name == "first_value_form" and cfg.first_value_form is None):
+            _choice(cfg, name)
     if cfg.qk_bias and cfg.bias:
         _fail("qk_bias", cfg.qk_bias, "it gives Q and K alone a bias, and bias=True already gives every "
               "linear map one; set one of the two.")
@@ -195,7 +173,7 @@ def validate(cfg: ModelFields) -> None:
 
     validate_value_path(cfg)
     if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
-        bare = [i for i in range(cfg.n_layers) if not VALUE_PATHS[cfg.value_path].has_value_map(cfg, i)]
+        bare = [i for i in range(cfg.n_layers) if not value_path_class(cfg).has_value_map(cfg, i)]
         if bare:
             _fail("reparam_tie", cfg.reparam_tie,
                   f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "

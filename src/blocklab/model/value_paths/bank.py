@@ -49,7 +49,6 @@ class _Substitutive(ValuePath):
     """Shared plumbing: standard values outside the target layers, a coefficient inside them."""
 
     options = dict(layers="last-third", coef=1.0, learnable=True)
-    scalar_titles = {"coef": "Bank of Values gamma_v"}
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -275,15 +274,6 @@ class V1Value(_Substitutive):
         return self.coef(source) if self.target else source
 
     @classmethod
-    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:
-        """Layer 0 is the source of V_1, where V_1 is the layer's own value: a grid row that names it
-        (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means the rest."""
-        if "layers" not in options:
-            return options
-        layers = target_layers(options["layers"], n_layers)
-        return {**options, "layers": sorted(layers - {0})} if 0 in layers else options
-
-    @classmethod
     def targets(cls, cfg: ModelFields) -> frozenset[int]:
         layers = resolve_options(cls, cfg)["layers"]
         if layers == "all":  # every layer after the source of V_1
@@ -459,3 +449,17 @@ class _Table(nn.Module):
     def __init__(self, vocab: int, width: int):
         super().__init__()
         self.value_table = nn.Parameter(torch.empty(vocab, width))
+
+
+# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
+BANK_TITLES = {"coef": "Bank of Values gamma_v"}
+
+
+def v1_grid_options(options: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """v1-value in a comparison grid: layer 0 is the source of V_1, where V_1 is the layer's own value,
+    so a row that names it (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means
+    the rest."""
+    if "layers" not in options:
+        return options
+    layers = target_layers(options["layers"], n_layers)
+    return {**options, "layers": sorted(layers - {0})} if 0 in layers else options

@@ -7,10 +7,12 @@ A value path answers, for one layer, with data rather than callbacks:
    what do I put into the carry for later layers? (`forward` returns `LayerValues` and the carry)
 3. what must a KV cache keep? (`key_layer`, `value_layer`, `reads_layers`; and `values_from_cache`
    maps what it kept to this layer's values)
-4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), how to start
-   from a pretrained baseline (`baseline_options`, `start_at_baseline`, `init_from_baseline`),
-   how a comparison grid's options read at a given depth (`grid_options`), and the titles of its
-   learned scalars in plots (`scalar_titles`).
+4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), and how its
+   new parameters start from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
+
+What the rest of blocklab reads about a value path (the titles of its learned scalars in plots, how a
+comparison grid's options read at a given depth, the options under which it starts at a pretrained
+baseline) is in its registry entry (`Registered`, model/value_paths/__init__.py), not on the class.
 
 `Attention` (model/attention.py) runs the attention itself, always through `blocklab.ops`. State
 that belongs to the whole model (a shared table, depth weights) lives in a `SharedModule` that the
@@ -92,7 +94,6 @@ class ValuePath(nn.Module):
 
     description: ClassVar[str] = "each layer projects its own values, V_n = H_{n-1} W^V_n"
     options: ClassVar[dict[str, Any]] = {}
-    scalar_titles: ClassVar[dict[str, str]] = {}  # learned scalar (parameter name) -> plot title
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
@@ -132,11 +133,6 @@ class ValuePath(nn.Module):
         return source
 
     # -- starting from a pretrained baseline (interop/retrofitting.py) -----------------------------
-    @classmethod
-    def baseline_options(cls, cfg: ModelFields, given: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG003
-        """Options under which this variant starts where the baseline is (the caller's `given` win)."""
-        return given
-
     def start_at_baseline(self) -> None:
         """Set new parameters so that this layer computes what the baseline computed."""
 
@@ -164,11 +160,6 @@ class ValuePath(nn.Module):
         Read by validation: tied reparameterised inits need W_V in every layer.
         """
         return True
-
-    @classmethod
-    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:  # noqa: ARG003
-        """`options` as a comparison grid means them for a model of `n_layers` (compare.py)."""
-        return options
 
 
 class SharedModule(nn.Module):

@@ -56,7 +56,6 @@ class DenseFormer(ValuePath):
 
     description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
     options = dict(dilation=1, period=1)
-    scalar_titles = {"dwa": "DenseFormer weights"}
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -192,3 +191,6 @@ class CrossLayerAttention(ValuePath):
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")
+
+
+DENSEFORMER_TITLES = {"dwa": "DenseFormer weights"}  # for the registry

@@ -51,8 +51,6 @@ class ValueResidual(ValuePath):
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
     options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
                    residual_on="value", neutreno=0.0)
-    scalar_titles = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
-                     "lambda2": "ResFormer lambda_2 (weight on V_n)"}
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -94,12 +92,6 @@ class ValueResidual(ValuePath):
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
         """V'_n from the source value V_1 and this layer's V_n (and its input x)."""
         return self.source_weight(v1, carry) + self.lambda2(v)
-
-    @classmethod
-    def baseline_options(cls, cfg: ModelFields, given: dict[str, Any]) -> dict[str, Any]:
-        """Learnable lambdas start at lambda_1 = 0, lambda_2 = 1: V'_n = 0 V_1 + 1 V_n = V_n."""
-        learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
-        return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
@@ -237,7 +229,6 @@ class DenseResFormer(ValuePath):
     """
 
     description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
-    scalar_titles = {"lambdas": "Dense-ResFormer lambdas"}
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -300,3 +291,17 @@ class SVFormer(ValuePath):
     @classmethod
     def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
         return layer == 0 or layer in resolve_options(cls, cfg)["anchors"]
+
+
+# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
+RESFORMER_TITLES = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
+                    "lambda2": "ResFormer lambda_2 (weight on V_n)"}
+DENSE_TITLES = {"lambdas": "Dense-ResFormer lambdas"}
+
+
+def resformer_baseline_options(cls: type[ValuePath], cfg: ModelFields,
+                               given: dict[str, Any]) -> dict[str, Any]:
+    """The options under which a ResFormer (`cls`) starts where the baseline is (`given` win):
+    learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
+    learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
+    return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
