@@ -550,17 +550,17 @@ def test_hooks_fire_during_generate_and_change_nothing():
     assert torch.equal(model.generate(prompt, 6), plain)  # and nothing is left behind
 
 
-def test_decode_hidden_states_equals_hidden_states_with_a_cache():
+def test_unchecked_hidden_states_equal_checked_ones_with_a_cache():
     model = build("pre-ln+bov", seed=16, window_size=3, window_pattern="SL")
     ids = ids_of(2, 9, seed=15)
     with torch.no_grad():
         checked, unchecked = model.new_cache(2, 9), model.new_cache(2, 9)
         for s, e in ((0, 5), (5, 6), (6, 9)):
-            torch.testing.assert_close(model.decode_hidden_states(ids[:, s:e], unchecked),
+            torch.testing.assert_close(model.hidden_states(ids[:, s:e], unchecked, checked=False),
                                        model.hidden_states(ids[:, s:e], checked), rtol=0, atol=0)
     assert checked.length == unchecked.length == 9
     with pytest.raises(ValueError, match="exceed"):  # the cache still checks its room
-        model.decode_hidden_states(ids[:, :1], unchecked)
+        model.hidden_states(ids[:, :1], unchecked, checked=False)
 
 
 def test_generate_returns_ordinary_tensors_and_leaves_the_cache_usable_with_autograd():

@@ -154,7 +154,7 @@ class Transformer(nn.Module):
         """
         self._decoding = CompiledStep(self, self.decode_step, freeze_weights, compile_kwargs)
 
-    def decoding_step(self) -> Step:
+    def token_step(self) -> Step:
         """What `generate` runs for each new token, (input_ids, cache) -> next-token logits: `decode_step`,
         or the step `compile_decoding` compiled, first compiled again if it is not current (the model is
         a deep copy, or its frozen weights changed). A decoding loop fetches it once per sequence."""
@@ -163,16 +163,77 @@ class Transformer(nn.Module):
             return self.decode_step
         if not decoding.is_current(self):
             decoding = self._decoding = CompiledStep(self, self.decode_step, decoding.freeze_weights,
-                                                        decoding.compile_kwargs)
+                                                     decoding.compile_kwargs)
         return decoding
 
-    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
-        `decode_hidden_states` (no checks of the ids or of the cache's config), then the head on the
-        last position only."""
-        return self.logits(self.decode_hidden_states(input_ids, cache)[:, -1])
+    # -- the forward pass: `forward` for training and evaluation, `decode_step` for decoding -------
+    def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions."""
+        return self.logits(self.hidden_states(input_ids, cache))
 
-    # -- forward -------------------------------------------------------------------------------
+    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions,
+        without `forward`'s checks of the ids and of the cache's config: for a decoding loop whose ids
+        the model itself produced (in range, shape (B, T)) and whose cache it made or checked once
+        (`generate` checks the prompt). The cache still checks the batch size and its room."""
+        return self.logits(self.hidden_states(input_ids, cache, checked=False)[:, -1])
+
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None, checked: bool = True) -> Tensor:
+        """The last block's output (B, T, d), less the backout if any, before the final norm and head."""
+        if checked:
+            self._check_inputs(input_ids, cache)
+        if cache is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        else:
+            positions = cache.begin(input_ids)  # the positions after the cached ones
+        tokens = self.tok_emb(input_ids)
+        x = self.embed(tokens, positions)
+        if self.smear is not None:
+            x = self._smear(self.smear, x, positions, cache)
+        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
+                      embedding_table=self.tok_emb.weight, cache=cache)
+        shared = self.value_shared
+        if shared is not None:
+            carry = shared.before_blocks(carry)
+        backout, saved = self.backout, x
+        try:
+            for layer, block in enumerate(self.blocks):
+                x, carry = block(x, carry)
+                if shared is not None:  # outside the block: reads the outputs of earlier blocks
+                    x, carry = shared.after_block(layer, x, carry)
+                if backout is not None and layer == backout.layer:
+                    saved = x
+        except BaseException:
+            if cache is not None:
+                cache.abort()
+            raise
+        if cache is not None:
+            cache.end()
+        return x if backout is None else backout(x, saved)
+
+    def _check_inputs(self, input_ids: Tensor, cache: KVCache | None) -> None:
+        """Token ids of shape (B, T) in the vocabulary, within the context, and a cache of this config."""
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
+        if input_ids.dtype not in (torch.long, torch.int32):
+            raise ValueError(f"input_ids must hold integer token ids (torch.long); got {input_ids.dtype}")
+        # on CUDA the check would cost a sync; under torch.compile it would break the graph
+        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
+            bounds = torch.aminmax(input_ids)  # one pass over the ids
+            low, high = int(bounds.min), int(bounds.max)
+            if low < 0 or high >= self.cfg.vocab_size:
+                raise ValueError(f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}); got ids from "
+                                 f"{low} to {high}")
+        t = input_ids.shape[1]
+        if cache is None and t > self.cfg.context_length:
+            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
+        # the same object needs no field-by-field comparison
+        if cache is not None and cache.cfg is not self.cfg and cache.cfg != self.cfg:
+            raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
+                             "one with model.new_cache(...).")
+
+    # -- the pieces of the forward pass ---------------------------------------------------------
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Token embeddings (times `embed_scale`) plus position embeddings, then the embedding norm if
         any (no smear)."""
@@ -198,67 +259,6 @@ class Transformer(nn.Module):
             cap = self.cfg.logit_softcap
             logits = cap * torch.tanh(logits / cap)
         return logits
-
-    def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions."""
-        return self.logits(self.hidden_states(input_ids, cache))
-
-    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """The last block's output (B, T, d), less the backout if any, before the final norm and head."""
-        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-            raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
-        if input_ids.dtype not in (torch.long, torch.int32):
-            raise ValueError(f"input_ids must hold integer token ids (torch.long); got {input_ids.dtype}")
-        # on CUDA the check would cost a sync; under torch.compile it would break the graph
-        if input_ids.device.type == "cpu" and input_ids.numel() and not torch.compiler.is_compiling():
-            bounds = torch.aminmax(input_ids)  # one pass over the ids
-            low, high = int(bounds.min), int(bounds.max)
-            if low < 0 or high >= self.cfg.vocab_size:
-                raise ValueError(f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}); got ids from "
-                                 f"{low} to {high}")
-        t = input_ids.shape[1]
-        if cache is None:
-            if t > self.cfg.context_length:
-                raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
-            return self._run_blocks(input_ids, torch.arange(t, device=input_ids.device), None)
-        if cache.cfg is not self.cfg and cache.cfg != self.cfg:  # the same object: no field-by-field test
-            raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
-                             "one with model.new_cache(...).")
-        return self.decode_hidden_states(input_ids, cache)
-
-    def decode_hidden_states(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """`hidden_states(input_ids, cache)` without the checks of the ids and of the cache's config:
-        for a decoding loop whose ids the model itself produced (in range, shape (B, T)) and whose
-        cache it made or checked once (`generate` checks the prompt and calls this for every new
-        token). The cache still checks the batch size and its room (`KVCache.begin`)."""
-        return self._run_blocks(input_ids, cache.begin(input_ids), cache)  # positions after the cached
-
-    def _run_blocks(self, input_ids: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
-        tokens = self.tok_emb(input_ids)
-        x = self.embed(tokens, positions)
-        if self.smear is not None:
-            x = self._smear(self.smear, x, positions, cache)
-        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
-                      embedding_table=self.tok_emb.weight, cache=cache)
-        shared = self.value_shared
-        if shared is not None:
-            carry = shared.before_blocks(carry)
-        backout, saved = self.backout, x
-        try:
-            for layer, block in enumerate(self.blocks):
-                x, carry = block(x, carry)
-                if shared is not None:  # outside the block: reads the outputs of earlier blocks
-                    x, carry = shared.after_block(layer, x, carry)
-                if backout is not None and layer == backout.layer:
-                    saved = x
-        except BaseException:
-            if cache is not None:
-                cache.abort()
-            raise
-        if cache is not None:
-            cache.end()
-        return x if backout is None else backout(x, saved)
 
     # -- decoding ------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
