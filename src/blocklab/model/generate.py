@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from blocklab.model.cache import KVCache
-    from blocklab.model.transformer import Transformer
+from blocklab.model.cache import KVCache
+from blocklab.model.compiled_step import Step
+from blocklab.model.config import ModelConfig
+
+
+class Decoder(Protocol):
+    """What generation reads of a model (`blocklab.model.Transformer`, whose `generate` calls this
+    module, so it is named here by what it offers rather than imported)."""
+
+    cfg: ModelConfig
+    training: bool
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache: ...
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor: ...
+    def logits(self, x: Tensor) -> Tensor: ...
+    def token_step(self) -> Step: ...
+    def eval(self) -> Decoder: ...
+    def train(self, mode: bool = True) -> Decoder: ...
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -43,7 +58,7 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float,
+def _check(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float,
            top_k: int | None, top_p: float | None, stop_tokens: Sequence[int] | None, pad_token: int | None,
            cache: KVCache | None) -> None:
     vocab = model.cfg.vocab_size
@@ -75,13 +90,13 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Transformer, ids: Tensor, cache: KVCache) -> Tensor:
+def _last_logits(model: Decoder, ids: Tensor, cache: KVCache) -> Tensor:
     """Next-token logits (B, vocab) after the prompt, checking its ids and the cache: the head runs on
     the last position only."""
     return model.logits(model.hidden_states(ids, cache)[:, -1])
 
 
-def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
              pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
@@ -116,7 +131,7 @@ def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, tempera
         return torch.cat(out, dim=1)
 
 
-def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+def _decode(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
             top_p: float | None, generator: torch.Generator | None, stops: Tensor, pad: Tensor | int | None,
             cache: KVCache, out: list[Tensor]) -> None:
     """The prefill and the decoding steps of `generate`; appends each step's ids (B, 1) to `out`."""
@@ -125,7 +140,7 @@ def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperat
     stopping = len(stops) > 0
     logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
     # eager, or compiled by `compile_decoding` (then compiled again here if its frozen weights changed)
-    next_token_logits = model.decoding_step()
+    next_token_logits = model.token_step()
     for step in range(max_new_tokens):
         ids = sample_next(logits, temperature, top_k, top_p, generator)
         if ids.dtype != input_ids.dtype:
