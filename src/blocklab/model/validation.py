@@ -132,8 +132,19 @@ def validate(cfg: ModelFields) -> None:
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             _fail(f.name, value, "it must be a finite number.")
+    _check_windows(cfg)
+    _check_layout_and_forms(cfg)
+    validate_value_path(cfg)
+    if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
+        bare = [i for i in range(cfg.n_layers) if not value_path_class(cfg).has_value_map(cfg, i)]
+        if bare:
+            _fail("reparam_tie", cfg.reparam_tie,
+                  f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "
+                  f"in layers {bare} (0-based); use reparam_tie='none' with this value path.")
 
-    # sliding windows
+
+def _check_windows(cfg: ModelFields) -> None:
+    """Sliding windows: the pattern, and a window size exactly when some layer uses it."""
     if not cfg.window_pattern or set(cfg.window_pattern) - {"S", "L"}:
         _fail("window_pattern", cfg.window_pattern,
               "use a non-empty string of 'S' (sliding window) and 'L' (full context), e.g. 'SSSL'.")
@@ -146,14 +157,15 @@ def validate(cfg: ModelFields) -> None:
         _fail("window_size", cfg.window_size,
               f"a window cannot be larger than the context (context_length={cfg.context_length}).")
 
-    # block layouts
+
+def _check_layout_and_forms(cfg: ModelFields) -> None:
+    """Block layouts, and the value and projection forms (identity and reparameterised maps)."""
     if cfg.block_layout == "parallel" and cfg.attn_skip_gain != 0:
         _fail("attn_skip_gain", cfg.attn_skip_gain,
               "a parallel block has a single skip, alpha_comb = mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
     if cfg.block_layout == "post-ln" and cfg.norm == "none":
         _fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
 
-    # value and projection forms
     square = cfg.head_size * cfg.n_heads == cfg.d_model
     forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
              "proj_form": cfg.proj_form}
@@ -170,11 +182,3 @@ def validate(cfg: ModelFields) -> None:
             _fail("reparam_tie", cfg.reparam_tie,
                   "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
                   "with reparam_init='orthogonal'.")
-
-    validate_value_path(cfg)
-    if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
-        bare = [i for i in range(cfg.n_layers) if not value_path_class(cfg).has_value_map(cfg, i)]
-        if bare:
-            _fail("reparam_tie", cfg.reparam_tie,
-                  f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "
-                  f"in layers {bare} (0-based); use reparam_tie='none' with this value path.")
