@@ -20,6 +20,7 @@ stay smaller than a child's baseline: build no large model there.
 from __future__ import annotations
 
 import datetime
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -195,6 +196,15 @@ def source_version() -> str:
     except OSError:
         return "unknown"
     return (commit or "unknown") + ("+dirty" if dirty else "")
+
+
+def write_result(result: dict, out: Path | None) -> None:
+    """Write a benchmark's figures to its results file (None: a quick run, nothing written)."""
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"# wrote {out}")
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -39,7 +39,6 @@ kernels; ``hand-frozen`` is the hand loop with its step compiled with frozen wei
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -357,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
     batches = [int(b) for b in args.batches.split(",")]
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
-    from _measure import machine_info
+    from _measure import machine_info, write_result
 
     info = machine_info(args.device, args.threads)
     print(f"# bench_decode: sizes {sizes}, batches {batches}, prompt {args.prompt} + {args.new} new tokens, "
@@ -391,10 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
                             threads=args.threads, quick=args.quick, compile=args.compile),
                   same_tokens_checked=True, elapsed_s=round(elapsed, 1), cells=cells, table=text)
     out = args.out or (None if args.quick else RESULTS / f"decode-{device.type}.json")
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=1))
-        print(f"# wrote {out}")
+    write_result(result, out)
     return result
 
 

@@ -274,7 +274,7 @@ def test_scalar_series_groups_as_the_papers_plot_them(tmp_path):
     assert (tmp_path / "scalars.png").read_bytes()[:8] == PNG_SIGNATURE
     with pytest.raises(ValueError, match="no train records with learned scalars"):
         plot_scalars(_write_jsonl(tmp_path / "empty.jsonl", records[1:3]), tmp_path / "x.png")
-    (tmp_path / "bad.jsonl").write_text('{"kind": "train"}\nnot json\n')
+    (tmp_path / "bad.jsonl").write_text('{"kind": "train"}\nnot json\n{"kind": "train"}\n')  # not a torn end
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         plot_scalars(tmp_path / "bad.jsonl", tmp_path / "x.png")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,12 @@ import torch
 
 import blocklab
 from blocklab import ConfigError, ModelConfig, Transformer
-from blocklab.model.value_paths import VALUE_PATHS, ValuePath
+from blocklab.model.value_paths import VALUE_PATHS, Registered, ValuePath
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blocklab"
-# Below config.py: these may import only each other (and torch, the standard library).
+# The bottom layers: they may import only each other (and torch, the standard library). The model owns
+# its config (model/config.py), so presets, training, interop and the rest sit above and import it.
 BOTTOM = ("blocklab.errors", "blocklab.configbase", "blocklab.ops", "blocklab.model")
 
 
@@ -25,37 +28,24 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
-def _runtime_imports(tree: ast.AST, modules: set[str]) -> set[str]:
-    """The blocklab modules a file imports when it runs (at any depth, so lazy imports count too),
-    leaving out the `if TYPE_CHECKING:` blocks that only annotations read."""
+def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """Every blocklab module a file imports, at any depth: function-level (lazy) imports and the
+    `if TYPE_CHECKING:` blocks that only annotations read count too, since a reader follows them all."""
     found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:  # `from blocklab import ops` imports the module blocklab.ops
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(tree)
     return {m for m in found if m in modules}
 
 
 def import_graph() -> dict[str, set[str]]:
     files = {_module_name(p): p for p in SRC.rglob("*.py")}
     modules = set(files)
-    return {name: _runtime_imports(ast.parse(path.read_text()), modules) - {name}
+    return {name: _imports(ast.parse(path.read_text()), modules) - {name}
             for name, path in files.items()}
 
 
@@ -89,19 +79,35 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert "blocklab.model.value_paths.base" in graph and "blocklab.errors" in graph["blocklab.config"]
+    assert "blocklab.model.value_paths.base" in graph and "blocklab.model.config" in graph["blocklab.config"]
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
-def _below_config(name: str) -> bool:
+def _bottom(name: str) -> bool:
     return any(name == b or name.startswith(b + ".") for b in BOTTOM)
 
 
 def test_nothing_below_config_imports_from_above():
     graph = import_graph()
-    up = {(m, dep) for m, deps in graph.items() if _below_config(m) for dep in deps if not _below_config(dep)}
+    up = {(m, dep) for m, deps in graph.items() if _bottom(m) for dep in deps if not _bottom(dep)}
     assert not up, f"imports that run back up the layers: {sorted(up)}"
     assert not graph["blocklab.errors"] and graph["blocklab.configbase"] == {"blocklab.errors"}
+    # the model's config needs nothing of the presets: they register themselves with it
+    assert "blocklab.presets" in graph and "blocklab.model.config" in graph["blocklab.presets"]
+
+
+def test_the_import_finder_counts_type_checking_and_function_level_imports():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from blocklab.a import X\n"
+                     "def f():\n    import blocklab.b\n")
+    assert _imports(tree, {"blocklab.a", "blocklab.b", "blocklab.c"}) == {"blocklab.a", "blocklab.b"}
+
+
+def test_the_model_config_loads_without_the_presets():
+    """`import blocklab.model.config` loads no preset; `from_preset` works once presets are imported."""
+    code = ("import sys, blocklab.model.config as c; assert 'blocklab.presets' not in sys.modules; "
+            "cfg = c.ModelConfig(n_layers=2); import blocklab.presets; "
+            "assert c.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 # -- the worked example of docs/architecture.md ---------------------------------------------------
@@ -120,7 +126,8 @@ def worked_example() -> type[ValuePath]:
 def scaled(monkeypatch):
     """The example registered as the docs say: one registry line."""
     cls = worked_example()
-    monkeypatch.setitem(VALUE_PATHS, "scaled-values", cls)
+    entry = Registered(cls, scalar_titles={"scale": "value scale s_n"})
+    monkeypatch.setitem(VALUE_PATHS, "scaled-values", entry)
     return cls
 
 

@@ -183,3 +183,54 @@ def test_transformer_names_bad_token_ids():
 def test_integral_float_budgets_are_accepted():
     assert TrainConfig(max_tokens=5e6).max_tokens == 5_000_000
     assert isinstance(TrainConfig(max_steps=200.0).max_steps, int)
+
+
+def test_a_damaged_export_is_named_without_a_traceback(corpus, finished_run, tmp_path, capsys):
+    """An export whose model.safetensors is not safetensors, without the sha256 that would catch it
+    first (an export edited by hand, or an older one): one line naming the file, exit 2."""
+    import json
+
+    export = tmp_path / "export"
+    assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
+    config = json.loads((export / "config.json").read_text())
+    config.pop("blocklab_sha256")
+    (export / "config.json").write_text(json.dumps(config))
+    (export / "model.safetensors").write_text("not safetensors\n")
+    capsys.readouterr()
+    args = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+            f"init_from={export}", "max_steps=1", "batch_size=2", "seq_len=16", "progress=false"]
+    code = main(["train", *args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"{export / 'model.safetensors'} is not a readable safetensors file" in err
+    (export / "config.json").write_text("{torn")
+    assert main(["train", *args, "--out", str(tmp_path / "run2")]) == 2
+    assert f"{export / 'config.json'} is not valid JSON" in capsys.readouterr().err
+
+
+def test_an_internal_error_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
+    import blocklab.cli as cli
+
+    def broken(_args):
+        raise RuntimeError("an invariant broke")
+
+    monkeypatch.setattr(cli, "cmd_presets", broken)
+    code = main(["presets"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "Traceback" in err and "RuntimeError: an invariant broke" in err
+    assert "blocklab: internal error" in err and "Please report it" in err and "blocklab presets" in err
+
+
+def test_an_error_of_the_machine_is_one_line(monkeypatch, capsys):
+    import errno
+
+    import blocklab.cli as cli
+
+    def denied(_args):
+        raise PermissionError(errno.EACCES, "Permission denied", "/readonly/runs")
+
+    monkeypatch.setattr(cli, "cmd_presets", denied)
+    assert main(["presets"]) == 1
+    err = capsys.readouterr().err
+    assert err == "blocklab: error: [Errno 13] Permission denied: '/readonly/runs'\n"

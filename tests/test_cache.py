@@ -428,11 +428,15 @@ def test_generate_errors():
     with pytest.raises(ValueError, match="context_length"):
         model.generate(prompt, 22)
     for kwargs, word in [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
-                         (dict(top_k=0), "top_k"), (dict(stop_tokens=[VOCAB]), "stop_tokens")]:
+                         (dict(top_k=0), "top_k"), (dict(stop_tokens=[VOCAB]), "stop_tokens"),
+                         (dict(temperature=float("inf")), "positive finite"),
+                         (dict(temperature=float("nan")), "temperature"),
+                         (dict(temperature=1.0, top_k=VOCAB + 1), f"vocabulary size \\({VOCAB}\\)")]:
         with pytest.raises(ValueError, match=word):
             model.generate(prompt, 3, **kwargs)
     with pytest.raises(ValueError, match="max_new_tokens"):
         model.generate(prompt, 0)
+    model.generate(prompt, 3, temperature=1.0, top_k=VOCAB)  # every token: the edge is allowed
 
 
 # -- 4. generation -------------------------------------------------------------------------------
@@ -517,10 +521,9 @@ def test_sample_next_filters():
     assert abs((hot == 3).float().mean().item() - 0.25) < 0.05
 
 
-# -- the decoding fast path keeps the behaviour of the plain one -----------------------------------
+# -- decoding calls modules plainly, so hooks see every call -----------------------------------------
 def test_hooks_fire_during_generate_and_change_nothing():
-    """`dispatch.call` skips nn.Module.__call__ only when it would do nothing more: a module hook,
-    a global hook and a forward pre-hook on a block still run while generating."""
+    """A module hook, a global hook and a forward pre-hook on a block run while generating."""
     from torch.nn.modules.module import register_module_forward_hook
 
     model = build("sas-p+resformer", seed=15)
@@ -547,17 +550,17 @@ def test_hooks_fire_during_generate_and_change_nothing():
     assert torch.equal(model.generate(prompt, 6), plain)  # and nothing is left behind
 
 
-def test_decode_hidden_states_equals_hidden_states_with_a_cache():
+def test_unchecked_hidden_states_equal_checked_ones_with_a_cache():
     model = build("pre-ln+bov", seed=16, window_size=3, window_pattern="SL")
     ids = ids_of(2, 9, seed=15)
     with torch.no_grad():
         checked, unchecked = model.new_cache(2, 9), model.new_cache(2, 9)
         for s, e in ((0, 5), (5, 6), (6, 9)):
-            torch.testing.assert_close(model.decode_hidden_states(ids[:, s:e], unchecked),
+            torch.testing.assert_close(model.hidden_states(ids[:, s:e], unchecked, checked=False),
                                        model.hidden_states(ids[:, s:e], checked), rtol=0, atol=0)
     assert checked.length == unchecked.length == 9
     with pytest.raises(ValueError, match="exceed"):  # the cache still checks its room
-        model.decode_hidden_states(ids[:, :1], unchecked)
+        model.hidden_states(ids[:, :1], unchecked, checked=False)
 
 
 def test_generate_returns_ordinary_tensors_and_leaves_the_cache_usable_with_autograd():
@@ -580,7 +583,7 @@ def test_carry_update_copies_and_checks_the_fields():
     new = carry.update(first_values=ids, values=(ids,))
     assert new is not carry and carry.first_values is None and carry.values == ()
     assert new.first_values is ids and new.token_ids is ids and new.values == (ids,)
-    with pytest.raises(TypeError, match="no field"):
+    with pytest.raises(TypeError, match="not_a_field"):
         carry.update(not_a_field=1)
 
 

@@ -1,5 +1,6 @@
 """Chaos: kill -9 training at random moments (checkpoints are written every step, so many kills land
 inside a write) and resume until done; the loss curve must equal an uninterrupted run's bit for bit.
+And kill -9 a run while it tokenises: the next run must find a whole token cache.
 
 Slow (a few seconds a trial): `python -m pytest -m slow tests/test_chaos.py`; BLOCKLAB_CHAOS_TRIALS
 sets the number of trials (default 10).
@@ -58,7 +59,8 @@ def test_random_kills_resume_bit_for_bit(tmp_path):
         out = tmp_path / f"trial{trial}"
         while not (out / "summary.json").is_file():
             resume = any((out / "checkpoints").glob("step_*/state.json"))  # else afresh, as a user would
-            cmd = _args(corpus, tmp_path / "cache", out) + (["--resume"] if resume else ["overwrite=true"])
+            args = _args(corpus, tmp_path / "cache", out)  # overrides before --out: argparse takes one run
+            cmd = args[:-2] + (["--resume"] if resume else ["overwrite=true"]) + args[-2:]
             steps_before = _last_step(out)
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             deadline = time.monotonic() + 120
@@ -75,3 +77,41 @@ def test_random_kills_resume_bit_for_bit(tmp_path):
         assert _losses(out) == reference, f"trial {trial}: the resumed curve differs"
         assert not list((out / "checkpoints").glob(".tmp-*")), "a partial write was left behind"
     print(f"chaos: {trials} trials, {kills} kills, all resumed bit for bit")
+
+
+def test_kill_during_tokenisation_leaves_a_cache_that_trains(tmp_path):
+    """kill -9 `blocklab train` while it tokenises (its temporary shard folder exists), then run again:
+    the run finishes, the dead process's leftovers are gone and the cached arrays equal a clean cache's."""
+    import numpy as np
+
+    from blocklab.data import DataConfig, prepare_data
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):  # 16 MB: a few seconds of tokenising, with a 4 MB chunk written at a time
+        lines = (f"v{j % 97} = {i} * {j} - {j % 13}\n" for j in range(20_000))
+        (corpus / f"f{i}.py").write_text("".join(lines))
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    args = [sys.executable, "-m", "blocklab.cli", "train", f"data.source={corpus}", "data.tokenizer=byte",
+            f"data.cache_dir={cache}", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+            "batch_size=4", "seq_len=32", "max_steps=3", "eval_every=3", "eval_batches=1",
+            "progress=false", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and not list(cache.glob("shards/.tmp-*")):
+        time.sleep(0.005)
+    time.sleep(0.2)  # into the tokenising
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed while tokenising"
+    shards = cache / "shards"
+    assert [p.name.startswith(".tmp-") for p in shards.iterdir()] == [True], "killed before the rename"
+    done = subprocess.run(args[:-2] + ["overwrite=true", *args[-2:]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "summary.json").is_file()
+    assert not [p for p in shards.iterdir() if p.name.startswith(".")], "the killed run's leftovers stay"
+    cfg = DataConfig(source=str(corpus), tokenizer="byte", cache_dir=str(cache))
+    ours, clean = prepare_data(cfg), prepare_data(cfg.replace(cache_dir=str(tmp_path / "clean")))
+    assert not ours.stats["tokenised"] and ours.path.name == clean.path.name
+    assert np.array_equal(ours.train, clean.train) and np.array_equal(ours.val, clean.val)

@@ -24,6 +24,7 @@ from blocklab.compare import (
 from blocklab.config import ConfigError
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.recipes import recipe_optim
+from blocklab.report import plots as report_plots
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 from helpers import compare_base, write_code_corpus
@@ -213,7 +214,7 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
     assert page.count("data:image/png;base64,") == figures and "sas-p+bov" in page
     assert "`" not in page and "<code>pre-ln</code>" in page and "**" not in page
     for title in ("Verdict", "Results", "Throughput", "Memory", "Figures", "Method"):
-        assert f'<h2 id="{report_module._anchor(title)}">{title}</h2>' in page
+        assert f'<h2 id="{report_module.anchor(title)}">{title}</h2>' in page
     assert page.count("<figcaption>") == figures and "lower is better" in page
     assert '<td class="left">sas-p+bov</td>' in page and '<th class="left">architecture</th>' in page
 
@@ -297,6 +298,25 @@ def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, 
     steps = [r["step"] for r in read_metrics(out / "runs" / "pre-ln-seed0" / "metrics.jsonl", "train")
              if "loss" in r]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_stopped_mid_append_resumes_past_its_torn_metrics_line(corpus, tmp_path, monkeypatch):
+    """A disk filling up (or the power failing) while a run appends to metrics.jsonl leaves its last line
+    torn; the compare run again resumes that run past it, and reports."""
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=6)
+    real_step = interrupt_at_step_call(monkeypatch, 4)  # the last checkpoint is step 2
+    with pytest.raises(KeyboardInterrupt):
+        compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    metrics = out / "runs" / "pre-ln-seed0" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"kind": "train", "step": 4, "lo')
+    messages = []
+    compare(["pre-ln"], out, base=cfg, log=messages.append)
+    assert "resuming" in messages[0]
+    assert [r["step"] for r in read_metrics(metrics, "train") if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert (out / "report.md").is_file()
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_afresh(corpus, tmp_path, monkeypatch):
@@ -497,10 +517,10 @@ def test_wall_clock_curve_reads_the_validation_rows(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = {"metrics": read_metrics(path)}
-    xs, ys = report_module._val_curves(run, "wall_time")
+    xs, ys = report_plots._val_curves(run, "wall_time")
     assert xs[:3] == [3.5, 7.25, 8.0] and math.isnan(xs[3])
     assert ys == [2.9, 2.7, 2.6, 2.5]
-    assert report_module._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
+    assert report_plots._val_curves(run, "tokens")[0] == [70, 140, 150, 210]
 
 
 
@@ -533,15 +553,15 @@ def test_the_wall_clock_axis_is_steps_at_the_interleaved_step_time(tmp_path, mon
     runs = {"pre-ln": [{"metrics": val}], "sas": [{"metrics": val}]}
     entries = [Entry.parse(a) for a in runs]
     rows = [_timing_row("pre-ln", 0.25, 0.05), _timing_row("sas", 0.125, 0.05)]
-    paths = report_module._plot_validation(entries, runs, tmp_path, rows, "interleaved")
+    paths = report_plots._plot_validation(entries, runs, tmp_path, rows, "interleaved")
     wall = figures[2].axes[0]
     lines = {line.get_label(): list(line.get_xdata()) for line in wall.get_lines()}
     assert lines == {"pre-ln": [0.5, 1.0], "sas": [0.25, 0.5]}  # not the logged 18 and 36 s
     assert wall.get_xlabel() == report_module.WALL_FROM_TIMING and paths[2].is_file()
     figures.clear()
-    report_module._plot_validation(entries, runs, tmp_path, rows, "logs", "2 at a time")
+    report_plots._plot_validation(entries, runs, tmp_path, rows, "logs", "2 at a time")
     assert "from the runs' own logs, trained 2 at a time" in figures[2].axes[0].get_title()
-    assert report_module._plot_validation(entries, runs, tmp_path, rows, None)[2] is None
+    assert report_plots._plot_validation(entries, runs, tmp_path, rows, None)[2] is None
 
 
 def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
@@ -561,8 +581,8 @@ def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
 
     runs = {label: [run(k / 10)] for k, label in enumerate(labels)}
     entries = [Entry.parse(label) for label in labels]
-    report_module._plot_validation(entries, runs, tmp_path)
-    report_module._plot_relative(entries, runs, tmp_path)
+    report_plots._plot_validation(entries, runs, tmp_path)
+    report_plots._plot_relative(entries, runs, tmp_path)
     colours = [{line.get_label(): line.get_color() for line in fig.axes[0].get_lines()
                 if not line.get_label().startswith("_")} for fig in figures]
     for plot in colours[1:]:

@@ -122,7 +122,7 @@ def test_frozen_step_is_compiled_again_once_the_weights_change():
     prompt = ids_of(2, 5, seed=14)
     model.compile_decoding(freeze_weights=True)
     model.generate(prompt, 6)  # a cache of 5 + 6 - 1 positions
-    folded = model.decoding_step()
+    folded = model.token_step()
 
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     model(prompt).logsumexp(-1).mean().backward()
@@ -131,7 +131,7 @@ def test_frozen_step_is_compiled_again_once_the_weights_change():
     old, new = _next_logits(folded, model, prompt, 10), _next_logits(trained.decode_step, trained, prompt, 10)
     assert not torch.allclose(old, new, atol=1e-3)  # the folded step still holds the old weights
     assert torch.equal(model.generate(prompt, 6), trained.generate(prompt, 6))  # shapes as before
-    assert model.decoding_step() is not folded
+    assert model.token_step() is not folded
 
     other = build("pre-ln", seed=15)
     model.load_state_dict(other.state_dict())  # copies in place

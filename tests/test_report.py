@@ -17,6 +17,8 @@ from blocklab import report
 from blocklab.compare import Entry
 from blocklab.config import ModelConfig
 from blocklab.model import Transformer
+from blocklab.report import stats as report_stats
+from blocklab.report import tables as report_tables
 from blocklab.training import TrainConfig, memory
 from blocklab.training.optim import OptimConfig, build_optimizers
 
@@ -43,7 +45,7 @@ def test_one_value_has_no_spread():
     assert report.mean_sd([2.0]) == (2.0, None)
     mean, sd = report.mean_sd([1.0, 3.0, None])
     assert mean == 2.0 and sd == pytest.approx(math.sqrt(2))
-    assert report._fmt((2.0, None), 2) == "2.00" and report._fmt((2.0, 0.5), 2) == "2.00 ± 0.50"
+    assert report_tables._fmt((2.0, None), 2) == "2.00" and report_tables._fmt((2.0, 0.5), 2) == "2.00 ± 0.50"
     s = report.spread([4.0, 1.0, 3.0, 2.0, 5.0])
     assert (s["median"], s["q1"], s["q3"], s["min"], s["max"], s["n"]) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
     assert report.spread([7.0])["cv"] is None and report.spread([]) is None
@@ -62,7 +64,7 @@ def test_step_times_come_from_the_training_clock():
 def _row(label: str, trained: list[float], timed: list[float] | None) -> dict:
     runs = [{"summary": {"seed": 0, "tokens_per_s": 1.0}, "metrics": [
         {"kind": "train", "step": i + 1, "wall_time": sum(trained[:i + 1])} for i in range(len(trained))]}]
-    return {"label": label, "throughput": report._throughput(runs, timed and {"step_s": timed}, 100)}
+    return {"label": label, "throughput": report_stats._throughput(runs, timed and {"step_s": timed}, 100)}
 
 
 def test_a_neighbours_load_is_caught_by_the_interleaved_timing():
@@ -127,7 +129,7 @@ def test_the_timing_pass_interleaves_the_architectures(tmp_path, monkeypatch):
             order.append(Path(self.cfg.out_dir).name)
             return super().timed_step()
 
-    monkeypatch.setattr(compare_module, "StepProbe", Probe)
+    monkeypatch.setattr(compare_module.timing, "StepProbe", Probe)  # what measure_architectures builds
     entries = [Entry.parse(a) for a in ("a", "b", "c")]
     configs = [(e, _fake_run(tmp_path, e.label)) for e in entries]
     state = torch.random.get_rng_state()

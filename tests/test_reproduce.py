@@ -18,8 +18,8 @@ from blocklab.cli import main
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.evidence import RELATIONS
 from blocklab.model import Transformer
+from blocklab.report.reproduction import write_reproduction
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
-from blocklab.reproduction_report import write_reproduction
 from blocklab.training.config import NOT_RESULTS, changed_fields
 from blocklab.training.metrics import read_metrics
 
@@ -377,7 +377,7 @@ def test_undecided_checks_get_more_seeds_up_to_the_most():
 
     from blocklab.claims import Check, Claim
     from blocklab.evidence import t_interval
-    from blocklab.reproduce import CheckResult, ClaimResult, _more_seeds
+    from blocklab.reproduce import CheckResult, ClaimResult, more_seeds
 
     scale = Scale("s", "tiny", 5, seeds=5, max_seeds=10)
 
@@ -390,9 +390,9 @@ def test_undecided_checks_get_more_seeds_up_to_the_most():
     narrow = result("svformer", [0.001, -0.002, 0.0015, -0.001, 0.0005], "inconclusive")  # below 0.01
     decided = result("sas", [-0.3, -0.31, -0.29, -0.3, -0.32], "reproduced")
     seeds = {("steps", a): 5 for a in ("pre-ln", "resformer", "svformer", "sas")}
-    assert _more_seeds([wide, narrow, decided], seeds, scale) == {("steps", "resformer"): 10,
+    assert more_seeds([wide, narrow, decided], seeds, scale) == {("steps", "resformer"): 10,
                                                                   ("steps", "pre-ln"): 10}
     at_most = {**seeds, ("steps", "resformer"): 10, ("steps", "pre-ln"): 10}
     ten = result("resformer", [0.1, -0.2] * 5, "inconclusive")
-    assert _more_seeds([ten], at_most, scale) == {}  # max_seeds reached
-    assert _more_seeds([wide], seeds, replace(scale, max_seeds=None)) == {}
+    assert more_seeds([ten], at_most, scale) == {}  # max_seeds reached
+    assert more_seeds([wide], seeds, replace(scale, max_seeds=None)) == {}

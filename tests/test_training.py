@@ -22,7 +22,7 @@ import torch
 
 import blocklab
 from blocklab.config import ConfigError
-from blocklab.training import TrainConfig, TrainingError, loop, train
+from blocklab.training import TrainConfig, TrainingError, loop, progress, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
@@ -172,7 +172,12 @@ def test_read_metrics_is_one_reader_with_clear_errors(tmp_path):
     path.write_text('{"kind": "train", "step": 1}\n\n{"kind": "val", "step": 1}\n')
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
     assert read_metrics(path, "val") == [{"kind": "val", "step": 1}]
-    path.write_text(path.read_text() + "{truncated\n")
+    whole = path.read_bytes()
+    path.write_bytes(whole + b"\0" * 64)  # a power cut's tail: zeros, no newline, not even JSON
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    path.write_bytes(whole + b"{truncated\n")  # a torn last line holds no record: passed over
+    assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    path.write_text(path.read_text() + '{"kind": "val", "step": 2}\n')  # but not before the end
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object"):
         read_metrics(path)
     with pytest.raises(FileNotFoundError, match="no metrics file at"):
@@ -346,6 +351,52 @@ def test_resume_continues_the_same_loss_curve(corpus, tmp_path, monkeypatch):
         assert torch.equal(p_full, p_res)
 
 
+def test_resume_cuts_a_torn_last_metrics_line(corpus, tmp_path, monkeypatch, capsys):
+    """A disk filling up or the power failing while metrics.jsonl is appended to leaves its last line
+    torn; the checkpoint is intact, so the resume drops that line, says so and goes on to the curve of
+    an uninterrupted run."""
+    base = dict(max_steps=8, ckpt_every=3, eval_every=4)
+    full = train(config(corpus, tmp_path / "a", **base))
+    real_step = loop.Trainer._step
+
+    def interrupted(self):
+        if self.state.step == 4:  # dies during step 5; the last checkpoint is step 3
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(loop.Trainer, "_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(config(corpus, tmp_path / "b", **base))
+    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    metrics = tmp_path / "b" / "run" / "metrics.jsonl"
+    torn = '{"kind": "train", "step": 9, "lo'
+    with metrics.open("a") as f:
+        f.write(torn)
+    capsys.readouterr()
+    resumed = train(config(corpus, tmp_path / "b", **base), resume=True)
+    assert f"{metrics}: dropped a torn last line ({len(torn)} bytes)" in capsys.readouterr().err
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical on CPU
+    vals = [(r["step"], r["val_loss"]) for r in read_metrics(full.run_dir / "metrics.jsonl", "val")]
+    assert [(r["step"], r["val_loss"]) for r in read_metrics(metrics, "val")] == vals
+    assert metrics.read_text().endswith("}\n") and not list(metrics.parent.glob(".tmp-*"))
+
+
+def test_resume_refuses_a_metrics_line_damaged_before_the_end(corpus, tmp_path, capsys):
+    from blocklab.cli import main
+
+    run = train(config(corpus, tmp_path, max_steps=2)).run_dir
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    lines[1] = lines[1][:20] + "\n"  # not a torn write, which only ever cuts the end
+    metrics.write_text("".join(lines))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"blocklab: error: {metrics}:2 is not a JSON object") and "delete that line" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert metrics.read_text() == "".join(lines)  # left as it was, for the user to repair
+
+
 def test_resume_rejects_a_different_model(corpus, tmp_path, capsys):
     from blocklab.cli import main
 
@@ -513,7 +564,7 @@ def test_line_progress_writes_each_tenth_however_fast_the_updates():
     """A line per 10% of the total even when the updates come faster than tqdm's display interval
     (tiny runs in a compare did, and their step lines went missing)."""
     stream = io.StringIO()
-    bar = loop.LineProgress(total=10, file=stream, desc="x")
+    bar = progress.LineProgress(total=10, file=stream, desc="x")
     for _ in range(10):
         bar.update(1)
     bar.close()
@@ -822,13 +873,13 @@ def test_threads_hold_for_the_run_and_the_count_before_comes_back(corpus, tmp_pa
 def test_format_summary_is_the_result_line_of_train_and_compare():
     summary = {"arch": "sas-p", "seed": 1, "step": 400, "tokens": 819200, "train_time": 95.2,
                "tokens_per_s": 8623.4, "val_loss": 4.12345, "val_bpb": 1.23456}
-    assert loop.format_summary(summary) == ("sas-p seed 1, 400 steps, 819,200 tokens in 1 min 35 s "
+    assert progress.format_summary(summary) == ("sas-p seed 1, 400 steps, 819,200 tokens in 1 min 35 s "
                                             "(8,623 tokens/s); val loss 4.1235, val bits/byte 1.2346")
     result = loop.RunResult(Path("runs/x"), None, {**summary, "val_bpb": None, "tokens_per_s": None})
-    assert loop.format_summary(result, wall_time=9.81) == ("sas-p seed 1, 400 steps, 819,200 tokens in 1 min "
-                                                           "35 s; val loss 4.1235; 9.8 s wall time")
-    assert loop.format_summary({}) == ""  # an unreadable summary.json gives no line, not an error
-    assert [loop.format_duration(t) for t in (0.04, 59.9, 60, 3599, 7300)] == [
+    assert progress.format_summary(result, wall_time=9.81) == ("sas-p seed 1, 400 steps, 819,200 tokens in "
+                                                               "1 min 35 s; val loss 4.1235; 9.8 s wall time")
+    assert progress.format_summary({}) == ""  # an unreadable summary.json gives no line, not an error
+    assert [progress.format_duration(t) for t in (0.04, 59.9, 60, 3599, 7300)] == [
         "0.0 s", "59.9 s", "1 min 00 s", "59 min 59 s", "2 h 02 min"]
 
 
@@ -838,22 +889,22 @@ class _Terminal(io.StringIO):
 
 
 def test_progress_in_a_log_file_is_plain_lines_without_carriage_returns():
-    assert loop.progress_mode(_Terminal()) == "bar" and loop.progress_mode(io.StringIO()) == "lines"
+    assert progress.progress_mode(_Terminal()) == "bar" and progress.progress_mode(io.StringIO()) == "lines"
     outputs = {}
     for stream in (_Terminal(), io.StringIO()):
-        bar = loop.progress_bar(40, stream=stream, mininterval=0, miniters=1,
+        bar = progress.progress_bar(40, stream=stream, mininterval=0, miniters=1,
                                 line_format="{percentage:3.0f}% {n_fmt}/{total_fmt} steps{postfix}")
         for step in range(40):
             bar.set_postfix(loss=step, refresh=False)
             bar.update(1)
         bar.close()
-        outputs[loop.progress_mode(stream)] = stream.getvalue()
+        outputs[progress.progress_mode(stream)] = stream.getvalue()
     assert "\r" in outputs["bar"]  # a terminal: tqdm redraws its bar
     assert "\r" not in outputs["lines"]  # a file: one line per tenth, none for the steps between
     expected = [f"{10 * k:3d}% {4 * k}/40 steps, loss={4 * k - 1}" for k in range(1, 11)]
     assert outputs["lines"].splitlines() == expected
     silent = io.StringIO()
-    bar = loop.progress_bar(10, enabled=False, stream=silent)
+    bar = progress.progress_bar(10, enabled=False, stream=silent)
     bar.update(10)
     bar.close()
     assert silent.getvalue() == ""

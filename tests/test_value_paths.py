@@ -684,7 +684,7 @@ def test_has_value_map_agrees_with_the_built_layers(arch, options):
     """Validation reads `has_value_map` (reparam_tie); it must match which layers own a W_V module."""
     cfg = make_cfg(arch, options)
     model = blocklab.Transformer(cfg)
-    cls = VALUE_PATHS[cfg.value_path]
+    cls = VALUE_PATHS[cfg.value_path].module
     built = [getattr(b.attn.values, "w_v", None) is not None for b in model.blocks]
     assert [cls.has_value_map(cfg, i) for i in range(cfg.n_layers)] == built
 

@@ -8,10 +8,11 @@ import shlex
 import shutil
 import sys
 import textwrap
+import traceback
 from importlib import metadata
 
 from blocklab import __version__
-from blocklab.errors import ConfigError
+from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
@@ -78,7 +79,7 @@ def cmd_presets(_args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from blocklab.training import TrainingError, distributed, train
     from blocklab.training.config import resolve_config
-    from blocklab.training.loop import format_summary
+    from blocklab.training.progress import format_summary
 
     config, overrides = None, list(args.overrides)
     if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
@@ -162,8 +163,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from blocklab.claims import select
+    from blocklab.report.reproduction import scope, write_reproduction, write_summary
     from blocklab.reproduce import SCALES, reproduce
-    from blocklab.reproduction_report import scope, write_reproduction, write_summary
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None
@@ -267,18 +268,23 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(args.prompt + text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="blocklab", description=__doc__, epilog=EXAMPLES,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _add_params(sub) -> None:
+    """`blocklab params`: parameter counts and FLOPs of presets."""
     p = sub.add_parser("params", help="parameter counts and FLOPs per token of presets")
     p.add_argument("--arch", default="pre-ln", help="architecture preset(s), comma-separated")
     p.add_argument("--size", default="tiny", help="size preset(s), comma-separated")
     p.add_argument("--all", action="store_true", help="every block preset and value path")
     p.set_defaults(func=cmd_params)
+
+
+def _add_presets(sub) -> None:
+    """`blocklab presets`: every preset."""
     p = sub.add_parser("presets", help="list every architecture, value-path and size preset")
     p.set_defaults(func=cmd_presets)
+
+
+def _add_train(sub) -> None:
+    """`blocklab train`: one model from a config and overrides."""
     p = sub.add_parser("train", help="train one model: [CONFIG.yaml] [key=value ...]",
                        description="Train any preset. Overrides use TrainConfig fields, dotted for "
                        "sections: arch=sas-p size=tiny max_steps=200 optim.lr=3e-3 data.tokenizer=byte "
@@ -289,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="continue the run in out_dir from its last checkpoint")
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP)
     p.set_defaults(func=cmd_train)
+
+
+def _add_compare(sub) -> None:
+    """`blocklab compare`: its budget, grid, sweep, timing and launch flags."""
     p = sub.add_parser("compare", help="train architectures side by side on one budget and write a report",
                        description="Train each architecture on the same data, tokenizer, batch order and "
                        "budget, then write OUT/report.md and OUT/report.html. Finished runs are reused; an "
@@ -333,6 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_compare)
+
+
+def _add_reproduce(sub) -> None:
+    """`blocklab reproduce`: the claims, the scale, the store and the launch flags."""
     p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
                        description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
                        "by seed, and write OUT/reproduction.md and .html: per claim the paper's result next "
@@ -358,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
+
+
+def _add_plot(sub) -> None:
+    """`blocklab plot`: learning curves of runs, overlaid."""
     p = sub.add_parser("plot", help="learning curves of any runs, overlaid (PNG, markdown, HTML)",
                        description="Validation loss and bits per byte of one or more runs against step, "
                        "tokens, training FLOPs and wall-clock, overlaid: OUT/loss_vs_<axis>.png, OUT/plot.md "
@@ -366,6 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                    "compare's runs/<arch>-seed<k>); finished or still training")
     p.add_argument("--out", default="runs/plot", help="where the figures and pages go (default runs/plot)")
     p.set_defaults(func=cmd_plot)
+
+
+def _add_diagnose(sub) -> None:
+    """`blocklab diagnose`: the papers' diagnostics of a run, or two overlaid."""
     p = sub.add_parser("diagnose", help="the papers' diagnostics of a trained run (entropy, norms, spectra)",
                        description="Attention-concentration entropy, value and hidden-state norms, token "
                        "similarity, value spectra, attention maps and learned scalars of a run, on its "
@@ -384,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
                    "start token in every sequence (Value Residual App. A.2)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_diagnose)
+
+
+def _add_export(sub) -> None:
+    """`blocklab export`: a run in blocklab's format or for transformers."""
     p = sub.add_parser("export", help="export a run: blocklab's format, or --format hf for transformers")
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--out", required=True, help="the folder to write")
@@ -391,21 +417,51 @@ def main(argv: list[str] | None = None) -> int:
                    help="blocklab (default): every field, read back with load_pretrained; hf: a GPT-2 or "
                    "Llama folder for transformers (plain Pre-LN baselines only)")
     p.set_defaults(func=cmd_export)
+
+
+def _add_generate(sub) -> None:
+    """`blocklab generate`: decoding a prompt with a trained run."""
     p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
                        description="Greedy decoding by default; --temperature with --top-k / --top-p "
                        "samples (reproducibly with --seed). Stops at the run's end-of-text token.")
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (the default); else a positive finite number")
+    p.add_argument("--top-k", type=int, help="sample from the k likeliest tokens: 1 to the vocabulary size")
+    p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with this much "
+                   "probability: in (0, 1]")
     p.add_argument("--seed", type=int)
     p.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
     p.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
     p.set_defaults(func=cmd_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `blocklab` command line: one subcommand per job, each added by its own function."""
+    parser = argparse.ArgumentParser(prog="blocklab", description=__doc__, epilog=EXAMPLES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_params(sub)
+    _add_presets(sub)
+    _add_train(sub)
+    _add_compare(sub)
+    _add_reproduce(sub)
+    _add_plot(sub)
+    _add_diagnose(sub)
+    _add_export(sub)
+    _add_generate(sub)
     finetune_cli.add_parsers(sub)
     eval_cli.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status: 0 done, 1 a run failed or the machine refused, 2 bad input,
+    130 interrupted."""
+    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     args.argv = argv  # the command line, for the report's method section
@@ -419,13 +475,22 @@ def main(argv: list[str] | None = None) -> int:
     except RunsPending as err:  # --no-wait: submitted, nothing wrong
         print(f"blocklab: {err}")
         return 0
-    except RunsFailed as err:
+    except (RunsFailed, DiskFullError) as err:  # DiskFullError: `train` says it alike (cmd_train)
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:
         print(f"blocklab: interrupted; {err or 'rerun the same command: finished runs are reused'}",
               file=sys.stderr)
         return 130
+    except OSError as err:  # the machine's, not blocklab's: permissions, a full or read-only disk ...
+        print(f"blocklab: error: {err}", file=sys.stderr)
+        return 1
+    except Exception:  # not a mistake in the input (those are named above): a bug, with its traceback
+        traceback.print_exc()
+        print(f"blocklab: internal error (traceback above) in `blocklab {' '.join(argv)}`: this is a bug in "
+              "blocklab, not in your input. Please report it with the command and the traceback.",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -23,6 +23,11 @@ from blocklab.errors import ConfigError
 C = TypeVar("C", bound="ConfigBase")
 
 
+def is_count(value: Any, low: int = 0) -> bool:
+    """Whether `value` is an int of at least `low` (steps, seeds, threads ...); a bool is not a count."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def check_fields(cls: type, data: Any) -> None:
     """Raise ConfigError for a key that is not a field of the dataclass `cls`, suggesting close names."""
     if not isinstance(data, dict):

@@ -32,9 +32,13 @@ def as_created(path: str | Path) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write `text` to `path` through a temporary name in the same folder and a rename, so a reader
     sees the old file or the whole new one, never a part (a process killed mid-write leaves only a
-    `.tmp-*` file behind)."""
+    `.tmp-*` file behind; a write that fails removes its own)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".tmp-{path.name}.{os.getpid()}.{threading.get_ident()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves nothing behind
+        raise

@@ -2,6 +2,9 @@
 
 An architecture name is a block preset, optionally joined with a value path by ``+``:
 ``"sas-p"``, ``"pre-ln+resformer"``. A bare value-path name means ``pre-ln+<value path>``.
+
+This module sits above the model: it imports `ModelConfig` and registers `resolve` with it, so that
+`ModelConfig.from_preset` reads these names without the model importing upward.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.errors import ConfigError
+from blocklab.model.config import register_presets
 from blocklab.model.value_paths import VALUE_PATHS
 
 
@@ -169,3 +173,6 @@ def list_presets() -> dict[str, dict[str, str]]:
         "value_paths": {k: cls.description for k, cls in VALUE_PATHS.items()},
         "sizes": {k: p.description for k, p in SIZE_PRESETS.items()},
     }
+
+
+register_presets(resolve)

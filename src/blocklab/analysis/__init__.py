@@ -12,7 +12,7 @@ See docs/diagnostics.md.
 
 from blocklab.analysis.capture import LayerTrace, diagnostic_mode, trace
 from blocklab.analysis.diagnose import diagnose
-from blocklab.analysis.report import compare_reports, plot_scalars, write_report
+from blocklab.analysis.figures import compare_reports, plot_scalars, write_report
 from blocklab.analysis.run import compare_runs, diagnose_run, held_out_windows
 from blocklab.analysis.scalars import read_metrics, scalar_series
 from blocklab.analysis.stats import (

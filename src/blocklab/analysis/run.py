@@ -64,7 +64,7 @@ def diagnose_run(run_dir: str | Path, out_dir: str | Path | None = None, batches
     With `out_dir`, also `write_report` there (the learned scalars from the run's metrics.jsonl).
     Returns the diagnose() dict, whose meta also names the run and `start`.
     """
-    from blocklab.analysis.report import write_report
+    from blocklab.analysis.figures import write_report
     from blocklab.data import prepare_data
     from blocklab.training import load_run
 
@@ -87,7 +87,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path, out_dir: str | Path, **op
     overlay them in `out_dir` (`compare_reports`), labelled by their architectures, or by their
     directories when those are the same. Entropy, importance and similarity depend on the sequence
     length and the tokens, so the runs must share seq_len and tokenizer (ConfigError otherwise)."""
-    from blocklab.analysis.report import compare_reports
+    from blocklab.analysis.figures import compare_reports
     from blocklab.data import load_tokenizer
     from blocklab.training import TrainConfig
 

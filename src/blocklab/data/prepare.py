@@ -7,11 +7,18 @@ The cache (`DataConfig.cache_dir`, else ``$BLOCKLAB_CACHE``, else ``~/.cache/blo
 * ``shards/<key>/``: ``train.bin`` and ``val.bin`` (flat token ids, uint16 when the vocabulary has
   fewer than 65,536 entries, else uint32; every document followed by the separator), the
   ``tokenizer.json`` they were made with and ``manifest.json`` (sources, document and file counts,
-  skipped files, tokenizer hash, token / byte / character counts, settings). The key hashes the
-  corpus fingerprint, the split settings and the tokenizer hash.
+  skipped files, tokenizer hash, token / byte / character counts, settings, and each shard's size
+  and sha256, taken while writing it). The key hashes the corpus fingerprint, the split settings
+  and the tokenizer hash.
 
 Everything is written into a temporary name and renamed into place, so a crashed or concurrent
-run never leaves a half-written entry that a later run would trust.
+run never leaves a half-written entry that a later run would trust; the leftovers of a killed run
+on this host (``.tmp-*``, ``.bad-*``) are removed when an entry is next built.
+
+An entry is checked before it is used (`cache_entry`: sizes, sha256 and id range, once per
+process); a damaged one (a file changed or cut short after it was written, a manifest deleted or
+edited) is named in one line on stderr, moved aside and rebuilt, and a damaged cached BPE file is
+trained again.
 """
 
 from __future__ import annotations
@@ -32,13 +39,26 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from blocklab.data.cache_entry import (
+    FORMAT,
+    SPLITS,
+    DamagedEntry,
+    aside,
+    check_entry,
+    discard,
+    first_line,
+    remove_leftovers,
+    repair_lock,
+    token_dtype,
+)
 from blocklab.data.config import DataConfig
-from blocklab.data.sources import Source, open_source, split_budgets, split_documents
+from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
 from blocklab.errors import ConfigError
 
-FORMAT = 1  # bump when the shard or manifest layout changes
-SPLITS = ("train", "val")
+# The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
+# tokenizers again (a retrained BPE need not equal the one saved runs were trained with).
+TOKENIZER_FORMAT = 1
 CHUNK_CHARS = 4_000_000  # characters per encode_batch call: parallel, yet bounded memory
 DEFAULTS = DataConfig()
 
@@ -72,17 +92,22 @@ def _key(obj: Any) -> str:
 
 
 def _no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
+    """The error for a split left empty: what the source holds and where each document went."""
     skipped = f"; {len(source.skipped)} files were skipped as not UTF-8" if source.skipped else ""
+    found = f" ({split_census(source, cfg)}{skipped})"
     if split == "val":
         return ConfigError(
-            f"no document of {source.description} fell into the validation split "
-            f"(val_fraction = {cfg.val_fraction}, split by a hash of each document's name){skipped}. "
-            "Add documents, raise val_fraction, or set val_fraction = 0 to train without validation.")
-    return ConfigError(f"{source.description} holds no readable training documents{skipped}.")
+            f"no document of {source.description} fell into the validation split (val_fraction = "
+            f"{cfg.val_fraction}, split by a hash of each document's name){found}. Add documents, raise "
+            "val_fraction, or set val_fraction = 0 to train without validation.")
+    one_file = " (or give that one file as the source: a file is split by paragraphs)" \
+        if getattr(source, "file_count", 0) == 1 else ""
+    return ConfigError(f"no training documents in {source.description}{found}. Add documents, or lower "
+                       f"val_fraction{one_file}.")
 
 
 def _say(message: str) -> None:
-    """A progress message on stderr ("blocklab: ..."), written above any progress bar."""
+    """A message on stderr ("blocklab: ..."), written above any progress bar."""
     from tqdm import tqdm
 
     tqdm.write(f"blocklab: {message}", file=sys.stderr)
@@ -94,7 +119,8 @@ def _say(message: str) -> None:
 def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
                   root: Path, progress: bool = False) -> tuple[Tokenizer, bool]:
     """The tokenizer `cfg` asks for, and whether a BPE was trained by this call; with `progress`, a
-    line before and after training one (not when it comes from the cache)."""
+    line before and after training one (not when it comes from the cache). A cached BPE file that
+    cannot be loaded is named on stderr and trained again."""
     if cfg.tokenizer == "byte":
         return byte_tokenizer(cfg.eos_token, cfg.mask_token), False
     if cfg.tokenizer != "bpe":
@@ -102,12 +128,29 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
         eos = None if cfg.eos_token == DEFAULTS.eos_token else cfg.eos_token
         mask = None if cfg.mask_token == DEFAULTS.mask_token else cfg.mask_token
         return load_tokenizer(cfg.tokenizer, eos, mask), False
-    settings = {"format": FORMAT, "corpus": corpus, "vocab_size": cfg.vocab_size,
+    settings = {"format": TOKENIZER_FORMAT, "corpus": corpus, "vocab_size": cfg.vocab_size,
                 "min_frequency": cfg.bpe_min_frequency, "train_chars": cfg.bpe_train_chars,
                 "special": cfg.special_tokens, "tokenizers": tokenizers.__version__}
     path = root / "tokenizers" / f"bpe-{_key(settings)}.json"
-    if path.exists():
+    if not path.exists():
+        return _train_cached_bpe(cfg, source, path, progress), True
+    try:
         return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
+    except ConfigError:
+        pass
+    with repair_lock(path):
+        try:  # another process may have trained it again while this one waited
+            return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
+        except ConfigError as err:
+            _say(f"cached tokenizer {path} cannot be read ({first_line(err.__cause__ or err)}); "
+                 "training it again")
+        path.unlink(missing_ok=True)
+        return _train_cached_bpe(cfg, source, path, progress), True
+
+
+def _train_cached_bpe(cfg: DataConfig, source: Source, path: Path, progress: bool) -> Tokenizer:
+    """Train the BPE `cfg` asks for on the training split and store it at `path` (unless a concurrent
+    run stored one first: then that one, so that every process uses the same file)."""
     budget = split_budgets(cfg)["train"]
     if cfg.bpe_train_chars is not None:
         budget = min(budget or cfg.bpe_train_chars, cfg.bpe_train_chars)
@@ -137,28 +180,30 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
     try:
         os.link(tmp, path)  # atomic, and fails if a concurrent run (another DDP rank) got there first
     except FileExistsError:
-        tok = load_tokenizer(path, cfg.eos_token, cfg.mask_token)  # every process uses the same file
+        try:
+            tok = load_tokenizer(path, cfg.eos_token, cfg.mask_token)  # every process uses the same file
+        except ConfigError:
+            tmp.replace(path)  # theirs was damaged since it was stored: ours replaces it
     except OSError:
         tmp.replace(path)  # a file system without hard links
     finally:
         tmp.unlink(missing_ok=True)
-    return tok, True
+    return tok
 
 
 # -- shards ------------------------------------------------------------------------------------------
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size < 2**16 else np.uint32)
 
 
 def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
                  out_dir: Path) -> None:
     """Tokenise every document into `out_dir/{train,val}.bin` and write the manifest, atomically."""
     dtype = token_dtype(tokenizer.vocab_size)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = aside(out_dir, "tmp")
     tmp.mkdir(parents=True)
-    counts = {s: {"documents": 0, "tokens": 0, "bytes": 0, "chars": 0} for s in SPLITS}
+    counts: dict[str, dict[str, Any]] = {s: dict.fromkeys(("documents", "tokens", "bytes", "chars"), 0)
+                                         for s in SPLITS}
+    sums = {s: hashlib.sha256() for s in SPLITS}  # of the bytes as they are written, never read back
+    sizes = dict.fromkeys(SPLITS, 0)
     try:
         outs = {s: open(tmp / f"{s}.bin", "wb") for s in SPLITS}  # closed in the finally below
         try:
@@ -176,7 +221,10 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
                     c["chars"] += len(text)
                 for split, parts in rows.items():
                     if parts:
-                        np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype).tofile(outs[split])
+                        block = np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype)
+                        block.tofile(outs[split])
+                        sums[split].update(block.data)
+                        sizes[split] += block.nbytes
                 chunk.clear()
 
             n_chars = 0
@@ -203,7 +251,8 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
             "source": {"spec": cfg.source, "kind": source.kind, "description": source.description,
                        "fingerprint": corpus["fingerprint"], "files": source.file_count,
                        "skipped_files": list(source.skipped), "skipped_count": len(source.skipped),
-                       "bad_records": getattr(source, "bad_records", 0)},
+                       "bad_records": getattr(source, "bad_records", 0),
+                       "records": getattr(source, "census", lambda: "")()},
             "settings": {name: getattr(cfg, name) for name in
                          ("source", "text_field", "hf_kwargs", "max_chars", "val_fraction", "tokenizer",
                           "vocab_size", "bpe_min_frequency", "bpe_train_chars", "eos_token", "mask_token")},
@@ -211,6 +260,8 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
                           "eos_id": tokenizer.eos_id, "mask_id": tokenizer.mask_id, "file": "tokenizer.json"},
             "dtype": dtype.name,
             "splits": {s: {"file": f"{s}.bin", **counts[s]} for s in SPLITS},
+            # Apart from "splits", whose entries compare.data_differences reads whole.
+            "checksums": {f"{s}.bin": {"size": sizes[s], "sha256": sums[s].hexdigest()} for s in SPLITS},
         }
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
         try:
@@ -230,10 +281,49 @@ def _load_split(path: Path, dtype: np.dtype) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
+def _checked_entry(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
+                   out_dir: Path, progress: bool) -> tuple[dict[str, Any], bool]:
+    """The checked manifest of cache entry `out_dir`, built first when it is missing or damaged (said
+    on stderr, whatever `progress`), and whether this call tokenised."""
+    if out_dir.exists():
+        try:
+            return check_entry(out_dir, tokenizer), False
+        except DamagedEntry:
+            pass
+        with repair_lock(out_dir):
+            try:  # another process may have rebuilt it while this one waited
+                return check_entry(out_dir, tokenizer), False
+            except DamagedEntry as damage:
+                _say(f"cache entry {out_dir}: {damage}; rebuilding it")
+            discard(out_dir)
+            return _build(cfg, source, tokenizer, corpus, out_dir, progress), True
+    return _build(cfg, source, tokenizer, corpus, out_dir, progress), True
+
+
+def _build(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
+           out_dir: Path, progress: bool) -> dict[str, Any]:
+    began = time.perf_counter()
+    if progress:
+        _say(f"tokenizing {source.description} with the {tokenizer.vocab_size:,}-token tokenizer ...")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out_dir)
+    build_shards(cfg, source, tokenizer, corpus, out_dir)
+    try:  # the entry just written, or a concurrent run's written first: checked like any other
+        manifest = check_entry(out_dir, tokenizer)
+    except DamagedEntry as damage:
+        raise RuntimeError(f"cache entry {out_dir} is damaged right after it was built ({damage}); "
+                           "check the disk and the file system holding the cache.") from None
+    if progress:
+        counts = manifest["splits"]
+        _say(f"tokenized in {time.perf_counter() - began:.1f} s: {counts['train']['tokens']:,} training and "
+             f"{counts['val']['tokens']:,} validation tokens, cached in {out_dir.parent}")
+    return manifest
+
+
 def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
-    """Read, split, tokenise and cache the corpus `cfg` describes; a second call reuses the cache.
-    With `progress`, training a tokenizer and tokenising (the slow parts, done once) say so on stderr,
-    before and after."""
+    """Read, split, tokenise and cache the corpus `cfg` describes; a second call reuses the cache once
+    it is checked (a damaged entry is rebuilt). With `progress`, training a tokenizer and tokenising
+    (the slow parts, done once) say so on stderr, before and after."""
     start = time.perf_counter()
     root = cache_root(cfg)
     source = open_source(cfg)
@@ -241,25 +331,10 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
               "val_fraction": cfg.val_fraction, "max_chars": cfg.max_chars}
     tokenizer, trained = get_tokenizer(cfg, source, corpus, root, progress)
     out_dir = root / "shards" / _key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
-    tokenised = not (out_dir / "manifest.json").exists()
-    if tokenised:
-        began = time.perf_counter()
-        if progress:
-            _say(f"tokenizing {source.description} with the {tokenizer.vocab_size:,}-token tokenizer ...")
-        (root / "shards").mkdir(parents=True, exist_ok=True)
-        build_shards(cfg, source, tokenizer, corpus, out_dir)
-    manifest = json.loads((out_dir / "manifest.json").read_text())
-    if tokenised and progress:
-        counts = manifest["splits"]
-        _say(f"tokenized in {time.perf_counter() - began:.1f} s: {counts['train']['tokens']:,} training and "
-             f"{counts['val']['tokens']:,} validation tokens, cached in {out_dir.parent}")
+    manifest, tokenised = _checked_entry(cfg, source, tokenizer, corpus, out_dir, progress)
     dtype = np.dtype(manifest["dtype"])
     splits = manifest["splits"]
-    arrays = {s: _load_split(out_dir / splits[s]["file"], dtype) for s in SPLITS}
-    for s in SPLITS:
-        if arrays[s].size != splits[s]["tokens"]:
-            raise RuntimeError(f"cache entry {out_dir} is damaged ({s}: {arrays[s].size} tokens on disk, "
-                               f"{splits[s]['tokens']} in the manifest); delete it and run again.")
+    arrays = {s: _load_split(out_dir / f"{s}.bin", dtype) for s in SPLITS}
     stats = {
         "tokenizer_trained": trained,
         "tokenised": tokenised,
@@ -270,6 +345,7 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
         "skipped_files": manifest["source"]["skipped_files"],
         "skipped_count": manifest["source"]["skipped_count"],
         "bad_records": manifest["source"]["bad_records"],
+        "records": manifest["source"].get("records", ""),
     }
     return PreparedData(
         config=cfg, tokenizer=tokenizer, train=arrays["train"], val=arrays["val"],

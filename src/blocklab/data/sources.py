@@ -8,7 +8,9 @@ sha256, the data set's fingerprint) that keys the caches without reading the tex
 
 The train/validation split is by document: a document is held out when the sha256 of its name,
 read as a number in [0, 1), is below `val_fraction`. The split of a file therefore never depends
-on which other files are present, on the order or on the machine.
+on which other files are present, on the order or on the machine. A single text file given as the
+source is read as many documents, its paragraphs (runs of lines between blank lines; its lines when
+it has no blank line), named `<file>:<first line>`, so that it splits like a directory does.
 """
 
 from __future__ import annotations
@@ -83,17 +85,41 @@ class SnapshotSource(Source):
                 yield name, text
 
 
-class FileSource(Source):
-    """Files read as UTF-8 text; `.jsonl` files give one document per record (`text_field`)."""
+def paragraphs(text: str) -> Iterator[tuple[int, str]]:
+    """(first line number, text) of each paragraph of `text`: the runs of lines between blank lines,
+    or each line when there is no blank line. Blank lines are dropped: the separator token after
+    each document takes their place."""
+    lines = text.splitlines(keepends=True)
+    if all(line.strip() for line in lines):
+        yield from ((n, line) for n, line in enumerate(lines, start=1))
+        return
+    start, run = 0, []
+    for n, line in enumerate(lines, start=1):
+        if line.strip():
+            start = start or n
+            run.append(line)
+        elif run:
+            yield start, "".join(run)
+            start, run = 0, []
+    if run:
+        yield start, "".join(run)
 
-    def __init__(self, files: list[Path], base: Path, text_field: str, description: str) -> None:
+
+class FileSource(Source):
+    """Files read as UTF-8 text; `.jsonl` files give one document per record (`text_field`). With
+    `by_paragraph` (a single text file given as the source), a text file's paragraphs are its
+    documents."""
+
+    def __init__(self, files: list[Path], base: Path, text_field: str, description: str,
+                 by_paragraph: bool = False) -> None:
         super().__init__("files", description)
-        self.files, self.base, self.text_field = files, base, text_field
+        self.files, self.base, self.text_field, self.by_paragraph = files, base, text_field, by_paragraph
+        self.records = self.bad_records = self.missing_field = 0  # JSONL: read, unreadable, of them no field
+        self.fields_seen: list[str] = []  # the fields of the first record without `text_field`
 
     @property
     def file_count(self) -> int:
         return len(self.files)
-        self.bad_records = 0
 
     def _name(self, path: Path) -> str:
         return path.relative_to(self.base).as_posix()
@@ -101,23 +127,27 @@ class FileSource(Source):
     def fingerprint(self) -> dict[str, Any]:
         entries = [[self._name(p), s.st_size, s.st_mtime_ns] for p in self.files for s in [p.stat()]]
         digest = hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()
-        return {"files": len(self.files), "stat_sha256": digest, "text_field": self.text_field}
+        return {"files": len(self.files), "stat_sha256": digest, "text_field": self.text_field,
+                **({"documents": "paragraphs"} if self.by_paragraph else {})}
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
-        self.skipped, self.bad_records = [], 0
+        self.skipped, self.records, self.bad_records, self.missing_field = [], 0, 0, 0
         for path in self.files:
             name = self._name(path)
             if path.suffix == ".jsonl":
                 yield from self._records(path, name, select)
                 continue
-            if select is not None and not select(name):
+            if not self.by_paragraph and select is not None and not select(name):
                 continue
             try:
                 text = path.read_bytes().decode("utf-8")
             except UnicodeDecodeError:
                 self.skipped.append(name)  # binary or another encoding: skip, report in stats
                 continue
-            if text:
+            if self.by_paragraph:
+                pieces = ((f"{name}:{n}", piece) for n, piece in paragraphs(text))
+                yield from ((doc, piece) for doc, piece in pieces if select is None or select(doc))
+            elif text:
                 yield name, text
 
     def _records(self, path: Path, name: str, select: Select | None) -> Iterator[tuple[str, str]]:
@@ -126,16 +156,34 @@ class FileSource(Source):
                 doc = f"{name}:{lineno}"
                 if not line.strip() or (select is not None and not select(doc)):
                     continue
+                self.records += 1
                 try:
                     record = json.loads(line.decode("utf-8"))
-                    text = record[self.text_field]
-                except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+                except (UnicodeDecodeError, ValueError):
                     self.bad_records += 1
                     continue
+                text = record.get(self.text_field) if isinstance(record, dict) else None
                 if not isinstance(text, str):
                     self.bad_records += 1
+                    self.missing_field += 1
+                    if not self.fields_seen and isinstance(record, dict):
+                        self.fields_seen = sorted(record)
                 elif text:
                     yield doc, text
+
+    def census(self) -> str:
+        """What the last pass found in JSONL records, in words ("" when the source has none)."""
+        if not self.records:
+            return ""
+        found = (f"{self.records - self.bad_records:,} of {self.records:,} JSONL records read with a string "
+                 f"field {self.text_field!r}")
+        if self.missing_field:
+            seen = f" (the first one's fields: {self.fields_seen})" if self.fields_seen else ""
+            found += (f"; {self.missing_field:,} without it{seen}: set data.text_field to the field that "
+                      "holds the text")
+        if self.bad_records > self.missing_field:
+            found += f"; {self.bad_records - self.missing_field:,} not JSON objects"
+        return found
 
 
 class HFSource(Source):
@@ -219,8 +267,9 @@ def open_source(cfg: DataConfig) -> Source:
             raise ConfigError(f"DataConfig.source = {spec!r}: the directory holds no files. "
                               f"Accepted: {ACCEPTED}.")
         return FileSource(files, path, cfg.text_field, f"files under {spec!r}")
-    if path.is_file():
-        return FileSource([path], path.parent, cfg.text_field, f"file {spec!r}")
+    if path.is_file():  # its paragraphs are its documents, unless it is JSONL (a record each)
+        return FileSource([path], path.parent, cfg.text_field, f"file {spec!r}",
+                          by_paragraph=path.suffix != ".jsonl")
     close = difflib.get_close_matches(spec, [EMBEDDED], n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"DataConfig.source = {spec!r}: no such file or directory.{hint} Accepted: {ACCEPTED}.")
@@ -249,6 +298,21 @@ def split_documents(source: Source, cfg: DataConfig, splits: tuple[str, ...] = (
         yield split, name, text
         if all(v == 0 for v in left.values()):
             return
+
+
+def split_census(source: Source, cfg: DataConfig, shown: int = 5) -> str:
+    """Which documents went to which split, in words: the counts and the first few names of each
+    (read again in full: for the messages of a split left empty)."""
+    names: dict[str, list[str]] = {"train": [], "val": []}
+    for name, _ in source.documents():
+        names[split_of(name, cfg.val_fraction)].append(name)
+    parts = []
+    for split, label in (("train", "training"), ("val", "validation")):
+        listed = ", ".join(names[split][:shown]) + (", ..." if len(names[split]) > shown else "")
+        parts.append(f"{len(names[split]):,} to {label}" + (f" ({listed})" if listed else ""))
+    found = f"of {sum(map(len, names.values())):,} readable documents, " + " and ".join(parts)
+    census = getattr(source, "census", lambda: "")()
+    return found + (f"; {census}" if census else "")
 
 
 def split_budgets(cfg: DataConfig) -> dict[str, int | None]:

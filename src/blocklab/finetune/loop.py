@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.errors import ConfigError
 from blocklab.finetune.model import POOLINGS, SequenceClassifier, encode_example
 from blocklab.finetune.tasks import (
@@ -86,11 +86,11 @@ def _validate(cfg: FinetuneConfig) -> None:
 
     for name in ("epochs", "batch_size", "eval_batch_size"):
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_count(value, 1):
             fail(name, "it must be a positive integer.")
     for name in ("max_length", "max_steps"):
         value = getattr(cfg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and not is_count(value, 1):
             fail(name, "it must be a positive integer or None.")
     if not (isinstance(cfg.dropout, (int, float)) and 0.0 <= cfg.dropout < 1.0):
         fail("dropout", "it must lie in [0, 1).")

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from blocklab.configbase import is_count
 from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
 
@@ -94,8 +95,7 @@ def make_task(name: str, text_columns: tuple[str, ...] | list[str] | None = None
         if not 1 <= len(text_columns) <= 2 or not all(isinstance(c, str) and c for c in text_columns):
             raise ConfigError(f"text_columns = {text_columns!r} is not allowed: give one or two column "
                               "names.")
-    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int)
-                                   or num_labels < 1):
+    if num_labels is not None and not is_count(num_labels, 1):
         raise ConfigError(f"num_labels = {num_labels!r} is not allowed: 1 (regression) or the number of "
                           "classes (>= 2).")
     labels = tuple(label_names) if label_names else ()

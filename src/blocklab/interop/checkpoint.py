@@ -10,8 +10,9 @@ the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a 
 replace them; only the blocklab format records sha256s (transformers would not check them).
 
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
-half-written export. An existing folder is replaced only when it is empty or holds nothing but a
-previous export (so that a run folder with logs or checkpoints is never deleted).
+half-written export (and a write the disk refuses leaves nothing behind: a DiskFullError says so).
+An existing folder is replaced only when it is empty or holds nothing but a previous export (so
+that a run folder with logs or checkpoints is never deleted).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from blocklab import integrity
+from blocklab import diskfull, integrity
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.filemodes import as_created
 from blocklab.interop import hf_export
@@ -151,9 +152,12 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make owner-only folders and files
             as_created(path)
         _move_into_place(tmp, folder)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if diskfull.failed_write(err) is None:
+            raise
+        raise diskfull.disk_full(err, "the export", folder, diskfull.tensor_bytes(model.state_dict()),
+                                 "Free some space and export again.") from err
     return folder
 
 
@@ -162,7 +166,11 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`. With
     `verify`, the weights and tokenizer must match the sha256 recorded in config.json."""
     folder = Path(folder)
-    data = json.loads((folder / CONFIG_NAME).read_text())
+    try:
+        data = json.loads((folder / CONFIG_NAME).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON ({err}): the export is damaged; export "
+                          "it again (blocklab export --run DIR --out FOLDER).") from None
     sums = data.pop(SHA_KEY, None)
     if verify:
         integrity.verify(folder, sums, str(folder / CONFIG_NAME))
@@ -180,7 +188,11 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     with torch.device(device):
         model = Transformer(cfg)
     model.to(dtype)
-    load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))
+    try:
+        load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))
+    except SafetensorError as err:
+        raise ConfigError(f"{folder / WEIGHTS_NAME} is not a readable safetensors file ({err}): the export "
+                          "is damaged; export it again (blocklab export --run DIR --out FOLDER).") from None
     return model
 
 

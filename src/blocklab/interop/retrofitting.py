@@ -94,8 +94,9 @@ def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "basel
     old_state, new_state = model.state_dict(), new.state_dict()
     new.load_state_dict({k: v for k, v in old_state.items() if k in new_state}, strict=False)
     with torch.no_grad():
+        baseline = [block.attn.values for block in model.block_list()]
         for module in _value_modules(new):
-            module.init_from_baseline(new, model)  # BoV tables from the pretrained W_V
+            module.init_from_baseline(new.tok_emb.weight, baseline)  # BoV tables from the pretrained W_V
             if start == "baseline":
                 module.start_at_baseline()
     return new.train(model.training)

@@ -14,11 +14,11 @@ import contextlib
 import json
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blocklab import locks
 from blocklab.training.checkpoint import latest_checkpoint
 from blocklab.training.config import NOT_RESULTS, TrainConfig, check_saved_config
 
@@ -50,28 +50,10 @@ def check_reusable(cfg: TrainConfig) -> str:
     return "finished" if finished else "resume" if resume else "new"
 
 
-@contextlib.contextmanager
-def run_lock(cfg: TrainConfig, on_wait=None) -> Iterator[None]:
-    """Hold the run's lock: an exclusive `flock` on `.<name>.lock` beside the run, waiting (and calling
-    `on_wait` once) while another process holds it. Where `fcntl` is missing (Windows) there is no lock."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    run = Path(cfg.out_dir)
-    run.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.with_name(f".{run.name}.lock"), "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def run_lock(cfg: TrainConfig, on_wait=None) -> contextlib.AbstractContextManager[None]:
+    """Hold the run's lock (`blocklab.locks`), waiting (and calling `on_wait` once) while another
+    process holds it."""
+    return locks.hold(cfg.out_dir, wait=True, on_wait=on_wait)
 
 
 def claim(cfg: TrainConfig) -> str:

@@ -21,13 +21,12 @@ from torch import Tensor, nn
 
 from blocklab import ops
 from blocklab.model.carry import Carry
-from blocklab.model.dispatch import call
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.value_paths import make_value_path
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 Gains = tuple[Tensor | float, Tensor | float, Tensor | float | None]  # alpha, beta, gamma (shaped only)
 
@@ -90,7 +89,7 @@ class Attention(nn.Module):
     def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
         """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA)."""
         plain = not self.qk_norm and self.rope_base is None  # nothing to apply: no calls per token
-        q = ops.split_heads(call(self.q, x), self.head_dim)
+        q = ops.split_heads(self.q(x), self.head_dim)
         if not plain:
             q = self._position(q, positions)
         if self.logit_scale != 1.0:  # after QK-norm, which would undo it
@@ -98,13 +97,13 @@ class Attention(nn.Module):
         k_map = self.k
         if k_map is None:
             return q, None
-        k = ops.split_heads(call(k_map, x), self.head_dim)
+        k = ops.split_heads(k_map(x), self.head_dim)
         return q, k if plain else self._position(k, positions)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         q, k = self.queries_keys(x, carry.positions)
         path = self.values
-        out, carry = call(path, x, q, k, carry)  # for the current tokens only
+        out, carry = path(x, q, k, carry)  # for the current tokens only
         cache = carry.cache
         if cache is None:
             keys, values = out.k, ops.split_heads(out.v, self.head_dim)
@@ -116,4 +115,4 @@ class Attention(nn.Module):
         y = self.attend(out.q, keys, values, other_kv, past_sum)
         if out.offset is not None:
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
-        return call(self.proj, ops.merge_heads(y)), carry
+        return self.proj(ops.merge_heads(y)), carry

@@ -16,14 +16,13 @@ from torch import Tensor, nn
 
 from blocklab.model.attention import Attention
 from blocklab.model.carry import Carry
-from blocklab.model.dispatch import call
-from blocklab.model.gains import Gain, apply_gain
+from blocklab.model.gains import Gain
 from blocklab.model.mlp import MLP
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 
 def _skip(init: float, trainable: bool) -> Gain | None:
@@ -47,35 +46,29 @@ class Block(nn.Module):
         self.mlp_skip = _skip(cfg.mlp_skip_gain, trainable)
         self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
-        self.has_dropout = cfg.dropout > 0  # without, the branches skip the identity module's call
         self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
-
-    def _branch(self, out: Tensor, gain: Gain) -> Tensor:
-        """gain(dropout(out)), with no module calls for what is the identity."""
-        if self.has_dropout:
-            out = call(self.dropout, out)
-        return apply_gain(gain, out)
-
-    @staticmethod
-    def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
-        return branch if skip is None else branch + apply_gain(skip, x)
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         if self.residual is not None:  # nanochat: x <- lambda_r x + lambda_0 x0
             x = self.residual(x, carry.x0)
-        if self.layout == "parallel":
-            h = call(self.norm1, x)
-            a, carry = call(self.attn, h, carry)
-            out = self._branch(call(self.mlp, h), self.mlp_branch) + self._branch(a, self.attn_branch)
-            return self._add_skip(out, self.mlp_skip, x), carry
+        if self.layout == "parallel":  # Eq. (7)
+            h = self.norm1(x)
+            a, carry = self.attn(h, carry)
+            out = self.mlp_branch(self.dropout(self.mlp(h))) + self.attn_branch(self.dropout(a))
+            return _add_skip(out, self.mlp_skip, x), carry
         norm2 = self.norm2
         assert norm2 is not None  # every layout but parallel has a second norm
-        if self.layout == "pre-ln":
-            a, carry = call(self.attn, call(self.norm1, x), carry)
-            h = self._add_skip(self._branch(a, self.attn_branch), self.attn_skip, x)
-            m = self._branch(call(self.mlp, call(norm2, h)), self.mlp_branch)
-            return self._add_skip(m, self.mlp_skip, h), carry
-        a, carry = call(self.attn, x, carry)  # post-ln
-        h = call(self.norm1, self._add_skip(self._branch(a, self.attn_branch), self.attn_skip, x))
-        m = self._branch(call(self.mlp, h), self.mlp_branch)
-        return call(norm2, self._add_skip(m, self.mlp_skip, h)), carry
+        if self.layout == "pre-ln":  # Eq. (1)
+            a, carry = self.attn(self.norm1(x), carry)
+            h = _add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
+            m = self.mlp_branch(self.dropout(self.mlp(norm2(h))))
+            return _add_skip(m, self.mlp_skip, h), carry
+        a, carry = self.attn(x, carry)  # post-ln
+        h = self.norm1(_add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
+        m = self.mlp_branch(self.dropout(self.mlp(h)))
+        return norm2(_add_skip(m, self.mlp_skip, h)), carry
+
+
+def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
+    """branch + skip(x); a skip whose gain is 0 is absent (None)."""
+    return branch if skip is None else branch + skip(x)

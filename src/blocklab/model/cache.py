@@ -50,6 +50,7 @@ from torch import Tensor
 
 from blocklab import ops
 from blocklab.errors import ConfigError
+from blocklab.model.carry import Seen
 from blocklab.model.value_paths import (
     SharedModule,
     ValuePath,
@@ -59,7 +60,7 @@ from blocklab.model.value_paths import (
 )
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 TOKEN_ID_DTYPE = torch.int32  # 4 bytes per cached token id (F.embedding takes int32 indices)
 
@@ -219,16 +220,6 @@ class _Store:
         slots = torch.arange(past + t - keep, past + t, device=device) % self.capacity
         data.index_copy_(1, slots, stored[:, t - keep:])
         return torch.cat((older.to(new.dtype), present), dim=1)
-
-
-@dataclass
-class Seen:
-    """What a layer's queries may see while decoding (`KVCache.update`)."""
-
-    keys: Tensor  # (B, H_kv, T', D): every visible key, the cached past and the current tokens
-    value_source: Tensor  # (B, T', kv_dim) cached values, or (B, T') token ids: the path maps them
-    other_kv: tuple[Tensor, Tensor] | None  # keys and values (heads) of the layer it also reads
-    value_sum: Tensor | None  # the running sum of its earlier values (shaped attention, full context)
 
 
 class KVCache:

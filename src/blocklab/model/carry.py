@@ -7,13 +7,29 @@ data flow. Every field is typed; a value path fills in only the fields it uses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from blocklab.model.cache import KVCache
+
+@dataclass
+class Seen:
+    """What a layer's queries may see while decoding (`KVCache.update`)."""
+
+    keys: Tensor  # (B, H_kv, T', D): every visible key, the cached past and the current tokens
+    value_source: Tensor  # (B, T', kv_dim) cached values, or (B, T') token ids: the path maps them
+    other_kv: tuple[Tensor, Tensor] | None  # keys and values (heads) of the layer it also reads
+    value_sum: Tensor | None  # the running sum of its earlier values (shaped attention, full context)
+
+
+class LayerCache(Protocol):
+    """What attention asks of a KV cache (model/cache.py's `KVCache`): the carry names only this, so
+    it sits below the cache, which reads the value paths."""
+
+    def update(self, layer: int, k: Tensor | None, v: Tensor) -> Seen:
+        """Store this layer's new keys and values; return everything its queries may see."""
+        ...
 
 
 @dataclass
@@ -24,7 +40,7 @@ class Carry:
     x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0)
     token_embeddings: Tensor | None = None  # (B, T, d) raw token embeddings (Bank of Values' x0)
     embedding_table: Tensor | None = None  # (vocab, d) the token embedding (x0-value maps cached ids)
-    cache: KVCache | None = None  # set while decoding with a KV cache (model/cache.py)
+    cache: LayerCache | None = None  # set while decoding with a KV cache (model/cache.py)
     # -- set by a value path's model-level module (`SharedModule.before_blocks`) ------------------
     source_weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
     value_table: Tensor | None = None  # Bank of Values with one table for every target layer
@@ -38,17 +54,5 @@ class Carry:
     history: tuple[Tensor, ...] = ()  # block outputs X_0 .. X_n (DenseFormer)
 
     def update(self, **changes: Any) -> Carry:
-        """A new carry with `changes` (the old one is left as it was, like `dataclasses.replace`).
-
-        A shallow copy of the fields plus the changed ones: `replace` would rebuild every field through
-        `__init__`, which costs more than the rest of a decoding step's bookkeeping for a layer."""
-        unknown = changes.keys() - _FIELDS
-        if unknown:
-            raise TypeError(f"Carry has no field(s) {sorted(unknown)}")
-        new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(changes)
-        return new
-
-
-_FIELDS = frozenset(f.name for f in fields(Carry))
+        """A new carry with `changes` (the old one is left as it was)."""
+        return replace(self, **changes)

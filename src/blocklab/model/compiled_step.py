@@ -26,7 +26,6 @@ from torch import Tensor, nn
 
 if TYPE_CHECKING:
     from blocklab.model.cache import KVCache
-    from blocklab.model.transformer import Transformer
 
 Step = Callable[[Tensor, "KVCache"], Tensor]
 
@@ -49,9 +48,11 @@ def weights_state(model: nn.Module) -> list[tuple[int, int, int]]:
 
 
 class CompiledStep:
-    """`model.decode_step` as one compiled graph; ``step(input_ids, cache)`` gives next-token logits."""
+    """`step` (the model's `decode_step`) as one compiled graph: ``step(input_ids, cache)`` gives
+    next-token logits."""
 
-    def __init__(self, model: Transformer, freeze_weights: bool, compile_kwargs: dict[str, Any]):
+    def __init__(self, model: nn.Module, step: Step, freeze_weights: bool,
+                 compile_kwargs: dict[str, Any]):
         backend = compile_kwargs.get("backend", "inductor")
         if freeze_weights and backend != "inductor":
             raise ValueError(f"compile_decoding(freeze_weights=True) needs the inductor backend, which folds "
@@ -59,10 +60,10 @@ class CompiledStep:
         self.owner = id(model)
         self.freeze_weights = freeze_weights
         self.compile_kwargs = compile_kwargs
-        self._step = torch.compile(_own_code(model.decode_step), **compile_kwargs)
+        self._step = torch.compile(_own_code(step), **compile_kwargs)
         self._folded = weights_state(model) if freeze_weights else None
 
-    def is_current(self, model: Transformer) -> bool:
+    def is_current(self, model: nn.Module) -> bool:
         """False for a deep copy of the model it was compiled for (it would run the original's weights)
         and, with frozen weights, once the model's weights changed since they were folded."""
         return self.owner == id(model) and (self._folded is None or self._folded == weights_state(model))

@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from blocklab.model.dispatch import call
-
 
 class Gain(nn.Module):
     """Multiplies by a scalar (or per-head vector) that is either fixed or trainable."""
@@ -28,8 +26,6 @@ class Gain(nn.Module):
             init = float(init)
         self.init, self.size = init, size
         self.gain = nn.Parameter(torch.empty(size)) if trainable else None
-        # a fixed gain of 1 multiplies by nothing: callers may skip the module call (`apply_gain`)
-        self.identity = not trainable and init == 1.0
         self.reset_parameters()
 
     @property
@@ -63,11 +59,6 @@ class Gain(nn.Module):
 
     def extra_repr(self) -> str:
         return f"init={self.init}, trainable={self.gain is not None}, size={self.size}"
-
-
-def apply_gain(gain: Gain, x: Tensor) -> Tensor:
-    """gain(x), without the module call when the gain is a fixed 1 (a hot path while decoding)."""
-    return x if gain.identity else call(gain, x)
 
 
 def is_gain(name: str) -> bool:

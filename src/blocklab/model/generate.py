@@ -7,15 +7,31 @@ has stopped or after `max_new_tokens`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from blocklab.model.cache import KVCache
-    from blocklab.model.transformer import Transformer
+from blocklab.model.cache import KVCache
+from blocklab.model.compiled_step import Step
+from blocklab.model.config import ModelConfig
+
+
+class Decoder(Protocol):
+    """What generation reads of a model (`blocklab.model.Transformer`, whose `generate` calls this
+    module, so it is named here by what it offers rather than imported)."""
+
+    cfg: ModelConfig
+    training: bool
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache: ...
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor: ...
+    def logits(self, x: Tensor) -> Tensor: ...
+    def token_step(self) -> Step: ...
+    def eval(self) -> Decoder: ...
+    def train(self, mode: bool = True) -> Decoder: ...
 
 
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -42,7 +58,7 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float,
+def _check(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float,
            top_k: int | None, top_p: float | None, stop_tokens: Sequence[int] | None, pad_token: int | None,
            cache: KVCache | None) -> None:
     vocab = model.cfg.vocab_size
@@ -51,10 +67,13 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          f"{input_ids.dtype} of shape {tuple(input_ids.shape)}.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens = {max_new_tokens!r} is not allowed: a positive integer.")
-    if not temperature >= 0:
-        raise ValueError(f"temperature = {temperature!r} is not allowed: 0 (greedy) or a positive number.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k = {top_k!r} is not allowed: a positive integer or None.")
+    if not 0 <= temperature < math.inf:  # inf would divide every logit to 0: uniform noise, not sampling
+        raise ValueError(f"temperature = {temperature!r} is not allowed: 0 (greedy) or a positive finite "
+                         "number.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or not 1 <= top_k <= vocab):
+        raise ValueError(f"top_k = {top_k!r} is not allowed: an integer from 1 to the vocabulary size "
+                         f"({vocab}), or None to sample from every token.")
     if top_p is not None and not 0 < top_p <= 1:
         raise ValueError(f"top_p = {top_p!r} is not allowed: a probability in (0, 1] or None.")
     bad = [s for s in [*(stop_tokens or ()), *([] if pad_token is None else [pad_token])]
@@ -71,13 +90,13 @@ def _check(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperatu
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Transformer, ids: Tensor, cache: KVCache) -> Tensor:
+def _last_logits(model: Decoder, ids: Tensor, cache: KVCache) -> Tensor:
     """Next-token logits (B, vocab) after the prompt, checking its ids and the cache: the head runs on
     the last position only."""
     return model.logits(model.hidden_states(ids, cache)[:, -1])
 
 
-def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
              pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
@@ -112,7 +131,7 @@ def generate(model: Transformer, input_ids: Tensor, max_new_tokens: int, tempera
         return torch.cat(out, dim=1)
 
 
-def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
+def _decode(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
             top_p: float | None, generator: torch.Generator | None, stops: Tensor, pad: Tensor | int | None,
             cache: KVCache, out: list[Tensor]) -> None:
     """The prefill and the decoding steps of `generate`; appends each step's ids (B, 1) to `out`."""
@@ -121,7 +140,7 @@ def _decode(model: Transformer, input_ids: Tensor, max_new_tokens: int, temperat
     stopping = len(stops) > 0
     logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
     # eager, or compiled by `compile_decoding` (then compiled again here if its frozen weights changed)
-    next_token_logits = model.decoding_step()
+    next_token_logits = model.token_step()
     for step in range(max_new_tokens):
         ids = sample_next(logits, temperature, top_k, top_p, generator)
         if ids.dtype != input_ids.dtype:

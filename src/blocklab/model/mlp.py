@@ -7,8 +7,6 @@ from collections.abc import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model.dispatch import call
-
 GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": F.gelu}
 
 
@@ -42,4 +40,4 @@ class MLP(nn.Module):
         return F.gelu(h)
 
     def forward(self, x: Tensor) -> Tensor:
-        return call(self.out, self.activation(call(self.fc, x)))
+        return self.out(self.activation(self.fc(x)))

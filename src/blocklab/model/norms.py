@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 
 class RMSNormEpsOutside(nn.Module):

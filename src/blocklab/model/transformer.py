@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -13,15 +14,14 @@ from blocklab.model.blocks import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step
-from blocklab.model.dispatch import call
-from blocklab.model.init_schemes import nanochat_init
+from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import Backout, Smear
 from blocklab.model.value_paths import make_shared_module
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.config import ModelConfig
 
 
 @runtime_checkable
@@ -35,7 +35,7 @@ class _Resettable(Protocol):
 class _InitFromModel(Protocol):
     """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
 
-    def init_from_model(self, model: Transformer) -> None: ...
+    def init_from_model(self, token_embedding: Tensor) -> None: ...
 
 
 def _reparam(module: object) -> ReparamLinear:
@@ -97,7 +97,7 @@ class Transformer(nn.Module):
             tie_reparam_inits(values, projs, cfg.reparam_tie)
         for module in self.modules():  # inits that need the rest of the model (BoV tables)
             if module is not self and isinstance(module, _InitFromModel):
-                module.init_from_model(self)
+                module.init_from_model(self.tok_emb.weight)
 
     # -- typed access to the blocks --------------------------------------------------------------
     def block(self, layer: int) -> Block:
@@ -152,9 +152,9 @@ class Transformer(nn.Module):
         keeps its folded copy beside the parameters (GPT-2 small: +599 MiB over 472 MiB of weights). Both
         measured against eager decoding and a hand-written loop in benchmarks/RESULTS.md.
         """
-        self._decoding = CompiledStep(self, freeze_weights, compile_kwargs)
+        self._decoding = CompiledStep(self, self.decode_step, freeze_weights, compile_kwargs)
 
-    def decoding_step(self) -> Step:
+    def token_step(self) -> Step:
         """What `generate` runs for each new token, (input_ids, cache) -> next-token logits: `decode_step`,
         or the step `compile_decoding` compiled, first compiled again if it is not current (the model is
         a deep copy, or its frozen weights changed). A decoding loop fetches it once per sequence."""
@@ -162,48 +162,57 @@ class Transformer(nn.Module):
         if decoding is None:
             return self.decode_step
         if not decoding.is_current(self):
-            decoding = self._decoding = CompiledStep(self, decoding.freeze_weights, decoding.compile_kwargs)
+            decoding = self._decoding = CompiledStep(self, self.decode_step, decoding.freeze_weights,
+                                                     decoding.compile_kwargs)
         return decoding
 
-    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions:
-        `decode_hidden_states` (no checks of the ids or of the cache's config), then the head on the
-        last position only."""
-        return self.logits(self.decode_hidden_states(input_ids, cache)[:, -1])
-
-    # -- forward -------------------------------------------------------------------------------
-    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """Token embeddings (times `embed_scale`) plus position embeddings, then the embedding norm if
-        any (no smear)."""
-        x = tokens if self.cfg.embed_scale == 1.0 else tokens * self.cfg.embed_scale
-        if self.pos_emb is not None:
-            x = x + call(self.pos_emb, positions)
-        elif self.cfg.positions == "sinusoidal":
-            x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
-        return x if self.embed_norm is None else call(self.embed_norm, x)
-
-    def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
-        """The smear over the new tokens; while decoding its first token mixes in the cached last one."""
-        previous = None
-        if cache is not None and cache.length > 0:
-            last = positions[:1] - 1
-            previous = self.embed(call(self.tok_emb, cache.last_token_ids()), last)
-        return smear(x, previous)
-
-    def logits(self, x: Tensor) -> Tensor:
-        x = call(self.norm, x)
-        logits = call(self.head, x) if self.head is not None else x @ self.tok_emb.weight.T
-        if self.cfg.logit_softcap is not None:
-            cap = self.cfg.logit_softcap
-            logits = cap * torch.tanh(logits / cap)
-        return logits
-
+    # -- the forward pass: `forward` for training and evaluation, `decode_step` for decoding -------
     def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
         """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions."""
         return self.logits(self.hidden_states(input_ids, cache))
 
-    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions,
+        without `forward`'s checks of the ids and of the cache's config: for a decoding loop whose ids
+        the model itself produced (in range, shape (B, T)) and whose cache it made or checked once
+        (`generate` checks the prompt). The cache still checks the batch size and its room."""
+        return self.logits(self.hidden_states(input_ids, cache, checked=False)[:, -1])
+
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None, checked: bool = True) -> Tensor:
         """The last block's output (B, T, d), less the backout if any, before the final norm and head."""
+        if checked:
+            self._check_inputs(input_ids, cache)
+        if cache is None:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        else:
+            positions = cache.begin(input_ids)  # the positions after the cached ones
+        tokens = self.tok_emb(input_ids)
+        x = self.embed(tokens, positions)
+        if self.smear is not None:
+            x = self._smear(self.smear, x, positions, cache)
+        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
+                      embedding_table=self.tok_emb.weight, cache=cache)
+        shared = self.value_shared
+        if shared is not None:
+            carry = shared.before_blocks(carry)
+        backout, saved = self.backout, x
+        try:
+            for layer, block in enumerate(self.blocks):
+                x, carry = block(x, carry)
+                if shared is not None:  # outside the block: reads the outputs of earlier blocks
+                    x, carry = shared.after_block(layer, x, carry)
+                if backout is not None and layer == backout.layer:
+                    saved = x
+        except BaseException:
+            if cache is not None:
+                cache.abort()
+            raise
+        if cache is not None:
+            cache.end()
+        return x if backout is None else backout(x, saved)
+
+    def _check_inputs(self, input_ids: Tensor, cache: KVCache | None) -> None:
+        """Token ids of shape (B, T) in the vocabulary, within the context, and a cache of this config."""
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be a tensor of shape (batch, time); got {shape}")
@@ -217,47 +226,39 @@ class Transformer(nn.Module):
                 raise ValueError(f"input_ids must lie in [0, vocab_size={self.cfg.vocab_size}); got ids from "
                                  f"{low} to {high}")
         t = input_ids.shape[1]
-        if cache is None:
-            if t > self.cfg.context_length:
-                raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
-            return self._run_blocks(input_ids, torch.arange(t, device=input_ids.device), None)
-        if cache.cfg is not self.cfg and cache.cfg != self.cfg:  # the same object: no field-by-field test
+        if cache is None and t > self.cfg.context_length:
+            raise ValueError(f"sequence length {t} exceeds context_length={self.cfg.context_length}")
+        # the same object needs no field-by-field comparison
+        if cache is not None and cache.cfg is not self.cfg and cache.cfg != self.cfg:
             raise ValueError("this KV cache was made for a model with a different ModelConfig; make "
                              "one with model.new_cache(...).")
-        return self.decode_hidden_states(input_ids, cache)
 
-    def decode_hidden_states(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """`hidden_states(input_ids, cache)` without the checks of the ids and of the cache's config:
-        for a decoding loop whose ids the model itself produced (in range, shape (B, T)) and whose
-        cache it made or checked once (`generate` checks the prompt and calls this for every new
-        token). The cache still checks the batch size and its room (`KVCache.begin`)."""
-        return self._run_blocks(input_ids, cache.begin(input_ids), cache)  # positions after the cached
+    # -- the pieces of the forward pass ---------------------------------------------------------
+    def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Token embeddings (times `embed_scale`) plus position embeddings, then the embedding norm if
+        any (no smear)."""
+        x = tokens if self.cfg.embed_scale == 1.0 else tokens * self.cfg.embed_scale
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(positions)
+        elif self.cfg.positions == "sinusoidal":
+            x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
+        return x if self.embed_norm is None else self.embed_norm(x)
 
-    def _run_blocks(self, input_ids: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
-        tokens = call(self.tok_emb, input_ids)
-        x = self.embed(tokens, positions)
-        if self.smear is not None:
-            x = self._smear(self.smear, x, positions, cache)
-        carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
-                      embedding_table=self.tok_emb.weight, cache=cache)
-        shared = self.value_shared
-        if shared is not None:
-            carry = shared.before_blocks(carry)
-        backout, saved = self.backout, x
-        try:
-            for layer, block in enumerate(self.blocks):
-                x, carry = call(block, x, carry)
-                if shared is not None:  # outside the block: reads the outputs of earlier blocks
-                    x, carry = shared.after_block(layer, x, carry)
-                if backout is not None and layer == backout.layer:
-                    saved = x
-        except BaseException:
-            if cache is not None:
-                cache.abort()
-            raise
-        if cache is not None:
-            cache.end()
-        return x if backout is None else backout(x, saved)
+    def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
+        """The smear over the new tokens; while decoding its first token mixes in the cached last one."""
+        previous = None
+        if cache is not None and cache.length > 0:
+            last = positions[:1] - 1
+            previous = self.embed(self.tok_emb(cache.last_token_ids()), last)
+        return smear(x, previous)
+
+    def logits(self, x: Tensor) -> Tensor:
+        x = self.norm(x)
+        logits = self.head(x) if self.head is not None else x @ self.tok_emb.weight.T
+        if self.cfg.logit_softcap is not None:
+            cap = self.cfg.logit_softcap
+            logits = cap * torch.tanh(logits / cap)
+        return logits
 
     # -- decoding ------------------------------------------------------------------------------
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
@@ -277,3 +278,33 @@ class Transformer(nn.Module):
 
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache)
+
+
+def _linear(module: object) -> nn.Linear | None:
+    """The module if it is a plain trainable linear map (identity and reparameterised maps keep theirs)."""
+    return module if isinstance(module, nn.Linear) else None
+
+
+@torch.no_grad()
+def nanochat_init(model: Transformer) -> None:
+    """Overwrite the default init with nanochat's (model/init_schemes.py's docstring); value-path tables
+    and gates keep the inits their paths give them, and Bank of Values tables are built afterwards from
+    these W^V."""
+    s = math.sqrt(3.0 / model.cfg.d_model)
+    nn.init.normal_(model.tok_emb.weight, std=0.8)
+    if model.head is not None:
+        nn.init.normal_(model.head.weight, std=0.001)
+    if model.smear is not None:
+        nn.init.uniform_(model.smear.gate.weight, 0.0, 0.02)
+    for block in model.block_list():
+        attn = block.attn
+        w_v = getattr(attn.values, "w_v", None)
+        for module in (attn.q, attn.k, w_v):
+            linear = _linear(module)
+            if linear is not None:
+                init_projection_(linear.weight, model.cfg)
+        proj = _linear(attn.proj)
+        if proj is not None:
+            nn.init.zeros_(proj.weight)
+        nn.init.uniform_(block.mlp.fc.weight, -0.4 * s, 0.4 * s)
+        nn.init.zeros_(block.mlp.out.weight)

@@ -5,13 +5,16 @@ A checkpoint is a directory ``checkpoints/step_000123/`` holding ``model.safeten
 loading never unpickles arbitrary objects) and ``state.json``. It is written into a temporary
 sibling directory and renamed into place, so a crash mid-write never leaves a half checkpoint
 where a resume would look, and older checkpoints are pruned only after the new one exists. A step
-saved again moves its old copy aside first and deletes it only once the new one is in place.
+saved again moves its old copy aside first and deletes it only once the new one is in place. A
+write the disk refuses (full, or over quota) removes its temporary folder and raises a DiskFullError
+naming the space free and needed; the last good checkpoint stays as it was, to resume from.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -22,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from blocklab import integrity
+from blocklab import diskfull, integrity
 from blocklab.errors import ConfigError
 from blocklab.filemodes import as_created
 
@@ -129,11 +132,18 @@ def save_weights(weights: dict[str, Tensor], path: str | Path) -> None:
 
 
 def load_weights_file(path: str | Path) -> dict[str, Tensor]:
-    from safetensors import safe_open
+    """The state dict of a safetensors file; one that is not a readable safetensors file (damaged,
+    truncated, something else under the name) is a ConfigError naming it."""
+    from safetensors import SafetensorError, safe_open
 
-    weights = load_file(str(path))
-    with safe_open(str(path), "pt") as f:
-        aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    try:
+        weights = load_file(str(path))
+        with safe_open(str(path), "pt") as f:
+            aliases = json.loads((f.metadata() or {}).get("aliases", "{}"))
+    except (SafetensorError, ValueError) as err:
+        raise ConfigError(f"{path} is not a readable safetensors file ({err}): it is damaged or not a "
+                          "weights file. Restore it from the run's checkpoint (blocklab export) or a "
+                          "copy.") from None
     for name, target in aliases.items():
         weights[name] = weights[target]
     return weights
@@ -141,17 +151,34 @@ def load_weights_file(path: str | Path) -> dict[str, Tensor]:
 
 def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_states: list[dict],
                     state: TrainState, meta: dict[str, Any], keep: int) -> Path:
-    """Write a checkpoint atomically, then keep only the newest `keep` checkpoints."""
+    """Write a checkpoint atomically, then keep only the newest `keep` checkpoints. A write the disk
+    refuses (full, or over quota) leaves no temporary folder and every older checkpoint as it was, and
+    raises a DiskFullError that says the space free and needed, and where a resume goes on from."""
     final = checkpoint_dir(Path(run_dir), state.step)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_weights(weights, tmp / "model.safetensors")
-    torch.save({"optimizers": optim_states, "rng": rng_state()}, tmp / "optimizer.pt")
-    sums = {"sha256": integrity.record(tmp, CHECKPOINT_FILES),
-            "run_sha256": integrity.record(run_dir, RUN_FILES)}
-    (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta, **sums}, indent=2))
+    try:
+        tmp.mkdir(parents=True)
+        save_weights(weights, tmp / "model.safetensors")
+        torch.save({"optimizers": optim_states, "rng": rng_state()}, tmp / "optimizer.pt")
+        sums = {"sha256": integrity.record(tmp, CHECKPOINT_FILES),
+                "run_sha256": integrity.record(run_dir, RUN_FILES)}
+        (tmp / "state.json").write_text(json.dumps({"state": asdict(state), **meta, **sums}, indent=2))
+        _put_in_place(tmp, final)
+    except BaseException as err:
+        # a partial write is never resumed (remove_partial_writes), and on a full disk it holds the space
+        shutil.rmtree(tmp, ignore_errors=True)
+        if diskfull.failed_write(err) is None:
+            raise
+        raise diskfull.disk_full(err, "checkpoint", final, _size(run_dir, [weights, optim_states]),
+                                 resume_hint(run_dir)) from err
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _put_in_place(tmp: Path, final: Path) -> None:
     if final.exists():  # the same step saved again: set the old copy aside until the new one is in place
         aside = final.with_name(f".old-{final.name}-{os.getpid()}")
         if aside.exists():
@@ -165,9 +192,23 @@ def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_state
         shutil.rmtree(aside, ignore_errors=True)
     else:
         os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def _size(run_dir: str | Path, tensors: Any) -> int:
+    """What a checkpoint of `tensors` takes on disk: the last one's size, which holds the same tensors
+    with their headers, or before the first, the bytes of the tensors (a few percent less)."""
+    last = list_checkpoints(run_dir)[-1:]
+    on_disk = sum(f.stat().st_size for f in last[0].iterdir() if f.is_file()) if last else 0
+    return max(on_disk, diskfull.tensor_bytes(tensors))
+
+
+def resume_hint(run_dir: str | Path) -> str:
+    """What to do once a full disk has room again: the command that resumes the run, and from where."""
+    command = f"`blocklab train --resume --out {shlex.quote(str(run_dir))}`"
+    last = latest_checkpoint(run_dir)
+    if last is None:
+        return f"No checkpoint was saved yet: free some space, then {command} starts again from step 0."
+    return f"The last good checkpoint, {last}, is intact: free some space, then {command} continues from it."
 
 
 def read_state(path: str | Path) -> tuple[TrainState, dict[str, Any]]:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from blocklab.config import ModelConfig
-from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.data import DataConfig
 from blocklab.errors import ConfigError
 from blocklab.training.optim import OptimConfig
@@ -288,14 +288,13 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
 def _validate(cfg: TrainConfig) -> None:
     for name in ("batch_size", "seq_len", "grad_accum", "keep_checkpoints", "log_every"):
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_count(value, 1):
             cfg.fail(name, value, "it must be a positive integer.")
     for name in ("eval_every", "ckpt_every"):
         value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_count(value, 0):
             cfg.fail(name, value, "it must be an integer >= 0 (0 turns it off).")
-    if cfg.threads is not None and (isinstance(cfg.threads, bool) or not isinstance(cfg.threads, int)
-                                    or cfg.threads < 1):
+    if cfg.threads is not None and not is_count(cfg.threads, 1):
         cfg.fail("threads", cfg.threads, "it must be a positive integer, or None for torch's default "
                                          "(one per core, or OMP_NUM_THREADS when it is set).")
     if cfg.eval_batches is not None and (not isinstance(cfg.eval_batches, int) or cfg.eval_batches < 1):

@@ -11,22 +11,22 @@ takes the run's own config.yaml and may change only `config.RESUMABLE`.
 from __future__ import annotations
 
 import json
-import math
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.std import tqdm as std_tqdm
 
+from blocklab import locks
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
+from blocklab.diskfull import said_plainly
+from blocklab.errors import TrainingError
 from blocklab.filemodes import atomic_write_text
 from blocklab.model import Transformer
 from blocklab.training import checkpoint as ckpt
@@ -35,11 +35,9 @@ from blocklab.training.budget import Budget
 from blocklab.training.config import TrainConfig, read_yaml, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
+from blocklab.training.progress import progress_bar, say
 from blocklab.training.schedules import lr_factor
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (a non-finite loss, a run that does not match its checkpoint)."""
+from blocklab.training.step import autocast_for, lm_loss, train_step
 
 
 @dataclass
@@ -47,135 +45,6 @@ class RunResult:
     run_dir: Path
     model: Transformer
     summary: dict[str, Any]
-
-
-def format_duration(seconds: float) -> str:
-    """"9.8 s", "1 min 35 s", "2 h 05 min"."""
-    if seconds < 59.95:
-        return f"{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs:02d} s"
-    hours, minutes = divmod(round(seconds / 60), 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def format_summary(result: RunResult | dict[str, Any], wall_time: float | None = None) -> str:
-    """One line on a finished run, from its summary (a RunResult, or a run's summary.json read back):
-    what `blocklab train` prints after the run and `blocklab compare` after each, e.g. "pre-ln seed 0,
-    400 steps, 819,200 tokens in 1 min 35 s (8,623 tokens/s); val loss 4.1234, val bits/byte 1.2345".
-    The time is training's alone (validation and data preparation excluded); `wall_time`, the seconds
-    from start to end, is added when given. A field the summary lacks is left out."""
-    s = result.summary if isinstance(result, RunResult) else result
-    who = " ".join(str(part) for part in (s.get("arch"), f"seed {s['seed']}" if "seed" in s else None)
-                   if part is not None)
-    work = [who] if who else []
-    if s.get("step") is not None:
-        work.append(f"{s['step']:,} steps")
-    if s.get("tokens") is not None:
-        spent = f" in {format_duration(s['train_time'])}" if s.get("train_time") is not None else ""
-        resumed = (f" over {len(s['resumed_at']) + 1} starts, resumed at step "
-                   f"{', '.join(map(str, s['resumed_at']))}" if s.get("resumed_at") else "")
-        speed = f" ({s['tokens_per_s']:,.0f} tokens/s{resumed})" if s.get("tokens_per_s") else ""
-        work.append(f"{s['tokens']:,} tokens{spent}{speed}")
-    parts = [", ".join(work)] if work else []
-    if s.get("val_loss") is not None:
-        bpb = f", val bits/byte {s['val_bpb']:.4f}" if s.get("val_bpb") is not None else ""
-        parts.append(f"val loss {s['val_loss']:.4f}{bpb}")
-    if wall_time is not None:
-        parts.append(f"{format_duration(wall_time)} wall time")
-    return "; ".join(parts)
-
-
-# -- progress --------------------------------------------------------------------------------------------
-# Progress goes to stderr. On a terminal (or in a notebook) tqdm redraws its bar in place; in a log file,
-# a pipe or CI the redrawn bar would be a run of carriage returns, so the same figures are written as
-# plain lines instead: one each time another LINE_EVERY of the total is done, at least every
-# LINE_INTERVAL seconds, and a last one at the end.
-LINE_EVERY = 0.1
-LINE_INTERVAL = 300.0
-
-
-def progress_mode(stream: IO[str] | None = None) -> str:
-    """How progress shows on `stream` (default: sys.stderr): "bar", tqdm's bar redrawn in place, on a
-    terminal or in a Jupyter notebook; "lines", plain lines without a carriage return, anywhere else."""
-    stream = sys.stderr if stream is None else stream
-    try:
-        if stream is not None and stream.isatty():
-            return "bar"
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        pass
-    from tqdm.auto import tqdm as auto_tqdm  # the notebook's widget bar when running in Jupyter
-
-    return "bar" if any(c.__module__ == "tqdm.notebook" for c in auto_tqdm.__mro__) else "lines"
-
-
-class LineProgress(std_tqdm):
-    """A tqdm that writes plain lines, for a log file: one when another `every` of the total is done,
-    one at least every `interval` seconds, and a last one when it closes; no bar, no carriage return."""
-
-    def __init__(self, *args: Any, every: float = LINE_EVERY, interval: float = LINE_INTERVAL,
-                 **kwargs: Any) -> None:
-        self.every, self.interval = every, interval
-        self.printed_n: float | None = None  # n at the last line written
-        self.printed_t: float | None = None
-        # `_due` decides when a line is written: tqdm must offer every update, however fast (its
-        # mininterval would drop the line of a 10% mark reached within 0.1 s of the last display)
-        kwargs.update(mininterval=0, miniters=0)
-        super().__init__(*args, **kwargs)
-
-    def _due(self) -> bool:
-        if getattr(self, "start_t", None) is None or self.n == self.printed_n:  # still in __init__
-            return False
-        last_n = self.initial if self.printed_n is None else self.printed_n
-        size = self.total * self.every if self.total else 0  # the amount between two lines
-        if size and self.n // size > last_n // size:
-            return True
-        return self._time() - (self.start_t if self.printed_t is None else self.printed_t) >= self.interval
-
-    def _line(self) -> None:
-        fields = {**self.format_dict, "ncols": None}  # a line is not cut to a terminal's width ($COLUMNS)
-        self.fp.write(self.format_meter(**fields) + "\n")
-        self.fp.flush()
-        self.printed_n, self.printed_t = self.n, self._time()
-
-    def display(self, msg: str | None = None, pos: int | None = None) -> bool:  # noqa: ARG002 (tqdm's)
-        if msg is not None:  # tqdm clearing or replacing a bar: a written line stays as it is
-            return False
-        if self._due():
-            self._line()
-        return True
-
-    def clear(self, nolock: bool = False) -> None:
-        """Nothing to clear: every line stays."""
-
-    def close(self) -> None:
-        if not self.disable and getattr(self, "start_t", None) is not None and self.n != self.printed_n:
-            self._line()
-        self.leave = False  # tqdm would end a bar it keeps with a newline; each line has its own
-        super().close()
-
-
-def progress_bar(total: float | None, enabled: bool = True, stream: IO[str] | None = None,
-                 line_format: str | None = None, **kwargs: Any) -> std_tqdm:
-    """A tqdm bar on `stream` (default: sys.stderr) in the `progress_mode` of that stream: tqdm.auto's
-    bar with `kwargs` (bar_format ...), or a LineProgress whose lines follow `line_format` (a tqdm
-    bar_format without {bar}) and are written no matter what `leave` says. `enabled=False`: silent."""
-    stream = sys.stderr if stream is None else stream
-    if progress_mode(stream) == "lines":
-        for name in ("dynamic_ncols", "leave"):
-            kwargs.pop(name, None)
-        bar_format = line_format or kwargs.get("bar_format")
-        kwargs.pop("bar_format", None)
-        return LineProgress(total=total, disable=not enabled, file=stream, bar_format=bar_format, **kwargs)
-    from tqdm.auto import tqdm as auto_tqdm
-
-    return auto_tqdm(total=total, disable=not enabled, file=stream, **kwargs)
-
-
-def say(message: str) -> None:
-    """A message on stderr ("blocklab: ..."), written above any progress bar."""
-    std_tqdm.write(f"blocklab: {message}", file=sys.stderr)
 
 
 def resolve_device(name: str, env: distributed.DistEnv) -> torch.device:
@@ -186,19 +55,6 @@ def resolve_device(name: str, env: distributed.DistEnv) -> torch.device:
             raise ConfigError("TrainConfig.device = 'cuda' is not allowed: no CUDA device is available.")
         return torch.device("cuda", env.local_rank)
     return torch.device(name)
-
-
-def autocast_for(precision: str, device: torch.device):
-    """bf16 autocast on CUDA by default; float32 on CPU, where bf16 without hardware support is slow."""
-    use_bf16 = precision == "bfloat16" or (
-        precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-
-
-def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean cross-entropy over the labelled positions (next tokens, or masked tokens; -100 ignored)."""
-    logits = model(batch["input_ids"])
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
 
 
 @torch.no_grad()
@@ -251,8 +107,13 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     """Train one model. `config` is a TrainConfig, a dict, a YAML path or None (defaults);
     keyword overrides use TrainConfig field names, with dotted names for sections given as a dict,
     e.g. ``train(max_steps=100, **{"optim.lr": 3e-4})``. With ``resume=True`` the run's saved
-    config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it."""
-    return Trainer(resolve_config(config, overrides, resume), resume=resume).run()
+    config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it.
+
+    The run's folder is held for the whole run (`blocklab.locks`): a second process training into it
+    is refused with this one's pid and command (under torchrun, the launch's first process holds it)."""
+    cfg = resolve_config(config, overrides, resume)
+    with locks.hold(cfg.out_dir) if distributed.launch_rank() == 0 else nullcontext():
+        return Trainer(cfg, resume=resume).run()
 
 
 def _announce_resume(run_dir: Path, checkpoint: Path | None, cfg: TrainConfig) -> None:
@@ -331,12 +192,12 @@ class Trainer:
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
             self.data = prepare_data(cfg.data, progress=cfg.progress)
-            stats = self.data.stats  # one line with the counts; data_manifest.json lists the files
-            counts = ((stats["skipped_count"], "files that are not UTF-8 text"),
-                      (stats["bad_records"], "unreadable JSONL records"))
-            skipped = [f"{n} {what}" for n, what in counts if n]
-            if skipped:
-                say(f"skipped {' and '.join(skipped)} (see data_manifest.json)")
+            stats = self.data.stats  # a line with the counts; data_manifest.json lists the files
+            if stats["skipped_count"]:
+                say(f"skipped {stats['skipped_count']} files that are not UTF-8 text "
+                    "(see data_manifest.json)")
+            if stats["bad_records"]:  # how many records were read, how many skipped and why
+                say(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
@@ -385,6 +246,9 @@ class Trainer:
                 json.dumps({**self.data.manifest, "tokenizer_hash": self.data.tokenizer.hash}, indent=2))
             self.data.tokenizer.save(self.run_dir)
 
+    def _resume_hint(self) -> str:
+        return ckpt.resume_hint(self.run_dir)
+
     def _restore(self) -> None:
         path = self.checkpoint
         ckpt.verify_checkpoint(path, self.run_dir)  # weights, optimizer, model config, tokenizer
@@ -412,7 +276,7 @@ class Trainer:
         for micro in range(accum):  # the global batch, split over accumulation steps, then ranks
             batch = self.train_batches.get(step, rank=micro * env.world_size + env.rank,
                                            world_size=accum * env.world_size)
-            yield micro, {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _stop(self, what: str) -> TrainingError:
         last = ckpt.latest_checkpoint(self.run_dir)
@@ -422,26 +286,11 @@ class Trainer:
             "Try a lower optim.lr, gradient clipping (optim.grad_clip) or float32 precision.")
 
     def _step(self) -> tuple[float, float]:
-        model, accum = self.wrapped, self.cfg.grad_accum
-        loss_sum = torch.zeros((), device=self.device)
-        for micro, batch in self._micro_batches(self.state.step):
-            sync = micro == accum - 1 or not hasattr(model, "no_sync")
-            with (nullcontext() if sync else model.no_sync()), self.autocast:
-                loss = lm_loss(model, batch) / accum
-            loss.backward()
-            loss_sum += loss.detach()
-        loss = distributed.mean_across(loss_sum, self.env).item()
-        if not math.isfinite(loss):
-            raise self._stop(f"the training loss became {loss}")
-        params = [p for p in model.parameters() if p.grad is not None]
-        clip = self.cfg.optim.grad_clip
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip else float("inf")))
-        if not math.isfinite(grad_norm):  # a finite loss can still give inf/nan gradients
-            raise self._stop(f"the gradient norm became {grad_norm} (the loss was {loss:.4g})")
-        for opt in self.optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return loss, grad_norm
+        """One optimiser step on this step's global batch (`step.train_step`); returns (loss, grad norm)."""
+        return train_step(self.wrapped, self._micro_batches(self.state.step), self.optimizers,
+                          accum=self.cfg.grad_accum, autocast=self.autocast,
+                          grad_clip=self.cfg.optim.grad_clip, loss_fn=lm_loss,
+                          reduce=lambda t: distributed.mean_across(t, self.env), stop=self._stop)
 
     def _validate(self, logger: MetricsLogger | None) -> dict[str, float]:
         # every rank scores the same batches of the global batch size: the result does not depend on
@@ -476,7 +325,8 @@ class Trainer:
     def run(self) -> RunResult:
         cfg, env = self.cfg, self.env
         try:
-            self._prepare_run_dir()
+            with said_plainly("the run's files in", self.run_dir, None, self._resume_hint):
+                self._prepare_run_dir()
             resumed = self.checkpoint is not None
             if resumed:
                 self._restore()
@@ -484,6 +334,9 @@ class Trainer:
                     self.state.resumed_at.append(self.state.step)
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
                                    cfg.tensorboard) if env.is_main else None
+            if logger is not None and logger.torn is not None:
+                say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
+                    "write")
             if not resumed:
                 scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
                 if logger is not None:
@@ -494,7 +347,9 @@ class Trainer:
             summary = self._summary(val)
             if env.is_main:
                 # written last and atomically: a summary.json on disk is what marks a finished run
-                atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+                text, path = json.dumps(summary, indent=2), self.run_dir / "summary.json"
+                with said_plainly("the summary", path, len(text), self._resume_hint):
+                    atomic_write_text(path, text)
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
         finally:

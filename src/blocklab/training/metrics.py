@@ -11,12 +11,17 @@ tokens scored, ``val_bytes``). Scalar names are the names of the trainable gains
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from blocklab.diskfull import said_plainly
+from blocklab.errors import ConfigError
+from blocklab.filemodes import atomic_write_text
 from blocklab.model.gains import is_gain
+from blocklab.training.checkpoint import resume_hint
 
 
 def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
@@ -31,31 +36,57 @@ def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
 
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped), only those
-    of `kind` ("train", "val") if given. A missing file is a FileNotFoundError and a damaged line a
-    ValueError, each naming the file (and the line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics file at {path}")
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n} is not a JSON object: {e}") from e
+    of `kind` ("train", "val") if given. A last line that is not a JSON object is the torn end of an
+    interrupted write (a full disk, a power cut) and is passed over: no record was ever whole there. A
+    missing file is a FileNotFoundError, any other damaged line a ConfigError naming the file and line."""
+    rows, _ = read_rows(Path(path))
     return [r for r in rows if kind is None or r.get("kind") == kind]
 
 
+def read_rows(path: Path) -> tuple[list[dict[str, Any]], bytes | None]:
+    """`read_metrics`' rows, and the torn last line it passed over (None when there is none)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics file at {path}")
+    # bytes: a torn tail may be anything (zeros after a power cut), not even UTF-8
+    lines = [(n, line) for n, line in enumerate(path.read_bytes().split(b"\n"), start=1) if line.strip()]
+    rows = []
+    for i, (n, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            why = "" if isinstance(row, dict) else f"it is a JSON {type(row).__name__}"
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+            why = str(err)
+        if not why:
+            rows.append(row)
+        elif i == len(lines) - 1:  # lines are appended whole, one at a time: only the last can be torn
+            return rows, line
+        else:
+            # not a torn write, which only ever cuts the end: something changed the file afterwards (an
+            # edit, a second writer, a damaged disk). Dropping the line would leave a silent hole in the
+            # curve that reports and plots are read from, so the user decides.
+            raise ConfigError(f"{path}:{n} is not a JSON object ({why}). Only the last line can be torn by "
+                              "an interrupted write, so the file was changed after it was written: repair or "
+                              "delete that line.")
+    return rows, None
+
+
 class MetricsLogger:
-    """Appends to metrics.jsonl; on resume, drops lines past the resumed step so the log stays one curve."""
+    """Appends to metrics.jsonl; on resume, drops lines past the resumed step so the log stays one curve,
+    and a torn last line (`torn`, its size in bytes, tells; None when there was none)."""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.run_dir = Path(run_dir)
+        self.torn: int | None = None
         if resume_step is None:
-            self.path.write_text("")
+            with self._writing(0):
+                self.path.write_text("")
         elif self.path.exists():
-            keep = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            rows, torn = read_rows(self.path)
+            self.torn = None if torn is None else len(torn)
+            text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
+            with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was
+                atomic_write_text(self.path, text)
         self.writer = None
         if tensorboard:
             try:
@@ -65,9 +96,14 @@ class MetricsLogger:
                                   "pip install 'blocklab[tensorboard]'") from err
             self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
+    def _writing(self, size: int) -> AbstractContextManager[None]:
+        """A write to metrics.jsonl, said plainly when the disk refuses it."""
+        return said_plainly("metrics", self.path, size, lambda: resume_hint(self.run_dir))
+
     def log(self, row: dict[str, Any]) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        line = json.dumps(row) + "\n"
+        with self._writing(len(line)), self.path.open("a") as f:  # one write: only it can be torn
+            f.write(line)
         if self.writer is not None:
             for key, value in row.items():
                 if isinstance(value, (int, float)) and key not in ("step", "kind"):

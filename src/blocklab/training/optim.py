@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.errors import ConfigError
 from blocklab.model.gains import is_gain
 from blocklab.model.value_paths import is_value_table
@@ -138,7 +138,7 @@ def _validate(cfg: OptimConfig) -> None:
             and all(_is_number(b) and 0.0 <= b < 1.0 for b in betas)):
         cfg.fail("betas", betas, "give two numbers (beta1, beta2), each in [0, 1).")
     steps = cfg.warmup_steps
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+    if steps is not None and not is_count(steps, 0):
         cfg.fail("warmup_steps", steps, "it must be an integer >= 0 (or None to use warmup_fraction).")
     for name in ("decay_embeddings", "decay_value_tables"):
         if not isinstance(getattr(cfg, name), bool):

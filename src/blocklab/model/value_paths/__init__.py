@@ -1,21 +1,26 @@
 """Value paths: how each layer gets its values (see `base.ValuePath` for the interface).
 
-Registry: name -> strategy class. A new variant is one class in a module here, one entry below and
-a test.
+Registry: name -> `Registered`, the module class that computes the values (and says what the cache
+keeps) with what the rest of blocklab reads about it. A new variant is one class in a module here,
+one entry below and a test.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from blocklab.errors import ConfigError
 from blocklab.model.value_paths.bank import (
+    BANK_TITLES,
     BankOfValues,
     ResFormerBank,
     V1Value,
     ValueEmbed,
     VScale,
     X0Value,
+    v1_grid_options,
 )
 from blocklab.model.value_paths.base import (
     LayerValues,
@@ -26,8 +31,16 @@ from blocklab.model.value_paths.base import (
     resolve_options,
     target_layers,
 )
-from blocklab.model.value_paths.baselines import CrossLayerAttention, CrossLayerKV, DenseFormer, NeuTRENO
+from blocklab.model.value_paths.baselines import (
+    DENSEFORMER_TITLES,
+    CrossLayerAttention,
+    CrossLayerKV,
+    DenseFormer,
+    NeuTRENO,
+)
 from blocklab.model.value_paths.resformer import (
+    DENSE_TITLES,
+    RESFORMER_TITLES,
     ConstantResFormer,
     DenseResFormer,
     LearnableResFormer,
@@ -36,52 +49,93 @@ from blocklab.model.value_paths.resformer import (
     SparseResFormer,
     SVFormer,
     ValueResidual,
+    resformer_baseline_options,
 )
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
-VALUE_PATHS: dict[str, type[ValuePath]] = {
-    "standard": StandardValues,
-    "resformer": ValueResidual,
-    "resformer-constant": ConstantResFormer,
-    "resformer-sparse": SparseResFormer,
-    "resformer-learnable": LearnableResFormer,
-    "resformer-mix": LearnedMixResFormer,
-    "resformer-learnable-plus": LearnableResFormerPlus,
-    "resformer-dense": DenseResFormer,
-    "svformer": SVFormer,
-    "neutreno": NeuTRENO,
-    "denseformer": DenseFormer,
-    "cla": CrossLayerKV,
-    "cross-layer-attn": CrossLayerAttention,
-    "bov": BankOfValues,
-    "bov-resformer": ResFormerBank,
-    "x0-value": X0Value,
-    "v1-value": V1Value,
-    "v-scale": VScale,
-    "value-embed": ValueEmbed,
+GridRule = Callable[[dict[str, Any], int], dict[str, Any]]
+BaselineRule = Callable[[type[ValuePath], "ModelFields", dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A value path's registry entry: its module class and what tooling reads about it.
+
+    scalar_titles: learned scalar (parameter name) -> its title in plots (analysis/scalars.py);
+    grid_rule: how a comparison grid's options read at a given depth (compare.py);
+    baseline_rule: the options under which it starts where a pretrained baseline is (retrofitting).
+    """
+
+    module: type[ValuePath]
+    scalar_titles: dict[str, str] = field(default_factory=dict)
+    grid_rule: GridRule | None = None
+    baseline_rule: BaselineRule | None = None
+
+    @property
+    def description(self) -> str:
+        return self.module.description
+
+    def grid_options(self, options: dict[str, Any], n_layers: int) -> dict[str, Any]:
+        """`options` as a comparison grid means them for a model of `n_layers`."""
+        return options if self.grid_rule is None else self.grid_rule(options, n_layers)
+
+    def baseline_options(self, cfg: ModelFields, given: dict[str, Any]) -> dict[str, Any]:
+        """Options under which this variant starts where the baseline is (the caller's `given` win)."""
+        return given if self.baseline_rule is None else self.baseline_rule(self.module, cfg, given)
+
+
+def _resformer(module: type[ValuePath]) -> Registered:
+    return Registered(module, RESFORMER_TITLES, baseline_rule=resformer_baseline_options)
+
+
+VALUE_PATHS: dict[str, Registered] = {
+    "standard": Registered(StandardValues),
+    "resformer": _resformer(ValueResidual),
+    "resformer-constant": _resformer(ConstantResFormer),
+    "resformer-sparse": _resformer(SparseResFormer),
+    "resformer-learnable": _resformer(LearnableResFormer),
+    "resformer-mix": _resformer(LearnedMixResFormer),
+    "resformer-learnable-plus": _resformer(LearnableResFormerPlus),
+    "resformer-dense": Registered(DenseResFormer, DENSE_TITLES),
+    "svformer": Registered(SVFormer),
+    "neutreno": Registered(NeuTRENO),
+    "denseformer": Registered(DenseFormer, DENSEFORMER_TITLES),
+    "cla": Registered(CrossLayerKV),
+    "cross-layer-attn": Registered(CrossLayerAttention),
+    "bov": Registered(BankOfValues, BANK_TITLES),
+    "bov-resformer": Registered(ResFormerBank, BANK_TITLES),
+    "x0-value": Registered(X0Value, BANK_TITLES),
+    "v1-value": Registered(V1Value, BANK_TITLES, grid_rule=v1_grid_options),
+    "v-scale": Registered(VScale, BANK_TITLES),
+    "value-embed": Registered(ValueEmbed),
 }
 
 
-def make_value_path(cfg: ModelConfig, layer: int) -> ValuePath:
-    return VALUE_PATHS[cfg.value_path](cfg, layer)
+def value_path_class(cfg: ModelFields) -> type[ValuePath]:
+    return VALUE_PATHS[cfg.value_path].module
 
 
-def make_shared_module(cfg: ModelConfig) -> SharedModule | None:
-    return VALUE_PATHS[cfg.value_path].make_shared(cfg)
+def make_value_path(cfg: ModelFields, layer: int) -> ValuePath:
+    return value_path_class(cfg)(cfg, layer)
 
 
-def validate_value_path(cfg: ModelConfig) -> None:
+def make_shared_module(cfg: ModelFields) -> SharedModule | None:
+    return value_path_class(cfg).make_shared(cfg)
+
+
+def validate_value_path(cfg: ModelFields) -> None:
     if cfg.value_path not in VALUE_PATHS:
         raise ConfigError(
             f"ModelConfig.value_path = {cfg.value_path!r} is not allowed: choose one of "
             f"{', '.join(map(repr, VALUE_PATHS))}."
         )
-    cls = VALUE_PATHS[cfg.value_path]
+    cls = value_path_class(cfg)
     resolve_options(cls, cfg)
     cls.validate(cfg)
 
 
-__all__ = ["VALUE_PATHS", "LayerValues", "SharedModule", "ValuePath", "is_value_table", "make_shared_module",
-           "make_value_path", "target_layers", "validate_value_path"]
+__all__ = ["VALUE_PATHS", "LayerValues", "Registered", "SharedModule", "ValuePath", "is_value_table",
+           "make_shared_module", "make_value_path", "target_layers", "validate_value_path",
+           "value_path_class"]

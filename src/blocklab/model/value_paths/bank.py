@@ -16,6 +16,7 @@ x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,8 +38,7 @@ from blocklab.model.value_paths.base import (
 )
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
-    from blocklab.model.transformer import Transformer
+    from blocklab.model.fields import ModelFields
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -49,20 +49,19 @@ class _Substitutive(ValuePath):
     """Shared plumbing: standard values outside the target layers, a coefficient inside them."""
 
     options = dict(layers="last-third", coef=1.0, learnable=True)
-    scalar_titles = {"coef": "Bank of Values gamma_v"}
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.target = layer in self.targets(cfg)
         if self.target:
             self.coef = Gain(self.opts["coef"], self.opts["learnable"])
 
     @classmethod
-    def targets(cls, cfg: ModelConfig) -> frozenset[int]:
+    def targets(cls, cfg: ModelFields) -> frozenset[int]:
         return target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         cls.targets(cfg)
 
 
@@ -77,7 +76,7 @@ class BankOfValues(_Substitutive):
     description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
     options = dict(_Substitutive.options, shared=False)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.cfg = cfg
         self.caches_values = not self.target
@@ -103,22 +102,22 @@ class BankOfValues(_Substitutive):
             return source
         return self.coef(F.embedding(source, self.table(carry)))
 
-    def init_from_model(self, model: Transformer) -> None:
+    def init_from_model(self, token_embedding: Tensor) -> None:
         if self.target and not self.opts["shared"]:
-            init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer)
+            init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.layer)
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """E_v = RMSNorm(E) W_V with this layer's *pretrained* W_V (Bank of Values Eq. 5)."""
         if self.target and not self.opts["shared"]:
-            init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.layer,
-                                      w_v=value_map(baseline.block(self.layer).attn.values))
+            init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.layer,
+                                      w_v=value_map(baseline[self.layer]))
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
         return layer not in cls.targets(cfg)
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:
+    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
         if not resolve_options(cls, cfg)["shared"]:
             return None
         return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
@@ -148,7 +147,7 @@ class ResFormerBank(BankOfValues):
         return LayerValues(q, k, 0.5 * (v + carry.first_values)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         if 0 in cls.targets(cfg):
             layers = resolve_options(cls, cfg)["layers"]
             raise ConfigError(f"value_path_options['layers'] = {layers!r} is not "
@@ -157,7 +156,7 @@ class ResFormerBank(BankOfValues):
 
 
 @torch.no_grad()
-def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig, layer: int,
+def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelFields, layer: int,
                               w_v: nn.Module | None = None) -> None:
     """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
     if w_v is None:
@@ -173,7 +172,7 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig
 class SharedValueTable(SharedModule):
     """One BoV table used by every target layer, initialised from the first target layer."""
 
-    def __init__(self, cfg: ModelConfig, first_target: int):
+    def __init__(self, cfg: ModelFields, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
@@ -181,12 +180,12 @@ class SharedValueTable(SharedModule):
     def before_blocks(self, carry: Carry) -> Carry:
         return carry.update(value_table=self.value_table)
 
-    def init_from_model(self, model: Transformer) -> None:
-        init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.first_target)
+    def init_from_model(self, token_embedding: Tensor) -> None:
+        init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.first_target)
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
-        init_table_from_embedding(self.value_table, model.tok_emb.weight, self.cfg, self.first_target,
-                                  w_v=value_map(baseline.block(self.first_target).attn.values))
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
+        init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.first_target,
+                                  w_v=value_map(baseline[self.first_target]))
 
 
 class X0Value(_Substitutive):
@@ -205,7 +204,7 @@ class X0Value(_Substitutive):
     options = dict(_Substitutive.options, add=False, x0="embedding")
     X0_SOURCES = ("embedding", "stream")
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         self.adds = self.target and self.opts["add"]
@@ -230,7 +229,7 @@ class X0Value(_Substitutive):
         return self.coef(self.w_v(_rms(token_embeddings)))
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         super().validate(cfg)
         x0 = resolve_options(cls, cfg)["x0"]
         if x0 not in cls.X0_SOURCES:
@@ -256,7 +255,7 @@ class V1Value(_Substitutive):
 
     description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.caches_values = not self.target
         self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
@@ -275,27 +274,18 @@ class V1Value(_Substitutive):
         return self.coef(source) if self.target else source
 
     @classmethod
-    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:
-        """Layer 0 is the source of V_1, where V_1 is the layer's own value: a grid row that names it
-        (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means the rest."""
-        if "layers" not in options:
-            return options
-        layers = target_layers(options["layers"], n_layers)
-        return {**options, "layers": sorted(layers - {0})} if 0 in layers else options
-
-    @classmethod
-    def targets(cls, cfg: ModelConfig) -> frozenset[int]:
+    def targets(cls, cfg: ModelFields) -> frozenset[int]:
         layers = resolve_options(cls, cfg)["layers"]
         if layers == "all":  # every layer after the source of V_1
             return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
         return target_layers(layers, cfg.n_layers)
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
         return layer not in cls.targets(cfg)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         if 0 in cls.targets(cfg):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
@@ -308,7 +298,7 @@ class VScale(_Substitutive):
 
     description = "v-scale (BoV Table 1 control): v = c x W^V in the target layers"
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
@@ -340,7 +330,7 @@ class ValueEmbed(ValuePath):
     description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
     options = dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
@@ -381,7 +371,7 @@ class ValueEmbed(ValuePath):
         return LayerValues(q, k, v), carry
 
     @torch.no_grad()
-    def init_from_model(self, model: Transformer) -> None:  # noqa: ARG002 (the interface)
+    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
         if self.target and self.table_index is None:
             nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
         if self.target and self.opts["gate"] == "nanochat":
@@ -395,12 +385,12 @@ class ValueEmbed(ValuePath):
             self.lambda0.param.fill_(1.0)
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:
+    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
         n = resolve_options(cls, cfg)["shared_tables"]
         return ValueEmbedTables(cfg, n) if n else None
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         opts = resolve_options(cls, cfg)
         target_layers(opts["layers"], cfg.n_layers)
         if opts["gate_channels"] < 1:
@@ -433,7 +423,7 @@ class ValueEmbedTables(SharedModule):
     """The N value-embedding tables of the U-net layout (`ValueEmbed` option ``shared_tables``):
     each is read by two layers, so they live outside the blocks."""
 
-    def __init__(self, cfg: ModelConfig, n: int):
+    def __init__(self, cfg: ModelFields, n: int):
         super().__init__()
         self.d_model = cfg.d_model
         self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.kv_dim) for _ in range(n))
@@ -445,7 +435,7 @@ class ValueEmbedTables(SharedModule):
         return carry.update(value_tables=tuple(self.table_list()))
 
     @torch.no_grad()
-    def init_from_model(self, model: Transformer) -> None:  # noqa: ARG002 (the interface)
+    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
         for table in self.table_list():
             nn.init.normal_(table, std=self.d_model ** -0.5)
 
@@ -459,3 +449,17 @@ class _Table(nn.Module):
     def __init__(self, vocab: int, width: int):
         super().__init__()
         self.value_table = nn.Parameter(torch.empty(vocab, width))
+
+
+# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
+BANK_TITLES = {"coef": "Bank of Values gamma_v"}
+
+
+def v1_grid_options(options: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """v1-value in a comparison grid: layer 0 is the source of V_1, where V_1 is the layer's own value,
+    so a row that names it (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means
+    the rest."""
+    if "layers" not in options:
+        return options
+    layers = target_layers(options["layers"], n_layers)
+    return {**options, "layers": sorted(layers - {0})} if 0 in layers else options

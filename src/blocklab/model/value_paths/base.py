@@ -7,10 +7,12 @@ A value path answers, for one layer, with data rather than callbacks:
    what do I put into the carry for later layers? (`forward` returns `LayerValues` and the carry)
 3. what must a KV cache keep? (`key_layer`, `value_layer`, `reads_layers`; and `values_from_cache`
    maps what it kept to this layer's values)
-4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), how to start
-   from a pretrained baseline (`baseline_options`, `start_at_baseline`, `init_from_baseline`),
-   how a comparison grid's options read at a given depth (`grid_options`), and the titles of its
-   learned scalars in plots (`scalar_titles`).
+4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), and how its
+   new parameters start from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
+
+What the rest of blocklab reads about a value path (the titles of its learned scalars in plots, how a
+comparison grid's options read at a given depth, the options under which it starts at a pretrained
+baseline) is in its registry entry (`Registered`, model/value_paths/__init__.py), not on the class.
 
 `Attention` (model/attention.py) runs the attention itself, always through `blocklab.ops`. State
 that belongs to the whole model (a shared table, depth weights) lives in a `SharedModule` that the
@@ -21,6 +23,7 @@ through `ModelConfig.value_path_options`) with their defaults.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -28,12 +31,10 @@ from torch import Tensor, nn
 
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
-from blocklab.model.dispatch import call
 from blocklab.model.linear_maps import make_value_map
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
-    from blocklab.model.transformer import Transformer
+    from blocklab.model.fields import ModelFields
 
 VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
 
@@ -93,12 +94,11 @@ class ValuePath(nn.Module):
 
     description: ClassVar[str] = "each layer projects its own values, V_n = H_{n-1} W^V_n"
     options: ClassVar[dict[str, Any]] = {}
-    scalar_titles: ClassVar[dict[str, str]] = {}  # learned scalar (parameter name) -> plot title
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
         self.layer = layer
         self.opts = resolve_options(type(self), cfg)
@@ -112,7 +112,7 @@ class ValuePath(nn.Module):
         self.reads_layers: tuple[int, ...] = ()
 
     @staticmethod
-    def make_value_map(cfg: ModelConfig, layer: int) -> nn.Module:
+    def make_value_map(cfg: ModelFields, layer: int) -> nn.Module:
         return make_value_map(cfg.value_form_of(layer), cfg)
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -133,42 +133,33 @@ class ValuePath(nn.Module):
         return source
 
     # -- starting from a pretrained baseline (interop/retrofitting.py) -----------------------------
-    @classmethod
-    def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:  # noqa: ARG003
-        """Options under which this variant starts where the baseline is (the caller's `given` win)."""
-        return given
-
     def start_at_baseline(self) -> None:
         """Set new parameters so that this layer computes what the baseline computed."""
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
-        """Initialise from the pretrained baseline's weights (Bank of Values' tables from its W^V)."""
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
+        """Initialise from the pretrained baseline's weights (Bank of Values' tables from its W^V);
+        `baseline` holds the baseline's value path of every layer."""
 
-    def init_from_model(self, model: Transformer) -> None:
-        """Initialisation that needs other parts of the model (Bank of Values' tables)."""
+    def init_from_model(self, token_embedding: Tensor) -> None:
+        """Initialisation that needs other parts of the model: the token embedding E (BoV's tables)."""
 
     # -- rules read by the rest of blocklab ----------------------------------------------------------
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule | None:  # noqa: ARG003
+    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:  # noqa: ARG003
         """The model-level module of this value path, if it has one."""
         return None
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         """Raise ConfigError for combinations that make no sense."""
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:  # noqa: ARG003
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:  # noqa: ARG003
         """Whether `layer` owns a value projection W^V (False: SVFormer, CLA followers, BoV targets).
 
         Read by validation: tied reparameterised inits need W_V in every layer.
         """
         return True
-
-    @classmethod
-    def grid_options(cls, options: dict[str, Any], n_layers: int) -> dict[str, Any]:  # noqa: ARG003
-        """`options` as a comparison grid means them for a model of `n_layers` (compare.py)."""
-        return options
 
 
 class SharedModule(nn.Module):
@@ -185,10 +176,10 @@ class SharedModule(nn.Module):
     def start_at_baseline(self) -> None:
         """See `ValuePath.start_at_baseline`."""
 
-    def init_from_baseline(self, model: Transformer, baseline: Transformer) -> None:
+    def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """See `ValuePath.init_from_baseline`."""
 
-    def init_from_model(self, model: Transformer) -> None:
+    def init_from_model(self, token_embedding: Tensor) -> None:
         """See `ValuePath.init_from_model`."""
 
     def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
@@ -203,16 +194,16 @@ def value_map(path: ValuePath) -> nn.Module | None:
 
 
 class StandardValues(ValuePath):
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
-        return LayerValues(q, k, call(self.w_v, x)), carry
+        return LayerValues(q, k, self.w_v(x)), carry
 
 
-def resolve_options(cls: type[ValuePath], cfg: ModelConfig) -> dict[str, Any]:
+def resolve_options(cls: type[ValuePath], cfg: ModelFields) -> dict[str, Any]:
     given = dict(cfg.value_path_options)
     unknown = set(given) - set(cls.options)
     if unknown:
@@ -226,7 +217,7 @@ def resolve_options(cls: type[ValuePath], cfg: ModelConfig) -> dict[str, Any]:
     return {**cls.options, **given}
 
 
-def _check_option_type(cfg: ModelConfig, name: str, value: Any, default: Any) -> None:
+def _check_option_type(cfg: ModelFields, name: str, value: Any, default: Any) -> None:
     """An option takes values of its default's type (ints pass for floats; `layers` is checked later)."""
     if name == "layers" or default is None:
         return

@@ -14,7 +14,7 @@ from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, resolve_options
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 def _given(value: Tensor | None) -> Tensor:
@@ -31,7 +31,7 @@ class NeuTRENO(ValuePath):
     description = "NeuTRENO: U_n = (A_n - lambda I) V_n + lambda V_1, lambda = 0.4"
     options = dict(lambda_=0.4)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
@@ -56,9 +56,8 @@ class DenseFormer(ValuePath):
 
     description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
     options = dict(dilation=1, period=1)
-    scalar_titles = {"dwa": "DenseFormer weights"}
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
@@ -67,12 +66,12 @@ class DenseFormer(ValuePath):
         return LayerValues(q, k, self.w_v(x)), carry
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule:
+    def make_shared(cls, cfg: ModelFields) -> SharedModule:
         o = resolve_options(cls, cfg)
         return DepthWeights(cfg.n_layers, o["dilation"], o["period"])
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         o = resolve_options(cls, cfg)
         for name in ("dilation", "period"):
             if not (isinstance(o[name], int) and o[name] >= 1):
@@ -129,7 +128,7 @@ class CrossLayerKV(ValuePath):
     description = "CLA: K and V shared by consecutive groups of k layers (default 2)"
     options = dict(group=2)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.leader = self.has_value_map(cfg, layer)
         self.owns_keys = self.caches_values = self.leader
@@ -145,14 +144,14 @@ class CrossLayerKV(ValuePath):
         return LayerValues(q, k, v), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         group = resolve_options(cls, cfg)["group"]
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
         return layer % resolve_options(cls, cfg)["group"] == 0  # the group's leader
 
 
@@ -172,7 +171,7 @@ class CrossLayerAttention(ValuePath):
 
     description = "cross-layer attention (Eq. 2): attend over the concatenated K, V of layer 1"
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         self.head_dim = cfg.head_size
@@ -188,7 +187,10 @@ class CrossLayerAttention(ValuePath):
         return LayerValues(q, k, v, other_kv=first), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")
+
+
+DENSEFORMER_TITLES = {"dwa": "DenseFormer weights"}  # for the registry

@@ -33,7 +33,7 @@ from blocklab.model.value_paths.base import (
 )
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 RESIDUAL_TARGETS = ("value", "query", "key")
 
@@ -51,10 +51,8 @@ class ValueResidual(ValuePath):
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
     options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
                    residual_on="value", neutreno=0.0)
-    scalar_titles = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
-                     "lambda2": "ResFormer lambda_2 (weight on V_n)"}
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
@@ -64,7 +62,7 @@ class ValueResidual(ValuePath):
             self.lambda1 = self.make_lambda1(cfg, layer)
             self.lambda2 = Gain(o["lambda2"], o["learnable"])
 
-    def make_lambda1(self, cfg: ModelConfig, layer: int) -> nn.Module:  # noqa: ARG002 (overridden)
+    def make_lambda1(self, cfg: ModelFields, layer: int) -> nn.Module:  # noqa: ARG002 (overridden)
         return Gain(self.opts["lambda1"], self.opts["learnable"])
 
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
@@ -96,13 +94,7 @@ class ValueResidual(ValuePath):
         return self.source_weight(v1, carry) + self.lambda2(v)
 
     @classmethod
-    def baseline_options(cls, cfg: ModelConfig, given: dict[str, Any]) -> dict[str, Any]:
-        """Learnable lambdas start at lambda_1 = 0, lambda_2 = 1: V'_n = 0 V_1 + 1 V_n = V_n."""
-        learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
-        return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         o = resolve_options(cls, cfg)
         if o["residual_on"] not in RESIDUAL_TARGETS:
             raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
@@ -154,7 +146,7 @@ class LearnedMixResFormer(ValueResidual):
     options = dict(layers="all", source=0, neutreno=0.0, residual_on="value", lambda1=0.5, lambda2=0.5,
                    learnable=False)
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.kv_heads = cfg.kv_heads
         if self.mixes:
@@ -167,7 +159,7 @@ class LearnedMixResFormer(ValueResidual):
         return torch.lerp(v1.view_as(heads), heads, m).view(b, t, width)  # V_1 + m (V_n - V_1)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         super().validate(cfg)
         o = resolve_options(cls, cfg)
         fixed = {k: o[k] for k in ("residual_on", "lambda1", "lambda2", "learnable")
@@ -209,11 +201,11 @@ class LearnableResFormerPlus(LearnableResFormer):
     description = ("Learnable-ResFormer Plus: lambda_{n,1} = lambda softmax(lambda')_n with an "
                    "adaptive initialisation that gives deeper layers more V_1")
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self._mix_index = _mixing_layers(self.opts, cfg).index(layer) if self.mixes else -1
 
-    def make_lambda1(self, cfg: ModelConfig, layer: int) -> nn.Module:  # noqa: ARG002 (an override)
+    def make_lambda1(self, cfg: ModelFields, layer: int) -> nn.Module:  # noqa: ARG002 (an override)
         return nn.Identity()  # the weight comes from the shared module through the carry
 
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:
@@ -221,12 +213,12 @@ class LearnableResFormerPlus(LearnableResFormer):
         return carry.source_weights[self._mix_index] * first
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig) -> SharedModule:
+    def make_shared(cls, cfg: ModelFields) -> SharedModule:
         opts = resolve_options(cls, cfg)
         return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
 
 
-def _mixing_layers(opts: dict[str, Any], cfg: ModelConfig) -> list[int]:
+def _mixing_layers(opts: dict[str, Any], cfg: ModelFields) -> list[int]:
     return sorted(i for i in target_layers(opts["layers"], cfg.n_layers) if i > opts["source"])
 
 
@@ -237,9 +229,8 @@ class DenseResFormer(ValuePath):
     """
 
     description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
-    scalar_titles = {"lambdas": "Dense-ResFormer lambdas"}
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
         if layer > 0:
@@ -275,7 +266,7 @@ class SVFormer(ValuePath):
     description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
     options = dict(anchors=[])
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.projects = self.has_value_map(cfg, layer)
         self.caches_values = self.projects
@@ -291,12 +282,26 @@ class SVFormer(ValuePath):
         return LayerValues(q, k, _given(carry.first_values)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg: ModelFields) -> None:
         anchors = resolve_options(cls, cfg)["anchors"]
         if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
         return layer == 0 or layer in resolve_options(cls, cfg)["anchors"]
+
+
+# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
+RESFORMER_TITLES = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
+                    "lambda2": "ResFormer lambda_2 (weight on V_n)"}
+DENSE_TITLES = {"lambdas": "Dense-ResFormer lambdas"}
+
+
+def resformer_baseline_options(cls: type[ValuePath], cfg: ModelFields,
+                               given: dict[str, Any]) -> dict[str, Any]:
+    """The options under which a ResFormer (`cls`) starts where the baseline is (`given` win):
+    learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
+    learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
+    return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given

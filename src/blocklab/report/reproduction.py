@@ -7,68 +7,39 @@ import html
 import json
 import math
 import os
-import statistics
 from pathlib import Path
 from typing import Any
 
 from blocklab import evidence
-from blocklab.report import html_table, md_table, plural
+from blocklab.report.html import html_table
+from blocklab.report.markdown import md_table
+from blocklab.report.method import follows_recipe, how_runs_trained, optimizer_text, plural
+from blocklab.report.reproduction_plots import curves_figure, differences_figure
+from blocklab.report.reproduction_tables import (
+    COMBINATION_HEAD,
+    COMBINATION_TEXT,
+    HEAD,
+    SWEEP_TEXT,
+    TIMING_HEAD,
+    TIMING_TEXT,
+    VERDICTS,
+    check_cells,
+    combination_rows,
+    interval_text,
+    relation_text,
+    sweep_rows,
+    timing_rows,
+)
 from blocklab.reproduce import (
     METRICS,
     PENDING,
     RESOLUTION_NATS,
-    TIMING,
-    CheckResult,
     ClaimResult,
     Reproduction,
     machine,
     read_campaign,
     unique_runs,
 )
-
-RELATION_WORDS = {
-    "lower": "< 0",
-    "higher": "> 0",
-    "within": "within ±{tol}",
-    "at_most": "≤ {tol}",
-    "equals": "= {expected}",
-}
-
-
-def _relation(result: CheckResult) -> str:
-    c = result.check
-    return RELATION_WORDS[c.relation].format(tol=f"{c.tolerance:g}", expected=c.expected)
-
-
-VERDICTS = (*evidence.VERDICTS, PENDING)  # pending: runs not finished (reproduce --partial)
-
-
-def _cells(result: CheckResult) -> list[str]:
-    if result.verdict == PENDING:
-        return [result.describe(), "runs not finished", "-", "-", _relation(result), PENDING]
-    if result.interval is not None:
-        iv = result.interval
-        seeds = ", ".join(f"{v:+.4f}" for v in iv.values)
-        ci = "-" if iv.low is None else f"[{iv.low:+.4f}, {iv.high:+.4f}]"
-        return [result.describe(), seeds, f"{iv.mean:+.4f}", ci, _relation(result), result.verdict]
-    value = f"{result.value:,.6g}"
-    ref = f"{result.reference:,.6g}"
-    what = (
-        "ratio to " + result.check.baseline
-        if result.check.relation == "equals" and result.check.baseline
-        else "value"
-    )
-    return [
-        result.describe(),
-        f"{what} {value} (reference {ref})",
-        "exact",
-        "-",
-        _relation(result),
-        result.verdict,
-    ]
-
-
-HEAD = ["check", "per seed (timing: per round)", "mean", "95% CI (t)", "expected", "verdict"]
 
 
 def scope(rep: Reproduction, result: ClaimResult) -> str:
@@ -91,97 +62,9 @@ def scope(rep: Reproduction, result: ClaimResult) -> str:
     return "; ".join(parts)
 
 
-def _forest(result: ClaimResult, path: Path) -> Path | None:
-    """Per-seed differences (dots) and the t-interval (bar) of each measured check."""
-    measured = [r for r in result.checks if r.interval is not None]
-    if not measured:
-        return None
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.55 * len(measured)))
-    for row, r in enumerate(reversed(measured)):
-        iv = r.interval
-        ax.scatter(iv.values, [row] * iv.n, color="C0", s=18, zorder=3)
-        if iv.low is not None:
-            ax.plot([iv.low, iv.high], [row, row], color="C3", linewidth=3, alpha=0.7)
-        ax.scatter([iv.mean], [row], color="C3", marker="|", s=200, zorder=4)
-        if r.check.tolerance:
-            for t in {"within": (-r.check.tolerance, r.check.tolerance)}.get(
-                r.check.relation, (r.check.tolerance,)
-            ):
-                ax.plot([t, t], [row - 0.3, row + 0.3], color="grey", linestyle=":")
-    ax.axvline(0.0, color="black", linewidth=0.8)
-    ax.xaxis.set_major_locator(MaxNLocator(6))
-    ax.set_yticks(range(len(measured)), [_short(r) for r in reversed(measured)], fontsize=8)
-    ax.set_xlabel("difference (dots: seeds; bar: 95% t-interval)")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _short(r: CheckResult) -> str:
-    c = r.check
-    return (
-        f"{c.metric}: {c.arch}"
-        + (f" - {c.baseline}" if c.baseline else "")
-        + (f" ({c.setting})" if c.setting != "steps" or c.minus_setting else "")
-    )
-
-
-def _curves(result: ClaimResult, runs: dict, path: Path) -> Path | None:
-    """Validation loss against step for the archs of the claim's loss checks, mean over seeds, with
-    the seeds' range as a band."""
-    from blocklab.training.metrics import read_metrics
-
-    checks = [r.check for r in result.checks if r.check.metric in ("val_loss", "val_bpb")]
-    if not checks:
-        return None
-    import matplotlib.pyplot as plt
-
-    settings = list(dict.fromkeys(s for c in checks for s in (c.setting, c.minus_setting) if s))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.4 * len(settings), 4.2), squeeze=False)
-    drawn = False
-    for ax, setting in zip(axes[0], settings, strict=True):
-        archs = list(dict.fromkeys(a for c in checks for a in (c.baseline, c.arch) if a))
-        for k, arch in enumerate(archs):
-            curves = [
-                [(r["step"], r["val_loss"]) for r in read_metrics(Path(cfg.out_dir) / "metrics.jsonl", "val")]
-                for e, cfg in runs.get(setting, [])
-                if e.label == arch and (Path(cfg.out_dir) / "metrics.jsonl").is_file()
-            ]
-            if not curves:
-                continue
-            drawn = True
-            n = min(len(c) for c in curves)
-            steps = [curves[0][i][0] for i in range(n)]
-            ys = [[c[i][1] for c in curves] for i in range(n)]
-            ax.plot(
-                steps, [statistics.fmean(y) for y in ys], marker="o", markersize=3, label=arch, color=f"C{k}"
-            )
-            ax.fill_between(steps, [min(y) for y in ys], [max(y) for y in ys], color=f"C{k}", alpha=0.15)
-        ax.set_title(f"setting: {setting}", fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel("validation loss (nats/token)")
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    if not drawn:  # no run of the claim has finished (reproduce --partial)
-        plt.close(fig)
-        return None
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def _optimizers(runs: dict[str, list]) -> str:
     """The optimiser settings the runs trained with, as the compare report words them, and whether
     they are the main job's recipe (`recipes.recipe_optim`)."""
-    from blocklab.report import follows_recipe, optimizer_text
-
     configs = [(entry, cfg) for group in runs.values() for entry, cfg in group]
     if not configs:
         return ""
@@ -193,16 +76,10 @@ def _optimizers(runs: dict[str, list]) -> str:
 
 def _threads(launch: dict[str, Any] | None, info: dict[str, Any]) -> str:
     """How the runs shared the machine: N at a time on T threads each, or torch's default threads."""
-    from blocklab.report import how_runs_trained, plural
-
     if not launch or (launch["jobs"] == 1 and launch["launcher"] == "local"):
         return f"{info['torch_threads']} torch threads"
     return f"runs trained {how_runs_trained({'launch': launch})}" + (
         f", {plural(launch['threads'], 'thread')} each" if launch.get("threads") else "")
-
-
-def _interval_text(iv: evidence.Interval) -> str:
-    return f"{iv.mean:+.3f}" + ("" if iv.low is None else f" [{iv.low:+.3f}, {iv.high:+.3f}]")
 
 
 def campaign_text(root: Path | None) -> str | None:
@@ -273,99 +150,6 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
     )
 
 
-def sweep_rows(rep: Reproduction) -> tuple[list[str], list[list[str]]]:
-    """The learning-rate sweep: each arch's final validation loss per factor, and the chosen rates."""
-    factors = sorted({f for s in rep.sweeps.values() for f in s.losses})
-    head = ["architecture", *(f"x{f:.3g}" for f in factors), "chosen"]
-    rows = []
-    for arch, sweep in rep.sweeps.items():
-        cells = [f"{sweep.losses[f]:.4f}" if f in sweep.losses else "-" for f in factors]
-        best = factors.index(sweep.best)
-        cells[best] = f"**{cells[best]}**"
-        rows.append([arch, *cells, ", ".join(f"{k} {v:g}" for k, v in sweep.rates.items())])
-    return head, rows
-
-
-COMBINATION_TEXT = (
-    "The table no paper has: each paper's change alone and with SAS-P's block (or below Bank of Values' "
-    "table layers), at equal FLOPs. Cells are paired differences of final validation loss (nats; mean "
-    "[95% CI] over seeds). The interaction is (A+B - A) - (B - pre-ln): what B gains on top of A less "
-    "what it gains alone; near zero, the gains add up; positive, they overlap.")
-SWEEP_TEXT = ("Each architecture trained seed 0 for {steps} steps at each multiple of its recipe's peak "
-              "rates (AdamW's and Muon's together); the table gives the final validation loss, and its runs "
-              "train at the best (bold).")
-
-
-TIMING_HEAD = ["setting", "architecture", "tokens/s, median (IQR) over rounds", "ratio to the first",
-               "timed"]
-
-
-def timing_rows(rep: Reproduction) -> list[list[str]]:
-    """The throughput checks' timing passes (OUT/<scale>/<group>/timing.json): per architecture the
-    median tokens/s over rounds with its interquartile range, and how the pass ran."""
-    from blocklab.report import spread
-    from blocklab.reproduce import read_timing
-
-    if rep.out is None:
-        return []
-    rows = []
-    for setting in rep.runs:
-        group = rep.out / rep.scale.group(setting)
-        if not (group / TIMING).is_file():
-            continue
-        saved = json.loads((group / TIMING).read_text())
-        how = (f"{saved['rounds']} rounds x {saved['steps']} steps, {plural(saved['threads'], 'thread')}; "
-               f"{saved['cpu']}, {saved['date']}")
-        first = None
-        for arch in saved["architectures"]:
-            s = spread(list(read_timing(group, arch).values()))
-            assert s is not None
-            first = first or s["median"]
-            rows.append([setting, arch, f"{s['median']:,.0f} ({s['q1']:,.0f}-{s['q3']:,.0f})",
-                         f"{s['median'] / first:.3f}", how])
-    return rows
-
-
-TIMING_TEXT = ("Throughput is timed after training, never read from the runs' logs: each architecture's "
-               "training step (fresh model, the runs' batch shape and optimisers) in interleaved rounds, "
-               "every architecture in turn within a round, so a change in the machine's load hits all "
-               "alike. A throughput check pairs the architectures by round.")
-
-
-COMBINATION_HEAD = ["combination", "A - pre-ln", "B - pre-ln", "A+B - pre-ln", "A+B - A", "A+B - B",
-                    "interaction", "verdict"]
-
-
-def combination_rows(rep: Reproduction) -> list[list[str]]:
-    """The table no paper has: for each combination claim, every paired difference of final validation
-    loss among pre-ln, A, B and A+B at its setting (mean [95% CI], nats), the interaction
-    (A+B - A) - (B - pre-ln), and the claim's verdict."""
-    if rep.measured is None:
-        return []
-    rows = []
-    for result in rep.results:
-        if "combination" not in result.claim.tags:
-            continue
-        first, second, interaction = result.checks
-        together, a, b = first.check.arch, first.check.baseline, second.check.baseline
-        setting = first.check.setting
-        if result.verdict == PENDING:
-            rows.append([f"A = {a}, B = {b}: {together}", *["-"] * 6, PENDING])
-            continue
-
-        def loss(arch: str, _setting: str = setting) -> dict[int, float]:
-            return rep.measured.per_seed("val_loss", _setting, arch)
-
-        def diff(x: str, y: str) -> str:
-            return _interval_text(evidence.t_interval(evidence.paired_differences(loss(x), loss(y))))
-
-        assert interaction.interval is not None
-        rows.append([f"A = {a}, B = {b}: {together}", diff(a, "pre-ln"), diff(b, "pre-ln"),
-                     diff(together, "pre-ln"), diff(together, a), diff(together, b),
-                     _interval_text(interaction.interval), result.verdict])
-    return rows
-
-
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
     from blocklab.claims import PAPERS
@@ -403,77 +187,13 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
             md += ["", f"## {title}", "", text, ""] + md_table(head, rows)
             extra_html += f"<h2>{title}</h2><p>{html.escape(text)}</p>" + html_table(head, rows)
     sections_html = []
-    record = []
     for r in results:
         c = r.claim
-        rows = [_cells(k) for k in r.checks]
-        images = [
-            p
-            for p in (
-                _forest(r, figures / f"{c.id}-differences.png"),
-                _curves(r, runs, figures / f"{c.id}-curves.png"),
-            )
-            if p is not None
-        ]
-        md += [
-            "",
-            f"## {c.id}: {r.verdict}",
-            "",
-            f"**{PAPERS[c.paper]}, {c.where}.** {c.statement}",
-            "",
-            f"*Scope of this verdict:* {scope(rep, r)}.",
-            "",
-            f"*The paper:* {c.paper_result}.",
-            "",
-            "*Here:*",
-            "",
-        ]
-        md += md_table(HEAD, rows)
-        if c.notes:
-            md += ["", f"Note: {c.notes}"]
-        md += [""] + [f"![{p.stem}]({figures.name}/{p.name})" for p in images]
-        imgs = "".join(
-            f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
-            f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
-            for p in images
-        )
-        sections_html.append(
-            f"<h2>{html.escape(c.id)}: {html.escape(r.verdict)}</h2><p><b>{html.escape(PAPERS[c.paper])}, "
-            f"{html.escape(c.where)}.</b> {html.escape(c.statement)}</p><p><i>Scope of this verdict:</i> "
-            f"{html.escape(scope(rep, r))}.</p><p><i>The paper:</i> "
-            f"{html.escape(c.paper_result)}.</p>{html_table(HEAD, rows)}"
-            + (f"<p>Note: {html.escape(c.notes)}</p>" if c.notes else "")
-            + imgs
-        )
-        record.append(
-            {
-                "claim": c.id,
-                "verdict": r.verdict,
-                "checks": [
-                    {
-                        "metric": k.check.metric,
-                        "arch": k.check.arch,
-                        "baseline": k.check.baseline,
-                        "setting": k.check.setting,
-                        "minus_setting": k.check.minus_setting,
-                        "relation": k.check.relation,
-                        "tolerance": k.check.tolerance,
-                        "verdict": k.verdict,
-                        **(
-                            {
-                                "values": list(k.interval.values),
-                                "mean": k.interval.mean,
-                                "low": k.interval.low,
-                                "high": k.interval.high,
-                            }
-                            if k.interval
-                            else {"value": k.value, "reference": k.reference}
-                        ),
-                    }
-                    for k in r.checks
-                ],
-            }
-        )
+        images = [p for p in (differences_figure(r, figures / f"{c.id}-differences.png"),
+                              curves_figure(r, runs, figures / f"{c.id}-curves.png")) if p is not None]
+        md += _claim_markdown(rep, r, images)
+        sections_html.append(_claim_html(rep, r, images))
+    record = [_claim_record(r) for r in results]
     path = out / "reproduction.md"
     path.write_text("\n".join(md) + "\n")
     (out / "reproduction.json").write_text(
@@ -499,6 +219,72 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     )
     (out / "reproduction.html").write_text(page)
     return path
+
+
+def _claim_markdown(rep: Reproduction, r: ClaimResult, images: list[Path]) -> list[str]:
+    """A claim's section of reproduction.md: the claim, the scope of its verdict, the paper's result,
+    the checks measured here and the figures (in the folder beside the page)."""
+    from blocklab.claims import PAPERS
+
+    c = r.claim
+    md = ["", f"## {c.id}: {r.verdict}", "", f"**{PAPERS[c.paper]}, {c.where}.** {c.statement}", "",
+          f"*Scope of this verdict:* {scope(rep, r)}.", "", f"*The paper:* {c.paper_result}.", "",
+          "*Here:*", ""]
+    md += md_table(HEAD, [check_cells(k) for k in r.checks])
+    if c.notes:
+        md += ["", f"Note: {c.notes}"]
+    return md + [""] + [f"![{p.stem}]({p.parent.name}/{p.name})" for p in images]
+
+
+def _claim_html(rep: Reproduction, r: ClaimResult, images: list[Path]) -> str:
+    """The same section for reproduction.html, the figures embedded."""
+    from blocklab.claims import PAPERS
+
+    c = r.claim
+    imgs = "".join(
+        f'<figure><img alt="{html.escape(p.stem)}" src="data:image/png;base64,'
+        f'{base64.b64encode(p.read_bytes()).decode()}"></figure>'
+        for p in images
+    )
+    return (
+        f"<h2>{html.escape(c.id)}: {html.escape(r.verdict)}</h2><p><b>{html.escape(PAPERS[c.paper])}, "
+        f"{html.escape(c.where)}.</b> {html.escape(c.statement)}</p><p><i>Scope of this verdict:</i> "
+        f"{html.escape(scope(rep, r))}.</p><p><i>The paper:</i> "
+        f"{html.escape(c.paper_result)}.</p>{html_table(HEAD, [check_cells(k) for k in r.checks])}"
+        + (f"<p>Note: {html.escape(c.notes)}</p>" if c.notes else "")
+        + imgs
+    )
+
+
+def _claim_record(r: ClaimResult) -> dict[str, Any]:
+    """A claim in reproduction.json: its verdict and every check's figures."""
+    return {
+        "claim": r.claim.id,
+        "verdict": r.verdict,
+        "checks": [
+            {
+                "metric": k.check.metric,
+                "arch": k.check.arch,
+                "baseline": k.check.baseline,
+                "setting": k.check.setting,
+                "minus_setting": k.check.minus_setting,
+                "relation": k.check.relation,
+                "tolerance": k.check.tolerance,
+                "verdict": k.verdict,
+                **(
+                    {
+                        "values": list(k.interval.values),
+                        "mean": k.interval.mean,
+                        "low": k.interval.low,
+                        "high": k.interval.high,
+                    }
+                    if k.interval
+                    else {"value": k.value, "reference": k.reference}
+                ),
+            }
+            for k in r.checks
+        ],
+    }
 
 
 def _jsonable(x: Any) -> Any:
@@ -563,8 +349,8 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
             for r in per_scale:
                 iv = r.checks[k].interval if r is not None else None
                 cells.append("-" if r is None else PENDING if iv is None else
-                             f"{_interval_text(iv)} (n={iv.n}) {r.checks[k].verdict}")
-            rows.append([cid, check.describe(), _relation(check), *cells])
+                             f"{interval_text(iv)} (n={iv.n}) {r.checks[k].verdict}")
+            rows.append([cid, check.describe(), relation_text(check), *cells])
     md += md_table(["claim", "check", "expected", *names], rows)
     for rep in reps:
         combos = combination_rows(rep)

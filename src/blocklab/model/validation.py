@@ -1,47 +1,36 @@
 """Checks run on every `ModelConfig`: each failure names the field, the value and what is allowed.
 
-It sits above `blocklab.model`: the value-path checks read the registry there. `ModelConfig` is named
-only in annotations, so nothing imports back up from the model.
+It sits above the model's components (the value-path checks read their registry) and below
+`ModelConfig` (model/config.py), which runs `validate` on construction; it reads the fields through
+`ModelFields` (model/fields.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from blocklab.errors import ConfigError
+from blocklab.model.fields import CHOICES
 from blocklab.model.trunk import SMEAR_CHANNELS
-from blocklab.model.value_paths import VALUE_PATHS, validate_value_path
+from blocklab.model.value_paths import validate_value_path, value_path_class
 
 if TYPE_CHECKING:
-    from blocklab.config import ModelConfig
-
-# The allowed values of ModelConfig's choice fields.
-NORMS = ("layernorm", "rmsnorm", "none")
-NORM_LAYERS = ("all", "first")
-POSITIONS = ("learned", "sinusoidal", "rope", "none")
-MLP_ACTS = ("relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu")  # gelu_tanh: GPT-2
-BLOCK_LAYOUTS = ("pre-ln", "post-ln", "parallel")
-ATTN_MATRICES = ("softmax", "skipinit", "shaped")
-LINEAR_FORMS = ("linear", "identity", "reparam")
-REPARAM_INITS = ("identity", "orthogonal")
-REPARAM_TIES = ("none", "all-tied", "ll-tied")
-INIT_SCHEMES = ("normal", "nanochat")
-RMSNORM_EPS = ("inside", "outside")
-
+    from blocklab.model.fields import ModelFields
 
 def _fail(name: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"ModelConfig.{name} = {value!r} is not allowed: {allowed}")
 
 
-def _choice(cfg: ModelConfig, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(cfg, name)
+def _choice(cfg: ModelFields, name: str) -> None:
+    """A choice field holds one of the values of its `Literal` type (model/fields.py)."""
+    value, choices = getattr(cfg, name), get_args(CHOICES[name])
     if value not in choices:
         _fail(name, value, f"choose one of {', '.join(map(repr, choices))}.")
 
 
-def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
+def _positive(cfg: ModelFields, name: str, optional: bool = False) -> None:
     value = getattr(cfg, name)
     if optional and value is None:
         return
@@ -54,10 +43,16 @@ _TYPES = {"int": ((int,), "an integer"), "float": ((int, float), "a number"),
           "dict[str, Any]": ((dict,), "a dict")}
 
 
-def _check_types(cfg: ModelConfig) -> None:
+def _fields(cfg: ModelFields) -> tuple[dataclasses.Field, ...]:
+    # mypy sees no dataclass through config_dataclass
+    return dataclasses.fields(cfg)  # type: ignore[arg-type]
+
+
+def _check_types(cfg: ModelFields) -> None:
     """Each field holds a value of its annotated type (ints pass for floats, bools never pass for numbers)."""
-    for f in dataclasses.fields(cfg):
+    for f in _fields(cfg):
         kind, _, optional = f.type.partition(" | ")
+        kind = "str" if f.name in CHOICES else kind  # a Literal of strings (checked by `_choice`)
         value = getattr(cfg, f.name)
         if value is None and optional == "None":
             continue
@@ -66,7 +61,7 @@ def _check_types(cfg: ModelConfig) -> None:
             _fail(f.name, value, f"it must be {words}" + (" or None." if optional else "."))
 
 
-def _check_trunk(cfg: ModelConfig) -> None:
+def _check_trunk(cfg: ModelFields) -> None:
     """nanochat's trunk fields (model/trunk.py)."""
     if cfg.attn_logit_scale <= 0:
         _fail("attn_logit_scale", cfg.attn_logit_scale, "it must be > 0 (1 is the usual 1/sqrt(d_h)).")
@@ -84,26 +79,15 @@ def _check_trunk(cfg: ModelConfig) -> None:
               "std 0.001, which one tied matrix cannot have; set tie_embeddings=False.")
 
 
-def validate(cfg: ModelConfig) -> None:
+def validate(cfg: ModelFields) -> None:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
         _positive(cfg, name, optional=True)
     _check_types(cfg)
-    _choice(cfg, "norm", NORMS)
-    _choice(cfg, "norm_layers", NORM_LAYERS)
-    _choice(cfg, "positions", POSITIONS)
-    _choice(cfg, "mlp_act", MLP_ACTS)
-    _choice(cfg, "block_layout", BLOCK_LAYOUTS)
-    _choice(cfg, "attn_matrix", ATTN_MATRICES)
-    _choice(cfg, "value_form", LINEAR_FORMS)
-    _choice(cfg, "proj_form", LINEAR_FORMS)
-    if cfg.first_value_form is not None:
-        _choice(cfg, "first_value_form", LINEAR_FORMS)
-    _choice(cfg, "reparam_init", REPARAM_INITS)
-    _choice(cfg, "reparam_tie", REPARAM_TIES)
-    _choice(cfg, "init_scheme", INIT_SCHEMES)
-    _choice(cfg, "rmsnorm_eps", RMSNORM_EPS)
+    for name in CHOICES:
+        if not (name == "first_value_form" and cfg.first_value_form is None):
+            _choice(cfg, name)
     if cfg.qk_bias and cfg.bias:
         _fail("qk_bias", cfg.qk_bias, "it gives Q and K alone a bias, and bias=True already gives every "
               "linear map one; set one of the two.")
@@ -144,12 +128,23 @@ def validate(cfg: ModelConfig) -> None:
         _fail("logit_softcap", cfg.logit_softcap, "it must be > 0 or None.")
     if cfg.leaky_relu_slope < 0:
         _fail("leaky_relu_slope", cfg.leaky_relu_slope, "the negative-side slope must be >= 0 (0 is ReLU).")
-    for f in dataclasses.fields(cfg):  # a NaN or infinite gain, eps or std would poison every step
+    for f in _fields(cfg):  # a NaN or infinite gain, eps or std would poison every step
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             _fail(f.name, value, "it must be a finite number.")
+    _check_windows(cfg)
+    _check_layout_and_forms(cfg)
+    validate_value_path(cfg)
+    if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
+        bare = [i for i in range(cfg.n_layers) if not value_path_class(cfg).has_value_map(cfg, i)]
+        if bare:
+            _fail("reparam_tie", cfg.reparam_tie,
+                  f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "
+                  f"in layers {bare} (0-based); use reparam_tie='none' with this value path.")
 
-    # sliding windows
+
+def _check_windows(cfg: ModelFields) -> None:
+    """Sliding windows: the pattern, and a window size exactly when some layer uses it."""
     if not cfg.window_pattern or set(cfg.window_pattern) - {"S", "L"}:
         _fail("window_pattern", cfg.window_pattern,
               "use a non-empty string of 'S' (sliding window) and 'L' (full context), e.g. 'SSSL'.")
@@ -162,14 +157,15 @@ def validate(cfg: ModelConfig) -> None:
         _fail("window_size", cfg.window_size,
               f"a window cannot be larger than the context (context_length={cfg.context_length}).")
 
-    # block layouts
+
+def _check_layout_and_forms(cfg: ModelFields) -> None:
+    """Block layouts, and the value and projection forms (identity and reparameterised maps)."""
     if cfg.block_layout == "parallel" and cfg.attn_skip_gain != 0:
         _fail("attn_skip_gain", cfg.attn_skip_gain,
               "a parallel block has a single skip, alpha_comb = mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
     if cfg.block_layout == "post-ln" and cfg.norm == "none":
         _fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
 
-    # value and projection forms
     square = cfg.head_size * cfg.n_heads == cfg.d_model
     forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
              "proj_form": cfg.proj_form}
@@ -186,11 +182,3 @@ def validate(cfg: ModelConfig) -> None:
             _fail("reparam_tie", cfg.reparam_tie,
                   "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
                   "with reparam_init='orthogonal'.")
-
-    validate_value_path(cfg)
-    if cfg.reparam_tie != "none":  # after the value path's options are known to be valid
-        bare = [i for i in range(cfg.n_layers) if not VALUE_PATHS[cfg.value_path].has_value_map(cfg, i)]
-        if bare:
-            _fail("reparam_tie", cfg.reparam_tie,
-                  f"it ties W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no W_V "
-                  f"in layers {bare} (0-based); use reparam_tie='none' with this value path.")

@@ -1,0 +1,148 @@
+"""Which runs a comparison trains: one TrainConfig per entry and seed, over shared fields with
+`blocklab compare`'s defaults, on one budget (equal steps by default).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from blocklab.compare.grids import GRIDS, Entry
+from blocklab.config import ModelConfig
+from blocklab.errors import ConfigError
+from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.presets import split_arch
+from blocklab.recipes import recipe_optim
+from blocklab.training import TrainConfig
+from blocklab.training.config import BUDGET_FIELDS, BUDGETS, apply_overrides
+
+# The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
+# recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its
+# 10 minutes on 2 seeds of 150 steps (a seed spread and paired differences) rather than 1 of 400
+# (at 200 steps one run took 56 s on 2 cores, about 11 minutes in all).
+DEFAULT_STEPS = 150
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, merging the data, optim and model sections key by key."""
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) and key in ("data", "optim",
+                                                                                          "model") else value
+    return out
+
+
+def entry_model(entry: Entry, size: str, base_model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The model overrides of `entry` at `size`, with the value path's options read at that depth
+    (`ValuePath.grid_options`: e.g. v1-value's "all layers" leaves out layer 0, the source of V_1)."""
+    model = {**(base_model or {}), **entry.model}
+    value_path = split_arch(entry.arch)[1]
+    opts = model.get("value_path_options", {})
+    if value_path is None or value_path not in VALUE_PATHS or not opts:
+        return model
+    n_layers = ModelConfig.from_preset(entry.arch, size, **{**model, "value_path_options": {}}).n_layers
+    return {**model, "value_path_options": VALUE_PATHS[value_path].grid_options(opts, n_layers)}
+
+
+# A finished or interrupted run is reused across the fields of training.config.NOT_RESULTS (display,
+# logging, checkpoints, where it lives) and nothing else; the budget kinds are training.config.BUDGETS.
+def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any]
+                ) -> list[tuple[Entry, TrainConfig]]:
+    """One TrainConfig per (entry, seed); everything but the architecture and seed comes from `base`.
+
+    Optimiser fields that neither the entry nor `base` sets come from the main job's recipe for the
+    run's architecture and size (`recipe_optim`). Checkpoints follow the eval cadence unless `base`
+    sets ckpt_every, so an interrupted run loses at most one eval interval.
+    """
+    every = base.get("eval_every", TrainConfig.eval_every)
+    if "ckpt_every" not in base and every:
+        base = {**base, "ckpt_every": every}
+    configs = []
+    size = base.get("size", TrainConfig.size)
+    for entry in entries:
+        model = entry_model(entry, size, base.get("model", {}))
+        own = merge(merge({"optim": recipe_optim(entry.arch, size)}, base), entry.train)
+        for seed in range(seeds):
+            fields = merge(own, {
+                "arch": entry.arch, "seed": seed, "model": model,
+                "out_dir": str(out / "runs" / f"{slug(entry.label)}-seed{seed}")})
+            configs.append((entry, TrainConfig.from_dict(fields)))
+    return configs
+
+
+def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps: int = DEFAULT_STEPS
+                   ) -> float | None:
+    """The amount of budget `kind` that the first entry (the baseline) spends in `steps` steps:
+    `steps` steps, steps x batch x seq_len tokens, or those tokens times its analytic FLOPs per
+    token, so the default follows the size. None for wall-clock time, which depends on the machine."""
+    if kind not in BUDGETS:
+        raise ConfigError(f"budget {kind!r} is not allowed: choose one of {', '.join(BUDGETS)}.")
+    if kind == "time":
+        return None
+    if kind == "steps":
+        return steps
+    from blocklab.accounting import flops_per_token
+    from blocklab.data import prepare_data
+    from blocklab.model import Transformer
+
+    cfg = run_configs(entries[:1], 1, Path("unused"), {**base, "max_steps": steps})[0][1]
+    tokens = steps * cfg.batch_size * cfg.seq_len
+    if kind == "tokens":
+        return tokens
+    vocab = prepare_data(cfg.data, progress=cfg.progress).tokenizer.vocab_size  # the runs reuse it (cached)
+    with torch.device("meta"):
+        model = Transformer(cfg.model_config(vocab))
+    return float(tokens * flops_per_token(model))
+
+
+def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
+                    base: dict[str, Any] | None = None, lr: float | None = None,
+                    budget: dict[str, float | None] | None = None, overrides: list[str] | dict | None = None
+                    ) -> tuple[list[Entry], dict[str, Any]]:
+    """The entries and the shared TrainConfig fields of a comparison, with `blocklab compare`'s defaults.
+
+    A `grid` (a key of GRIDS) gives the entries, the paper's setup over `base`, its budget kind and its
+    size (when `base` names none); otherwise the entries are `archs` and the kind is steps. The peak
+    learning rate is `lr` for every run, else each architecture's from the main job's recipe
+    (`recipe_optim`, applied by `run_configs` with the recipe's other optimiser settings); `overrides`
+    (``key=value``, an optim.lr=... too) come last. `budget` maps at most one kind of BUDGETS to its
+    amount (None: not given); without one, nor a max_* override, the runs get the kind's
+    `default_budget`.
+    """
+    base = dict(base or {})
+    kind = "steps"
+    if grid is not None:
+        if grid not in GRIDS:
+            raise ConfigError(f"--grid {grid!r} is not allowed: choose one of {', '.join(GRIDS)}.")
+        entries, base, kind = list(GRIDS[grid].entries), merge(base, GRIDS[grid].train), GRIDS[grid].budget
+        base.setdefault("size", GRIDS[grid].size)
+    else:
+        entries = [Entry.parse(a) for a in archs or []]
+    if lr is not None:
+        apply_overrides(base, {"optim.lr": lr})
+    apply_overrides(base, overrides)
+    chosen = {k: v for k, v in (budget or {}).items() if v is not None}
+    unknown = sorted(chosen.keys() - BUDGETS.keys())
+    if unknown:
+        raise ConfigError(f"budget {unknown[0]!r} is not allowed: choose one of {', '.join(BUDGETS)}.")
+    if len(chosen) > 1:
+        raise ConfigError(f"give one budget, got {', '.join('--' + k for k in BUDGETS if k in chosen)}: the "
+                          "runs are equal in exactly one of steps, tokens, FLOPs or wall-clock time.")
+    if chosen:
+        [(kind, value)] = chosen.items()
+        base[BUDGETS[kind]] = value
+    elif not any(base.get(f) is not None for f in BUDGET_FIELDS):  # nor a max_*=... override
+        # the grid's own budget kind (steps without a grid), as much as the baseline spends in 150 steps
+        value = default_budget(kind, entries, base)
+        if value is None:
+            raise ConfigError(f"--grid {grid} compares at equal wall-clock time, as the paper does, and no "
+                              "default fits every machine: give the seconds per run with --time SECONDS, or "
+                              f"--steps N for equal steps ({DEFAULT_STEPS} by default).")
+        base[BUDGETS[kind]] = value
+    return entries, base
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-+." else "_" for c in label)

@@ -1,0 +1,131 @@
+"""`reproduce`: train (or reuse) the runs the claims need, add seeds while a check is undecided, and
+give each claim its verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from blocklab.claims import Claim
+from blocklab.config import ConfigError
+from blocklab.reproduce.campaign import record_launch
+from blocklab.reproduce.judge import Measurements, Reproduction, judge_claims, more_seeds
+from blocklab.reproduce.metrics import METRICS
+from blocklab.reproduce.planning import (
+    Sweep,
+    finished_seeds,
+    needed_archs,
+    plan,
+    read_sweep,
+    sweep_plan,
+    unique_runs,
+)
+from blocklab.reproduce.scales import SCALES, Scale, run_group
+from blocklab.reproduce.timing import time_throughput
+from blocklab.training import TrainConfig
+
+
+def _scale(scale: str | Scale, name: str | None = None) -> tuple[str, Scale]:
+    if isinstance(scale, Scale):
+        return name or "custom", scale
+    if scale not in SCALES:
+        raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
+    return scale, SCALES[scale]
+
+
+def _starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> dict[tuple[str, str], int]:
+    """Seeds per (setting, arch): the scale's, or as many as have finished in the store."""
+    return {(setting, arch): max(scale.seeds,
+                                 finished_seeds(root / scale.group(run_group(setting, arch)), arch))
+            for setting, archs in needed.items() for arch in archs}
+
+
+def _plannable(claims: list[Claim], ready: set[str] | None, train: bool) -> list[Claim]:
+    """The claims to plan: all of them, but without training only those whose architectures' sweeps
+    have finished (`ready`; None: no sweep)."""
+    if ready is not None and not train:
+        return [c for c in claims if {a for k in c.checks for a in k.archs
+                                      if not METRICS[k.metric].exact} <= ready]
+    return claims
+
+
+def reproduce(
+    claims: list[Claim],
+    scale: str | Scale = "quick",
+    out: str | Path = "runs/reproduce",
+    train: bool = True,
+    log=print,
+    launcher=None,
+    name: str | None = None,
+    partial: bool = False,
+) -> Reproduction:
+    """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
+    (`blocklab.launch`; default one at a time here) and give each claim its verdict;
+    `blocklab.report.reproduction.write_reproduction` writes the report.
+
+    With a sweep (`Scale.lr_sweep`), every architecture's sweep trains first and its runs take the
+    best rate. Every (setting, arch) gets `scale.seeds` seeds, or as many as have finished in the
+    store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
+    `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
+    Throughput checks read an interleaved timing pass after training (`time_throughput`), never the
+    runs' logged tokens/s.
+    With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
+    training call left them; with `partial` too, a claim whose runs have not all finished reads
+    pending instead of stopping the call. `name` names a `scale` given as a Scale (its folder;
+    default "custom").
+
+    Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
+    cannot be judged on missing seeds)."""
+    import time
+
+    start = time.perf_counter()
+    name, scale = _scale(scale, name)
+    claims = [c for c in claims if not set(c.tags) & set(scale.leaves_out)]
+    if not claims:
+        raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
+    root = Path(out) / name
+    launches: list[dict[str, Any]] = []
+
+    def train_all(configs: list[tuple[Any, TrainConfig]], what: str) -> None:
+        from blocklab.launch import RunsFailed, train_runs
+
+        log(f"{what}: {len(configs)} runs")
+        launch = train_runs(configs, launcher, log)
+        launch.raise_if_pending("reproduce", "judge the claims")
+        if launch.failed:
+            raise RunsFailed(launch.failed)
+        launches.append(launch.describe())
+        record_launch(root, launch, time.perf_counter() - began)
+
+    sweeps: dict[str, Sweep] = {}
+    needed = needed_archs(claims)
+    if scale.lr_sweep:
+        swept = sweep_plan(list(dict.fromkeys(a for archs in needed.values() for a in archs)), scale, root)
+        if train:
+            began = time.perf_counter()
+            train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
+        sweeps = read_sweep(swept, scale, partial=partial and not train)
+    factors = {arch: s.best for arch, s in sweeps.items()} or None
+    ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
+    seeds = _starting_seeds(needed, scale, root)
+    claims_to_plan = _plannable(claims, ready, train)
+    while True:
+        runs = plan(claims_to_plan, scale, root, factors, seeds)
+        if train:
+            began = time.perf_counter()
+            for setting, configs in runs.items():
+                log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
+            train_all(unique_runs(runs), "claims")
+            # speed from interleaved rounds on this machine once training is over, not from the logs
+            time_throughput(claims_to_plan, scale, root, runs, launches[-1].get("threads"), log)
+        measured = Measurements(runs)
+        results = judge_claims(claims, scale, measured, ready, partial and not train)
+        more = more_seeds(results, seeds, scale) if train else {}
+        if not more:
+            break
+        log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, up to {max(more.values())}")
+        seeds.update(more)
+    launched = launches[-1] if launches else None
+    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root,
+                        measured)

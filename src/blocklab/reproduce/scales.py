@@ -1,0 +1,156 @@
+"""The scales of a reproduction (model size, batch, steps, seeds, learning rates) and the settings
+the claims' checks read (equal steps, equal FLOPs, a longer sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from blocklab.compare import Entry, default_budget, merge
+from blocklab.config import ConfigError
+
+
+@dataclass(frozen=True)
+class Scale:
+    description: str
+    size: str
+    steps: int
+    seeds: int = 3
+    batch_size: int = 16
+    seq_len: int = 128
+    # None: each architecture's rate at this size in recipes/learning_rates.json (compare.run_configs),
+    # else the TrainConfig default
+    lr: float | None = None
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig overrides of every run
+    eval_every: int = 50
+    train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (data, eval_batches...)
+    # Seeds are added to an undecided claim, `seeds` at a time, up to this many (None: no more)
+    max_seeds: int | None = None
+    # The learning-rate sweep: every architecture trains seed 0 at these multiples of its recipe's
+    # peak rates (AdamW's and Muon's together) for `sweep_steps` steps, and its runs train at the best
+    lr_sweep: tuple[float, ...] = ()
+    sweep_steps: int = 200
+    leaves_out: tuple[str, ...] = ()  # claims with these tags are not judged at this scale
+    # The throughput checks' interleaved timing after training (`time_throughput`): rounds x steps
+    timing_rounds: int = 10
+    timing_steps: int = 3
+    caveat: str = ""  # what every verdict at this scale must be read with (printed beside each one)
+
+    def base(self, setting: str) -> dict[str, Any]:
+        """The TrainConfig fields shared by every run of `setting` (the budget included)."""
+        if setting not in SETTINGS:
+            raise ConfigError(f"setting {setting!r} is not allowed: choose one of {', '.join(SETTINGS)}")
+        base: dict[str, Any] = {
+            "size": self.size,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "eval_every": self.eval_every,
+            "progress": False,
+        }
+        if self.model:
+            base["model"] = dict(self.model)
+        if self.lr is not None:
+            base["optim"] = {"lr": self.lr}
+        base = merge(base, self.train)
+        if setting == "seq-long":  # 4x the sequence, a quarter of the sequences: the same tokens per step
+            if self.batch_size % 4:
+                raise ConfigError(
+                    f"the seq-long setting needs a batch size divisible by 4; got {self.batch_size}"
+                )
+            base.update(seq_len=4 * self.seq_len, batch_size=self.batch_size // 4)
+        if setting == "flops":  # what the baseline (pre-ln) spends in `steps` steps
+            base["max_flops"] = default_budget("flops", [Entry.parse(FLOPS_BASELINE)], base, self.steps)
+        else:
+            base["max_steps"] = self.steps
+        return base
+
+    def group(self, setting: str) -> str:
+        tag = f"seq{4 * self.seq_len}" if setting == "seq-long" else setting
+        return f"{self.size}-{tag}"
+
+    def describe(self) -> str:
+        """The description with the seeds and the sweep as configured."""
+        more = f", up to {self.max_seeds} for an undecided claim" if self.max_seeds else ""
+        factors = ", x".join(f"{f:.3g}" for f in self.lr_sweep)
+        sweep = (f"; learning rate per architecture from a sweep of x{factors} "
+                 f"its recipe's rates ({self.sweep_steps} steps, seed 0)" if self.lr_sweep else "")
+        left = f"; not judged here: the {', '.join(self.leaves_out)} claims" if self.leaves_out else ""
+        return f"{self.description}, {self.seeds} seeds{more}{sweep}{left}"
+
+
+SETTINGS = ("steps", "flops", "seq-long")
+
+
+# The equal-FLOPs budget is what this architecture spends in the scale's steps, so its equal-FLOPs runs
+# are its equal-steps runs, step for step (same schedule, same batches): they are read from there,
+# not trained twice (`run_group`).
+FLOPS_BASELINE = "pre-ln"
+
+
+def run_group(setting: str, arch: str) -> str:
+    """The setting whose runs `arch` reads at `setting`: its own, but the equal-steps runs for the
+    equal-FLOPs baseline."""
+    return "steps" if setting == "flops" and arch == FLOPS_BASELINE else setting
+
+
+# The evidence scales: a per-architecture learning-rate sweep at x1/3, x1 and x3 of the recipe's rates
+# (the recipe's own grid, benchmarks/baseline_grid.py --grid lr), 5 seeds, and 5 more for a claim
+# still undecided after them.
+EVIDENCE = dict(seeds=5, max_seeds=10, lr_sweep=(1 / 3, 1.0, 3.0), sweep_steps=200, timing_rounds=20)
+
+
+SCALES: dict[str, Scale] = {
+    "quick": Scale(
+        "size tiny (4 layers, d 128), 120 steps of 16 x 128 tokens: about 10 minutes on a 2-core CPU. "
+        "Every model leaves the unigram plateau by step 50, but 0.25M tokens is far below the papers' "
+        "budgets: a check of the pipeline and of early training, not of the papers' claims; see the cpu "
+        "scale (benchmarks/REPRODUCTION.md)",
+        "tiny",
+        120,
+        caveat="a pipeline check in early training, not evidence for or against the claim",
+    ),
+    "cpu": Scale(
+        "size tiny (4 layers, d 128), 400 steps of 16 x 128 tokens (0.8M tokens)", "tiny", 400, **EVIDENCE
+    ),
+    # the combination claims only at cpu: 22 architectures x 5 seeds at 8 layers would not fit a session
+    "cpu-deep": Scale(
+        "size tiny at 8 layers (d 128), 400 steps of 16 x 128 tokens (0.8M tokens): room for the depth "
+        "effects",
+        "tiny",
+        400,
+        model={"n_layers": 8},
+        leaves_out=("combination",),
+        **EVIDENCE,
+    ),
+    "gpu-resformer": Scale(
+        "resformer-82m (8 layers, d 512), 2,000 steps of 32 x 512 tokens, lr 1e-3",
+        "resformer-82m",
+        2000,
+        batch_size=32,
+        seq_len=512,
+        lr=1e-3,
+        eval_every=250,
+    ),
+    "gpu-sas-p": Scale(
+        "codeparrot-18l (18 layers, d 768), 2,000 steps of 64 x 128 tokens, lr 1e-3",
+        "codeparrot-18l",
+        2000,
+        batch_size=64,
+        seq_len=128,
+        lr=1e-3,
+        eval_every=250,
+    ),
+}
+
+
+# The GPU campaign's short budgets (benchmarks/gpu_campaign.py): each fits one 10-minute call on one
+# H100-class GPU, 3 seeds of every architecture one after another.
+SCALES["gpu-resformer-short"] = replace(
+    SCALES["gpu-resformer"], steps=400, eval_every=100,
+    description="resformer-82m (8 layers, d 512), 400 steps of 32 x 512 tokens (6.6M tokens), lr 1e-3")
+
+
+SCALES["gpu-sas-p-short"] = replace(
+    SCALES["gpu-sas-p"], steps=400, eval_every=100,
+    description="codeparrot-18l (18 layers, d 768), 400 steps of 64 x 128 tokens (3.3M tokens), lr 1e-3")

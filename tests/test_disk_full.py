@@ -1,0 +1,208 @@
+"""A full disk while a run writes: one plain error naming the path, the space free and needed and what
+to do; no partial checkpoint left; the last good checkpoint resumes to an uninterrupted run's curve."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from blocklab import diskfull
+from blocklab.errors import DiskFullError, TrainingError
+from blocklab.training import TrainConfig, train
+from blocklab.training import checkpoint as ckpt
+from blocklab.training.metrics import MetricsLogger, read_metrics
+from helpers import make_model, write_code_corpus
+
+# torch.save's own text on a full disk (its zip writer keeps no errno)
+TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 1234 vs 1200"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def config(corpus: Path, out: Path, cache: Path, **overrides) -> TrainConfig:
+    """Six steps of a tiny byte-level model; checkpoints at steps 2 and 4, and the final one at 6."""
+    fields = dict(arch="pre-ln", size="tiny", model={"d_model": 32, "n_layers": 2, "n_heads": 2},
+                  batch_size=4, seq_len=32, max_steps=6, eval_every=3, eval_batches=2, log_every=1,
+                  ckpt_every=2, progress=False, out_dir=str(out), optim={"lr": 3e-3, "warmup_fraction": 0.0},
+                  data={"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)})
+    return TrainConfig.from_dict({**fields, **overrides})
+
+
+def losses(run: Path) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_metrics(run / "metrics.jsonl", "train") if "loss" in r]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory) -> list[tuple[int, float]]:
+    root = tmp_path_factory.mktemp("full")
+    return losses(train(config(corpus, root / "run", root / "cache")).run_dir)
+
+
+def fail_second_torch_save(monkeypatch, error: BaseException) -> None:
+    """torch.save in checkpoint.py writes part of optimizer.pt, then raises `error`, at its second call:
+    the checkpoint of step 4 (the one of step 2 is written whole)."""
+    real, calls = torch.save, {"n": 0}
+
+    def save(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(path).write_bytes(b"PK\x03\x04" + bytes(512))  # what the zip writer got out before failing
+            raise error
+        return real(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.torch, "save", save)
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError(TORCH_FULL)], ids=["ENOSPC", "torch-zip-writer"])
+def test_a_full_disk_while_checkpointing_is_said_plainly_and_the_last_checkpoint_resumes(
+        corpus, tmp_path, monkeypatch, uninterrupted, error):
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    fail_second_torch_save(monkeypatch, error)
+    with pytest.raises(DiskFullError) as caught:
+        train(config(corpus, run, cache))
+    assert isinstance(caught.value, TrainingError) and caught.value.__cause__ is error
+    message = str(caught.value)
+    last = run / "checkpoints" / "step_000002"
+    needed = sum(f.stat().st_size for f in last.iterdir())  # the same tensors as the one that failed
+    assert message.startswith(f"could not write checkpoint {run / 'checkpoints' / 'step_000004'}: ")
+    assert "No space left on device" in message if isinstance(error, OSError) else TORCH_FULL in message
+    assert re.search(r"; [\d.]+ (bytes|KiB|MiB|GiB|TiB) free there", message)
+    assert f"it needs about {diskfull.plain_size(needed)}" in message
+    assert f"The last good checkpoint, {last}, is intact" in message
+    assert f"`blocklab train --resume --out {run}` continues from it" in message
+    # nothing half-written is left, and the checkpoint before is whole
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+    ckpt.verify_checkpoint(last, run)
+
+    monkeypatch.undo()  # space freed
+    resumed = train(config(corpus, run, cache), resume=True)
+    assert losses(resumed.run_dir) == uninterrupted  # bit-identical on CPU
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: an illegal memory access was encountered"),
+                                   OSError(errno.EACCES, "Permission denied"), OSError("disk full"),
+                                   KeyError("optimizers")], ids=["runtime", "EACCES", "no-errno", "key"])
+def test_other_errors_while_checkpointing_pass_unchanged(tmp_path, monkeypatch, error):
+    model = torch.nn.Linear(3, 2)
+    ckpt.save_checkpoint(tmp_path, model.state_dict(), [], ckpt.TrainState(step=1), {}, keep=2)
+
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(ckpt.torch, "save", fail)
+    with pytest.raises(type(error)) as caught:
+        ckpt.save_checkpoint(tmp_path, model.state_dict(), [], ckpt.TrainState(step=2), {}, keep=2)
+    assert caught.value is error and not isinstance(caught.value, DiskFullError)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
+
+
+def test_the_full_disk_texts_of_torch_and_safetensors_are_told_apart():
+    from safetensors import SafetensorError
+
+    assert diskfull.failed_write(OSError(errno.ENOSPC, "...")) == "No space left on device"
+    assert diskfull.failed_write(OSError(errno.EDQUOT, "...")) == "Disk quota exceeded"
+    saying = "Error while serializing: I/O error: No space left on device (os error 28)"  # safetensors 0.8
+    assert diskfull.failed_write(SafetensorError(saying)) == "No space left on device"
+    for torch_text in (TORCH_FULL, "basic_ios::clear: iostream error", "PytorchStreamWriter failed writing "
+                       "file data/0: file write failed"):
+        assert torch_text in diskfull.failed_write(RuntimeError(torch_text))
+    for other in (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), OSError(errno.EIO, "I/O error"),
+                  ValueError("No space left on device"), DiskFullError("could not write ... No space left")):
+        assert diskfull.failed_write(other) is None
+    sizes = [diskfull.plain_size(n) for n in (0, 1023, 1536, 5 * 2**30)]
+    assert sizes == ["0 bytes", "1023 bytes", "1.5 KiB", "5.0 GiB"]
+
+
+def test_the_cli_says_a_full_disk_in_one_line(corpus, tmp_path, monkeypatch, capsys):
+    from blocklab.cli import main
+
+    run = tmp_path / "run"
+    fail_second_torch_save(monkeypatch, OSError(errno.ENOSPC, "No space left on device"))
+    args = ["train", f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+            "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "batch_size=4", "seq_len=32",
+            "max_steps=6", "ckpt_every=2", "eval_every=3", "eval_batches=2", "progress=false",
+            "--out", str(run)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and "Traceback" not in err and err.count("\n") == 1
+    target = run / "checkpoints" / "step_000004"
+    assert err.startswith(f"blocklab: error: could not write checkpoint {target}: No space left on device; ")
+    assert "free there" in err and "continues from it" in err
+
+
+def test_a_full_disk_while_logging_metrics_or_exporting_is_said_plainly(tmp_path, monkeypatch):
+    from blocklab.interop import checkpoint as export
+
+    logger = MetricsLogger(tmp_path)
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "open", lambda self, *args, **kwargs: Full())
+        with pytest.raises(DiskFullError, match=rf"could not write metrics {re.escape(str(logger.path))}: No "
+                                                r"space left on device; .* No checkpoint was saved yet"):
+            logger.log({"kind": "train", "step": 1})
+
+    def over_quota(*args, **kwargs):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded")
+
+    monkeypatch.setattr(export, "save_model", over_quota)
+    with pytest.raises(DiskFullError, match=r"could not write the export .*out: Disk quota exceeded; .* "
+                                            r"Free some space and export again"):
+        export.save_pretrained(make_model(), tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]  # no temporary folder left
+
+
+# -- a real full file system -------------------------------------------------------------------------------
+def _mount_tmpfs(where: Path, size: int) -> bool:
+    """A tmpfs of `size` bytes at `where`; False where mounting is not allowed (not root, a container)."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def test_a_real_full_file_system(corpus, tmp_path, uninterrupted):
+    """The run on a tmpfs with room for one checkpoint and not two: the second fails with the error
+    the OS, torch and safetensors really give; once the tmpfs grows, the resume ends as if never cut."""
+    cache, disk = tmp_path / "cache", tmp_path / "disk"
+    probe = train(config(corpus, tmp_path / "probe", cache, max_steps=2)).run_dir
+    one = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())  # the run with one checkpoint
+    step = ckpt.latest_checkpoint(probe)
+    size = one + sum(f.stat().st_size for f in step.iterdir()) // 2  # half a second checkpoint more
+    if not _mount_tmpfs(disk, size):
+        pytest.skip("cannot mount a tmpfs here (needs root, outside a restricted container)")
+    try:
+        run = disk / "run"
+        with pytest.raises(DiskFullError, match=r"could not write checkpoint .*step_000004: .* free there, "
+                                                r"and it needs about") as caught:
+            train(config(corpus, run, cache))
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000002"]
+        # the failed write's space is back while the error is still held (torch's writer closed), and
+        # the error says what is free
+        free = shutil.disk_usage(disk).free
+        assert free > size - one - 64 * 1024
+        assert f"{diskfull.plain_size(free)} free there" in str(caught.value)
+        subprocess.run(["mount", "-o", f"remount,size={4 * size}", str(disk)], check=True)  # space freed
+        resumed = train(config(corpus, run, cache), resume=True)
+        assert losses(resumed.run_dir) == uninterrupted
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # even while a file there is open

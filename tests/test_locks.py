@@ -1,0 +1,146 @@
+"""One writer per folder: a second `train` or `compare` into a folder in use is refused, naming the
+holder, and touches nothing; the lock dies with its holder (kill -9 included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from blocklab import locks
+from blocklab.cli import main
+from blocklab.compare import compare
+from blocklab.training.metrics import read_metrics
+from helpers import compare_base, write_code_corpus
+
+HOLD = textwrap.dedent("""
+    import sys, time
+    from blocklab import locks
+    with locks.hold(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(120)
+""")
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    """A process that holds `folder`'s lock until killed (it says "held" once it has it)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _train_args(corpus: Path, cache: Path, out: Path, steps: int) -> list[str]:
+    return ["train", f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}",
+            "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "batch_size=4", "seq_len=32",
+            f"max_steps={steps}", "log_every=1", "eval_every=1000", "ckpt_every=1000", "progress=false",
+            "--out", str(out)]
+
+
+def test_a_second_train_into_a_running_folder_is_refused_and_the_first_curve_stays_whole(tmp_path, capsys):
+    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
+    out = tmp_path / "runs" / "x"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, "-m", "blocklab.cli", *_train_args(corpus, tmp_path / "c1", out, 60)]
+    first = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)
+    lock = locks.lock_path(out)
+    deadline = time.time() + 60
+    while not (lock.is_file() and str(first.pid) in lock.read_text()):  # the first holds it from the start
+        assert first.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    # the same data through another cache: the second would get as far as writing, were it let in
+    code = main(_train_args(corpus, tmp_path / "c2", out, 5))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"is in use by process {first.pid}" in err and "train" in err and "Traceback" not in err
+    assert first.wait(timeout=300) == 0
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")]
+    assert steps == list(range(61))  # one curve, not two interleaved
+    assert json.loads((out / "summary.json").read_text())["step"] == 60
+
+
+def test_a_second_compare_into_the_same_out_is_refused_and_touches_nothing(tmp_path):
+    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
+    out = tmp_path / "cmp"
+    run = out / "runs" / "pre-ln-seed0"  # a run in progress without a checkpoint yet: the case once deleted
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "loss": 5.0}\n')
+    (out / "report.md").write_text("the first comparison's report\n")
+    holder = _holder(out)
+    try:
+        with pytest.raises(locks.FolderInUse, match=f"in use by process {holder.pid}"):
+            compare(["pre-ln"], out, base=compare_base(corpus, tmp_path / "cache"), fresh=True,
+                    log=lambda m: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1, "loss": 5.0}\n'
+    assert (out / "report.md").read_text() == "the first comparison's report\n"
+
+
+def test_train_into_a_run_a_launcher_is_training_is_refused(tmp_path):
+    """A comparison's worker holds its run's lock (launch.store.run_lock): `train` into it is refused."""
+    from blocklab.training import train
+
+    run = tmp_path / "cmp" / "runs" / "pre-ln-seed0"
+    holder = _holder(run)
+    try:
+        with pytest.raises(locks.FolderInUse, match=str(holder.pid)):
+            train({"out_dir": str(run), "max_steps": 1})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not run.exists()  # refused before anything was written
+
+
+def test_compare_fresh_never_deletes_a_run_that_another_process_is_training(tmp_path):
+    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
+    run = tmp_path / "cmp" / "runs" / "pre-ln-seed0"
+    (run / "checkpoints").mkdir(parents=True)
+    holder = _holder(run)  # e.g. `blocklab train --resume --out cmp/runs/pre-ln-seed0`
+    try:
+        with pytest.raises(locks.FolderInUse, match=f"pre-ln-seed0 is in use by process {holder.pid}"):
+            compare(["pre-ln"], tmp_path / "cmp", base=compare_base(corpus, tmp_path / "cache"), fresh=True,
+                    log=lambda m: None)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / "checkpoints").is_dir()
+
+
+def test_the_lock_goes_with_its_holder_even_on_kill_9(tmp_path):
+    holder = _holder(tmp_path / "run")
+    with pytest.raises(locks.FolderInUse):
+        with locks.hold(tmp_path / "run"):
+            pass
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    with locks.hold(tmp_path / "run"):  # free at once: no stale lock to clear by hand
+        assert json.loads(locks.lock_path(tmp_path / "run").read_text())["pid"] == os.getpid()
+
+
+def test_a_waiting_holder_gets_the_folder_once_it_is_free(tmp_path):
+    holder = _holder(tmp_path / "run")
+    waited = []
+    subprocess.Popen(["sh", "-c", f"sleep 0.5; kill {holder.pid}"])
+    with locks.hold(tmp_path / "run", wait=True, on_wait=lambda: waited.append(1)):
+        assert holder.poll() is not None
+    holder.wait()
+    assert waited == [1]
+
+
+def test_the_lock_of_dot_lies_beside_the_working_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert locks.lock_path(".") == tmp_path.parent / f".{tmp_path.name}.lock"
+    assert locks.lock_path("runs/x/") == tmp_path / "runs" / ".x.lock"
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    return path

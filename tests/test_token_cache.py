@@ -1,0 +1,265 @@
+"""The token cache checks itself: a shard or manifest changed after it was written (bits flipped, a
+file cut short, ids beyond the vocabulary, a manifest that is not JSON, has the wrong fields or
+points a split at another file, a manifest deleted) is named on stderr and rebuilt, and the rebuilt
+entry equals a fresh build. Files are read once per process; a changed file is read again.
+
+Every damage is done in place, then the file's time is moved a second on, as a later process would
+find it: file times tick at the kernel's clock (a few ms), so an edit right after the write could
+otherwise keep the time this process saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from blocklab.data import DataConfig, cache_entry, prepare_data
+from blocklab.data import prepare as prepare_module
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """20 small files, both splits non-empty at val_fraction 0.3."""
+    root = tmp_path / "code"
+    for i in range(20):
+        path = root / f"pkg{i % 3}" / f"mod_{i:02d}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"def f{i}(x):\n    return x * {i} + 'é{i}'\n" * (3 + i % 4), encoding="utf-8")
+    return root
+
+
+def cfg(corpus: Path, cache: Path, **kw) -> DataConfig:
+    return DataConfig(source=str(corpus), tokenizer="byte", val_fraction=0.3, cache_dir=str(cache), **kw)
+
+
+@pytest.fixture
+def fresh(corpus: Path, tmp_path: Path):
+    return prepare_data(cfg(corpus, tmp_path / "fresh"))
+
+
+def later(path: Path) -> None:
+    """Move `path`'s modification time a second on (see the module docstring)."""
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+
+def edit_manifest(entry: Path, edit) -> None:
+    path = entry / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    later(path)
+
+
+def without_time(manifest: dict) -> dict:
+    return {k: v for k, v in manifest.items() if k != "created"}
+
+
+def assert_like_fresh(data, fresh) -> None:
+    assert np.array_equal(data.train, fresh.train) and np.array_equal(data.val, fresh.val)
+    assert data.train.dtype == fresh.train.dtype
+    assert without_time(data.manifest) == without_time(fresh.manifest)
+    assert without_time(json.loads((data.path / "manifest.json").read_text())) == without_time(fresh.manifest)
+
+
+def rebuilt(corpus: Path, cache: Path, capsys, damage) -> tuple:
+    """Build the entry, damage it, prepare again: the data and the lines said on stderr."""
+    first = prepare_data(cfg(corpus, cache))
+    damage(first.path)
+    capsys.readouterr()
+    data = prepare_data(cfg(corpus, cache))
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert data.stats["tokenised"] and data.path == first.path
+    assert not [p.name for p in cache.joinpath("shards").iterdir() if p.name.startswith((".tmp-", ".bad-"))]
+    return data, said
+
+
+def test_flipped_low_bits_are_found_and_rebuilt(corpus, tmp_path, fresh, capsys):
+    def flip(entry: Path) -> None:
+        path = entry / "train.bin"
+        ids = np.fromfile(path, dtype=np.uint16)
+        ids[::97] ^= 1  # ids stay in range: only the checksum can tell
+        with open(path, "r+b") as fh:
+            fh.write(ids.tobytes())
+        later(path)
+
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, flip)
+    assert len(said) == 1 and "train.bin sha256 differs from its manifest" in said[0], said
+    assert str(data.path) in said[0] and "rebuilding it" in said[0]
+    assert_like_fresh(data, fresh)
+
+
+def test_manifest_pointing_train_at_val_is_not_trained_on(corpus, tmp_path, fresh, capsys):
+    def point(entry: Path) -> None:
+        edit_manifest(entry, lambda m: m["splits"].update(train=dict(m["splits"]["val"])))
+
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, point)
+    assert len(said) == 1 and "'val.bin'" in said[0] and "train" in said[0], said
+    assert_like_fresh(data, fresh)
+    assert data.train.size > data.val.size
+
+
+def test_out_of_range_id_is_found(corpus, tmp_path, fresh, capsys):
+    def beyond(entry: Path) -> None:
+        path = entry / "val.bin"
+        ids = np.fromfile(path, dtype=np.uint16)
+        ids[3] = 300  # the byte tokenizer has 258 ids
+        ids.tofile(path)
+        later(path)
+        # The checksum made to match, so that only the range check can tell.
+        import hashlib
+
+        sha = hashlib.sha256(ids.tobytes()).hexdigest()
+        edit_manifest(entry, lambda m: m.get("checksums", {}).get("val.bin", {}).update(sha256=sha))
+
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, beyond)
+    assert len(said) == 1 and "val.bin holds token id 300" in said[0] and "258" in said[0], said
+    assert_like_fresh(data, fresh)
+
+
+@pytest.mark.parametrize("cut", [1, 20])
+def test_truncated_shard_is_found(corpus, tmp_path, fresh, capsys, cut):
+    def truncate(entry: Path) -> None:
+        path = entry / "train.bin"
+        os.truncate(path, path.stat().st_size - cut)  # 1: half an id; 20: ten whole ids
+        later(path)
+
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, truncate)
+    assert len(said) == 1 and "train.bin holds" in said[0] and "cut short" in said[0], said
+    assert_like_fresh(data, fresh)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("{\"format\": 2, ", "not valid JSON"),
+    ("[1, 2]", "not a JSON object"),
+    ("", "not valid JSON"),
+])
+def test_unreadable_manifest_is_found(corpus, tmp_path, fresh, capsys, text, reason):
+    def spoil(entry: Path) -> None:
+        (entry / "manifest.json").write_text(text)
+        later(entry / "manifest.json")
+
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, spoil)
+    assert len(said) == 1 and "manifest.json" in said[0] and reason in said[0], said
+    assert_like_fresh(data, fresh)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda m: m.pop("splits"), "splits"),
+    (lambda m: m["splits"].pop("val"), "val"),
+    (lambda m: m["splits"]["train"].update(tokens="12"), "tokens"),
+    (lambda m: m["splits"]["val"].update(documents=-1), "documents"),
+    (lambda m: m.update(dtype="float32"), "dtype"),
+    (lambda m: m.update(dtype="uint32"), "dtype"),
+    (lambda m: m["tokenizer"].update(hash="0" * 64), "tokenizer"),
+    (lambda m: m["splits"]["val"].update(file="../val.bin"), "val.bin"),
+    (lambda m: m.pop("source"), "source"),
+    (lambda m: m.update(format=1), "format"),
+])
+def test_manifest_of_the_wrong_schema_is_found(corpus, tmp_path, fresh, capsys, edit, reason):
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, lambda entry: edit_manifest(entry, edit))
+    assert len(said) == 1 and "manifest.json" in said[0] and reason in said[0], said
+    assert_like_fresh(data, fresh)
+
+
+def test_deleted_manifest_is_rebuilt(corpus, tmp_path, fresh, capsys):
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, lambda entry: (entry / "manifest.json").unlink())
+    assert len(said) == 1 and "no manifest.json" in said[0], said
+    assert_like_fresh(data, fresh)
+    # And again: the entry is whole now, so nothing is said and nothing tokenised.
+    again = prepare_data(cfg(corpus, tmp_path / "cache"))
+    assert not again.stats["tokenised"] and not capsys.readouterr().err
+
+
+def test_missing_shard_is_rebuilt(corpus, tmp_path, fresh, capsys):
+    data, said = rebuilt(corpus, tmp_path / "cache", capsys, lambda entry: (entry / "val.bin").unlink())
+    assert len(said) == 1 and "val.bin is missing" in said[0], said
+    assert_like_fresh(data, fresh)
+
+
+def test_files_are_read_once_per_process(corpus, tmp_path, monkeypatch, capsys):
+    reads: list[str] = []
+    real = cache_entry.shard_digest
+    monkeypatch.setattr(cache_entry, "shard_digest", lambda path, dtype: reads.append(path.name)
+                        or real(path, dtype))
+    config = cfg(corpus, tmp_path / "cache")
+    first = prepare_data(config)
+    assert sorted(reads) == ["train.bin", "val.bin"]  # the new entry is checked once
+    for _ in range(3):
+        assert np.array_equal(prepare_data(config).train, first.train)
+    assert len(reads) == 2  # not read again
+    later(first.path / "train.bin")  # the same bytes at a new time: read again, found whole
+    again = prepare_data(config)
+    assert sorted(reads) == ["train.bin", "train.bin", "val.bin"] and not again.stats["tokenised"]
+    assert not capsys.readouterr().err
+
+
+def test_processes_finding_the_same_damage_rebuild_it_once(corpus, tmp_path, fresh, capsys):
+    cache = tmp_path / "cache"
+    first = prepare_data(cfg(corpus, cache))
+    (first.path / "manifest.json").unlink()
+    capsys.readouterr()
+    start = threading.Barrier(4)
+    results: list = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        start.wait()
+        try:
+            results.append(prepare_data(cfg(corpus, cache)))
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for data in results:
+        assert_like_fresh(data, fresh)
+    said = [line for line in capsys.readouterr().err.splitlines() if "rebuilding" in line]
+    assert len(said) == 1, said
+    assert sorted(p.name for p in (cache / "shards").iterdir()) == sorted([first.path.name,
+                                                                           f".{first.path.name}.lock"])
+
+
+def test_stale_temporary_entries_are_removed(corpus, tmp_path, fresh):
+    cache = tmp_path / "cache"
+    shards = cache / "shards"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    here = cache_entry._where()  # this host and pid namespace
+    stale = shards / f".tmp-{fresh.path.name}-{int(dead.stdout)}-0badc0de@{here}"
+    bad = shards / f".bad-{fresh.path.name}-{int(dead.stdout)}-0badc0de@{here}"
+    alive = shards / f".tmp-{fresh.path.name}-{os.getpid()}-0000beef@{here}"
+    elsewhere = shards / f".tmp-{fresh.path.name}-{int(dead.stdout)}-0badc0de@{socket.gethostname()}-2"
+    for path in (stale, bad, alive, elsewhere):
+        path.mkdir(parents=True)
+        (path / "train.bin").write_bytes(b"\0" * 10)
+    data = prepare_data(cfg(corpus, cache))
+    assert_like_fresh(data, fresh)
+    assert not stale.exists() and not bad.exists()
+    assert alive.exists() and elsewhere.exists()  # a live pid, or a pid of another host, is left alone
+
+
+def test_damaged_bpe_file_is_trained_again(corpus, tmp_path, capsys):
+    config = DataConfig(source=str(corpus), vocab_size=300, val_fraction=0.3, cache_dir=str(tmp_path / "c"))
+    first = prepare_data(config)
+    [path] = (tmp_path / "c" / "tokenizers").glob("bpe-*.json")
+    path.write_text(path.read_text()[:100])
+    capsys.readouterr()
+    data = prepare_data(config)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(said) == 1 and str(path) in said[0] and "training it again" in said[0], said
+    assert data.stats["tokenizer_trained"] and data.tokenizer.hash == first.tokenizer.hash
+    assert np.array_equal(data.train, first.train) and not data.stats["tokenised"]
+    assert prepare_module.load_tokenizer(path).hash == first.tokenizer.hash
