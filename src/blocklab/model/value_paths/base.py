@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
 
 
+def carried(value: Tensor | None) -> Tensor:
+    """A carry field an earlier layer fills (V_1, K_1, x0 ...), read by a later one: the layers run in
+    order, so it is always there by then."""
+    assert value is not None, "an earlier layer fills this field of the carry"
+    return value
+
+
 def is_value_table(name: str) -> bool:
     """Whether the parameter `name` (e.g. ``blocks.9.attn.values.value_table``) is a value table."""
     return name.rsplit(".", 1)[-1] == VALUE_TABLE

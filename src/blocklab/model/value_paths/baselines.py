@@ -11,15 +11,10 @@ from blocklab import ops
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, resolve_options
+from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, carried, resolve_options
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
-
-
-def _given(value: Tensor | None) -> Tensor:
-    assert value is not None, "an earlier layer fills this field of the carry"
-    return value
 
 
 class NeuTRENO(ValuePath):
@@ -40,7 +35,7 @@ class NeuTRENO(ValuePath):
         v = self.w_v(x)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(first_values=v)
-        offset = self.opts["lambda_"] * (_given(carry.first_values) - v)
+        offset = self.opts["lambda_"] * (carried(carry.first_values) - v)
         return LayerValues(q, k, v, offset=offset), carry
 
 
@@ -100,7 +95,7 @@ class DepthWeights(SharedModule):
         return gain.param
 
     def after_block(self, layer: int, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        history = (*(carry.history or (_given(carry.x0),)), x)
+        history = (*(carry.history or (carried(carry.x0),)), x)
         carry = carry.update(history=history)
         if layer in self.sources:
             weights = self.weights(layer)
@@ -183,7 +178,7 @@ class CrossLayerAttention(ValuePath):
         v = self.w_v(x)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(first_keys=k, first_values=v)
-        first = (_given(carry.first_keys), ops.split_heads(_given(carry.first_values), self.head_dim))
+        first = (carried(carry.first_keys), ops.split_heads(carried(carry.first_values), self.head_dim))
         return LayerValues(q, k, v, other_kv=first), carry
 
     @classmethod

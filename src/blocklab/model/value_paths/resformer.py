@@ -28,6 +28,7 @@ from blocklab.model.value_paths.base import (
     LayerValues,
     SharedModule,
     ValuePath,
+    carried,
     resolve_options,
     target_layers,
 )
@@ -79,14 +80,14 @@ class ValueResidual(ValuePath):
             carry = carry.update(**{first[0]: first[1]})
         elif self.mixes:
             if on == "value":
-                v1 = _given(carry.first_values)
+                v1 = carried(carry.first_values)
                 v = self.mix(x, v1, v, carry)
                 if self.opts["neutreno"]:  # token-local, so a KV cache needs nothing more
                     offset = self.opts["neutreno"] * (v1 - v)
             elif on == "query":
-                q = self.source_weight(_given(carry.first_queries), carry) + self.lambda2(q)
+                q = self.source_weight(carried(carry.first_queries), carry) + self.lambda2(q)
             else:
-                k = self.source_weight(_given(carry.first_keys), carry) + self.lambda2(k)
+                k = self.source_weight(carried(carry.first_keys), carry) + self.lambda2(k)
         return LayerValues(q, k, v, offset=offset), carry
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
@@ -168,11 +169,6 @@ class LearnedMixResFormer(ValueResidual):
             raise ConfigError(f"value_path_options {fixed} is not allowed for resformer-mix: its gate m "
                               "replaces the lambdas and it mixes values only; its options are layers, source "
                               "and neutreno.")
-
-
-def _given(first: Tensor | None) -> Tensor:
-    assert first is not None, "the source layer runs first and fills the carry"
-    return first
 
 
 class AdaptiveSourceWeights(SharedModule):
@@ -279,7 +275,7 @@ class SVFormer(ValuePath):
         if self.w_v is not None:  # a projecting layer
             v = self.w_v(x)
             return LayerValues(q, k, v), carry.update(first_values=v)
-        return LayerValues(q, k, _given(carry.first_values)), carry
+        return LayerValues(q, k, carried(carry.first_values)), carry
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
