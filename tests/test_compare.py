@@ -283,13 +283,17 @@ def test_reuse_survives_settings_that_do_not_change_results(corpus, tmp_path):
         compare(["pre-ln"], out, base={**cfg, "eval_every": 1}, log=lambda *_: None)
 
 
-def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, monkeypatch):
-    out = tmp_path / "cmp"
-    cfg = base(corpus, tmp_path / "cache", steps=6)
-    real_step = interrupt_at_step_call(monkeypatch, 4)  # the last checkpoint is step 2
+def compare_stopped_at_step_4(out, cfg, monkeypatch) -> None:
+    """A one-run compare stopped by Ctrl-C during step 4 (its last checkpoint is step 2)."""
+    real_step = interrupt_at_step_call(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
     monkeypatch.setattr(loop.Trainer, "_step", real_step)
+
+
+def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, monkeypatch):
+    out, cfg = tmp_path / "cmp", base(corpus, tmp_path / "cache", steps=6)
+    compare_stopped_at_step_4(out, cfg, monkeypatch)
     with pytest.raises(ConfigError, match=r"an unfinished run with a different config \(max_steps: 6 -> 8\)"):
         compare(["pre-ln"], out, base={**cfg, "max_steps": 8}, log=lambda *_: None)
     messages = []
@@ -303,12 +307,8 @@ def test_an_interrupted_run_resumes_only_with_the_same_config(corpus, tmp_path, 
 def test_a_run_stopped_mid_append_resumes_past_its_torn_metrics_line(corpus, tmp_path, monkeypatch):
     """A disk filling up (or the power failing) while a run appends to metrics.jsonl leaves its last line
     torn; the compare run again resumes that run past it, and reports."""
-    out = tmp_path / "cmp"
-    cfg = base(corpus, tmp_path / "cache", steps=6)
-    real_step = interrupt_at_step_call(monkeypatch, 4)  # the last checkpoint is step 2
-    with pytest.raises(KeyboardInterrupt):
-        compare(["pre-ln"], out, base=cfg, log=lambda *_: None)
-    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    out, cfg = tmp_path / "cmp", base(corpus, tmp_path / "cache", steps=6)
+    compare_stopped_at_step_4(out, cfg, monkeypatch)
     metrics = out / "runs" / "pre-ln-seed0" / "metrics.jsonl"
     with metrics.open("a") as f:
         f.write('{"kind": "train", "step": 4, "lo')

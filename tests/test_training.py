@@ -328,23 +328,26 @@ def test_validation_rows_and_bits_per_byte_of_the_scored_tokens(tmp_path):
     assert abs(n_bytes / len(targets) - split_bpt) > 0.05  # the split's average would be wrong here
 
 
-def test_resume_continues_the_same_loss_curve(corpus, tmp_path, monkeypatch):
-    base = dict(max_steps=8, ckpt_every=3, eval_every=4, model={**TINY_MODEL, "dropout": 0.1})
-    full = train(config(corpus, tmp_path / "a", **base))
-
-    calls = {"n": 0}
+def stopped_during_step_5(cfg, monkeypatch) -> None:
+    """Train `cfg` until a Ctrl-C during step 5 (with ckpt_every=3, the last checkpoint is step 3)."""
     real_step = loop.Trainer._step
 
     def interrupted(self):
-        calls["n"] += 1
-        if calls["n"] == 5:  # dies during step 5; the last checkpoint is step 3
+        if self.state.step == 4:
             raise KeyboardInterrupt
         return real_step(self)
 
     monkeypatch.setattr(loop.Trainer, "_step", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train(config(corpus, tmp_path / "b", **base))
+        train(cfg)
     monkeypatch.setattr(loop.Trainer, "_step", real_step)
+
+
+def test_resume_continues_the_same_loss_curve(corpus, tmp_path, monkeypatch):
+    base = dict(max_steps=8, ckpt_every=3, eval_every=4, model={**TINY_MODEL, "dropout": 0.1})
+    full = train(config(corpus, tmp_path / "a", **base))
+
+    stopped_during_step_5(config(corpus, tmp_path / "b", **base), monkeypatch)
     resumed = train(config(corpus, tmp_path / "b", **base), resume=True)
     assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical on CPU
     for p_full, p_res in zip(full.model.parameters(), resumed.model.parameters(), strict=False):
@@ -357,17 +360,7 @@ def test_resume_cuts_a_torn_last_metrics_line(corpus, tmp_path, monkeypatch, cap
     an uninterrupted run."""
     base = dict(max_steps=8, ckpt_every=3, eval_every=4)
     full = train(config(corpus, tmp_path / "a", **base))
-    real_step = loop.Trainer._step
-
-    def interrupted(self):
-        if self.state.step == 4:  # dies during step 5; the last checkpoint is step 3
-            raise KeyboardInterrupt
-        return real_step(self)
-
-    monkeypatch.setattr(loop.Trainer, "_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train(config(corpus, tmp_path / "b", **base))
-    monkeypatch.setattr(loop.Trainer, "_step", real_step)
+    stopped_during_step_5(config(corpus, tmp_path / "b", **base), monkeypatch)
     metrics = tmp_path / "b" / "run" / "metrics.jsonl"
     torn = '{"kind": "train", "step": 9, "lo'
     with metrics.open("a") as f:
