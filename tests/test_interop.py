@@ -415,14 +415,19 @@ HF_REFUSED = {  # name: (arch, overrides, text the message must hold)
 
 
 @pytest.mark.parametrize("name", HF_REFUSED)
-def test_hf_export_refuses_what_hf_cannot_express(name, tmp_path):
+def test_native_hf_export_names_what_gpt2_and_llama_cannot_express(name, tmp_path):
+    """hf_target names every field neither native model expresses; format="hf" then writes the
+    remote-code export (tests/test_hf_model.py checks what it computes)."""
+    from blocklab.interop.hf_export import hf_target
+
     arch, overrides, expected = HF_REFUSED[name]
     model = Transformer(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
     with pytest.raises(ConfigError) as err:
-        save_pretrained(model, tmp_path / "hf", format="hf")
-    for text in [*expected, 'format="blocklab"']:
+        hf_target(model.cfg)
+    for text in expected:
         assert text in str(err.value)
-    assert not list(tmp_path.iterdir())  # refused before anything was written
+    folder = save_pretrained(model, tmp_path / "hf", format="hf")
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "blocklab"
 
 
 def test_hf_export_errors(tmp_path, monkeypatch):

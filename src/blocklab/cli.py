@@ -234,18 +234,18 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     from blocklab.interop import save_pretrained
     from blocklab.training import load_run
 
     run = load_run(args.run)
     try:
-        folder = save_pretrained(run.model, args.out, tokenizer=Path(args.run) / "tokenizer.json",
-                                 format=args.format)
+        folder = save_pretrained(run.model, args.out, tokenizer=f"{args.run}/tokenizer.json",
+                                 format=args.format, run=args.run)
     except ImportError as err:  # format hf without the hf extra: a usage error, not a traceback
         raise ConfigError(str(err)) from None
-    how = ("transformers.AutoModelForCausalLM.from_pretrained or blocklab.interop.from_hf"
+    remote = ", trust_remote_code=True" if (folder / "modeling_blocklab.py").is_file() else ""
+    auto = f"AutoModelFor{'CausalLM' if run.model.cfg.causal else 'MaskedLM'}"
+    how = (f"transformers.{auto}.from_pretrained(folder{remote}) or blocklab.interop.from_hf"
            if args.format == "hf" else "blocklab.interop.load_pretrained")
     print(f"exported {run.checkpoint} to {folder} (load with {how})")
 
@@ -414,8 +414,9 @@ def _add_export(sub) -> None:
     p.add_argument("--run", required=True, help="a run directory")
     p.add_argument("--out", required=True, help="the folder to write")
     p.add_argument("--format", choices=("blocklab", "hf"), default="blocklab",
-                   help="blocklab (default): every field, read back with load_pretrained; hf: a GPT-2 or "
-                   "Llama folder for transformers (plain Pre-LN baselines only)")
+                   help="blocklab (default): every field, read back with load_pretrained; hf: a folder for "
+                   "transformers' Auto classes: native GPT-2 / Llama for plain Pre-LN baselines, else remote "
+                   "code that imports blocklab (trust_remote_code=True), with a model card")
     p.set_defaults(func=cmd_export)
 
 

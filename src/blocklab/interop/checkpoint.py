@@ -4,9 +4,10 @@
     folder/model.safetensors  the state dict (safetensors; a tensor shared by two names is stored once)
     folder/tokenizer.json     when a tokenizer is given
 
-With ``format="hf"`` the folder is a Hugging Face GPT-2 or Llama checkpoint instead (see
-`hf_export`): config.json with `model_type`, HF weight names, and a tokenizer_config.json next to
-the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a later export may
+With ``format="hf"`` the folder is a Hugging Face checkpoint instead: a native GPT-2 or Llama one for
+the plain Pre-LN models those express (`hf_export`), else remote code that imports blocklab
+(`hf_remote`: model_type "blocklab", an auto_map, a model card); both with a tokenizer_config.json
+next to the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a later export may
 replace them; only the blocklab format records sha256s (transformers would not check them).
 
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
@@ -32,7 +33,7 @@ from safetensors.torch import load_model, save_model
 from blocklab import diskfull, integrity
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.filemodes import as_created
-from blocklab.interop import hf_export
+from blocklab.interop import hf_export, hf_remote
 from blocklab.interop.export_files import (
     CONFIG_NAME,
     MARKER_KEY,
@@ -45,7 +46,7 @@ from blocklab.model import Transformer
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"
 SHA_KEY = "blocklab_sha256"  # in config.json: {file: sha256} of the weights and tokenizer
-_EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, "tokenizer_config.json"}
+_EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, hf_export.TOKENIZER_CONFIG_NAME, *hf_remote.FILES}
 FORMATS = ("blocklab", "hf")
 
 
@@ -126,18 +127,20 @@ def _write_blocklab(model: Transformer, tmp: Path) -> None:
 
 
 def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: Any = None,
-                    format: str = "blocklab") -> Path:
+                    format: str = "blocklab", run: str | os.PathLike | None = None) -> Path:
     """Write `model` (and `tokenizer`) to `folder` atomically; returns the folder's path.
 
     ``format="blocklab"`` keeps every `ModelConfig` field (read back with `load_pretrained`);
-    ``format="hf"`` writes a Hugging Face GPT-2 or Llama checkpoint that
-    ``transformers.AutoModelForCausalLM.from_pretrained`` (and `from_hf`) loads, for the plain
-    Pre-LN baselines those two can express; any other model raises `ConfigError`.
+    ``format="hf"`` writes a folder that ``transformers.AutoModelForCausalLM.from_pretrained`` (and
+    `from_hf`) loads: a native GPT-2 or Llama checkpoint for the plain Pre-LN baselines those two
+    can express, else any model as remote code (``trust_remote_code=True``, blocklab installed)
+    with a README model card that describes `run`, the run folder it was trained in, if given.
     """
     if format not in FORMATS:
         raise ConfigError(f"unknown export format {format!r}: use one of {', '.join(map(repr, FORMATS))}.")
-    if format == "hf":  # refuse a model HF cannot express before touching any folder
-        hf_export.hf_config_of(model.cfg)
+    native = format == "hf" and hf_export.native_target(model.cfg) is not None
+    if format == "hf":  # without transformers, fail before touching any folder
+        hf_export.require_transformers()
     folder = Path(folder)
     _check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +148,12 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     try:
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp / TOKENIZER_NAME)
-        if format == "hf":
+        if native:
             hf_export.write_hf(model, tmp, _model_dtype(model))
+        elif format == "hf":
+            eos_id = hf_export.write_tokenizer_config(tmp, model.cfg.context_length)
+            run_folder = None if run is None else Path(run)
+            hf_remote.write_remote_code(model, tmp, _model_dtype(model), eos_id, run_folder)
         else:
             _write_blocklab(model, tmp)
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make owner-only folders and files

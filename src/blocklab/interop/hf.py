@@ -209,34 +209,46 @@ def _load_hf(model_or_path) -> nn.Module:
                                     "save_pretrained (download hub checkpoints first).")
         _refuse_blocklab_export(path)
         try:
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig, AutoModelForCausalLM
         except ImportError as e:  # an optional dependency
             raise ImportError("from_hf needs transformers: pip install 'blocklab[hf]'") from e
-        return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **_saved_dtype())
+        from blocklab.interop import hf_model  # registers model_type "blocklab": no remote code runs
+
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        blocklab_type = isinstance(config, hf_model.BlocklabConfig)
+        cls = hf_model.model_class(config) if blocklab_type else AutoModelForCausalLM
+        return cls.from_pretrained(path, local_files_only=True, **_saved_dtype())
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
         raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
                         f"got {type(model_or_path).__name__}")
     return model_or_path
 
 
-def from_hf(model_or_path, **overrides: Any) -> Transformer:
-    """A blocklab `Transformer` with the weights of an HF GPT-2 or Llama causal LM.
+def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> Transformer:
+    """A `Transformer` of `cfg` holding copies of `state`, in the dtype and on the device of `like`."""
+    with torch.device("meta"):  # built in the weights' own dtype: float64 is never rounded via float32
+        model = Transformer(cfg)
+    model = model.to_empty(device=like.device).to(like.dtype)
+    model.init_weights()  # the buffers; every parameter is then loaded
+    model.load_state_dict(state, strict=True)  # copies, so the two models never share storage
+    return model
 
-    `model_or_path` is an in-memory `GPT2LMHeadModel` / `LlamaForCausalLM` or a local folder
-    written by its ``save_pretrained``. The result has the HF weights' dtype and device and gives
-    the same logits; `overrides` set other `ModelConfig` fields (e.g. ``dropout``).
+
+def from_hf(model_or_path, **overrides: Any) -> Transformer:
+    """A blocklab `Transformer` with the weights of an HF GPT-2 or Llama causal LM, or of any blocklab
+    model behind HF's classes (`BlocklabForCausalLM` / `BlocklabForMaskedLM`).
+
+    `model_or_path` is such a model in memory or a local folder written by its ``save_pretrained``
+    (or blocklab's ``save_pretrained(..., format="hf")``). The result has the HF weights' dtype and
+    device and gives the same logits; `overrides` set other `ModelConfig` fields (e.g. ``dropout``).
     """
     hf = _load_hf(model_or_path)
+    if hf.config.model_type == "blocklab":  # a blocklab model behind HF's classes (interop/hf_model.py)
+        return _built(hf.model.cfg.replace(**overrides), hf.model.state_dict(), hf.model.tok_emb.weight)
     if hf.get_output_embeddings() is None:
         raise TypeError(f"{type(hf).__name__} has no LM head: pass the causal-LM class ({_CLASSES}).")
     cfg = config_from_hf(hf.config, **overrides)
     weights = _Weights(hf.state_dict())
     state = _WEIGHTS[hf.config.model_type](weights, cfg)
     weights.check_all_used(hf.config.model_type)
-    ref = next(hf.parameters())
-    with torch.device("meta"):  # built in the weights' own dtype: float64 is never rounded via float32
-        model = Transformer(cfg)
-    model = model.to_empty(device=ref.device).to(ref.dtype)
-    model.init_weights()  # the buffers; every parameter is then loaded
-    model.load_state_dict(state, strict=True)  # copies, so the two models never share storage
-    return model
+    return _built(cfg, state, next(hf.parameters()))

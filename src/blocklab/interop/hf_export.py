@@ -1,7 +1,8 @@
 """Export a blocklab baseline as a Hugging Face GPT-2 or Llama checkpoint: the inverse of `hf.py`.
 
-`save_pretrained(model, folder, format="hf")` writes a folder that
-``transformers.AutoModelForCausalLM.from_pretrained(folder)`` loads with the same logits. Only a
+For a model that fits, `save_pretrained(model, folder, format="hf")` writes a folder that
+``transformers.AutoModelForCausalLM.from_pretrained(folder)`` loads with the same logits and no
+blocklab installed; any other model gets the remote-code export (hf_remote.py). Only a
 plain Pre-LN baseline fits (Eq. (1) of Simplifying Transformer Blocks, alpha = beta = 1, softmax
 attention, the standard value path); the norm picks the target:
 
@@ -11,9 +12,9 @@ attention, the standard value path); the norm picks the target:
     Llama (LlamaForCausalLM): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention, any head_dim,
                               biases on every linear map or on none.
 
-Every other config (the simplified blocks, value paths, QK-norm, windows, softcapping ...) is
-refused with a `ConfigError` naming each field that neither HF model can express, since a
-checkpoint that loads but computes something else would be worse than none. Dropout is not
+`hf_target` refuses every other config (the simplified blocks, value paths, QK-norm, windows,
+softcapping ...) with a `ConfigError` naming each field that neither HF model can express, since a
+native checkpoint that loads but computes something else would be worse than none. Dropout is not
 exported (HF dropouts are 0), as `from_hf` does not import it.
 """
 
@@ -35,10 +36,11 @@ TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 # blocklab mlp_act -> GPT-2 activation_function computing exactly the same function
 GPT2_ACTS = {"gelu_tanh": "gelu_pytorch_tanh", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
-_KEEP = 'format="blocklab" (the default) keeps every field'
+_KEEP = ('save_pretrained(..., format="hf") writes such a model as remote code that imports blocklab '
+         '(interop/hf_remote.py); format="blocklab" keeps every field')
 
 
-def _transformers():
+def require_transformers():
     try:
         import transformers
     except ImportError as e:  # an optional dependency
@@ -94,6 +96,14 @@ def _llama_mismatches(cfg: ModelConfig) -> list[str]:
     return out
 
 
+def native_target(cfg: ModelConfig) -> str | None:
+    """``"gpt2"`` or ``"llama"`` when one of them computes exactly what `cfg` does, else None."""
+    try:
+        return hf_target(cfg)
+    except ConfigError:
+        return None
+
+
 def hf_target(cfg: ModelConfig) -> str:
     """``"gpt2"`` or ``"llama"``: the HF model that computes exactly what `cfg` does, else ConfigError."""
     common, gpt2, llama = _common_mismatches(cfg), _gpt2_mismatches(cfg), _llama_mismatches(cfg)
@@ -103,8 +113,8 @@ def hf_target(cfg: ModelConfig) -> str:
         return "llama"
     parts = [f"for both, {'; '.join(common)}"] if common else []
     parts += [f"as GPT-2, {'; '.join(gpt2)}", f"as Llama, {'; '.join(llama)}"]
-    raise ConfigError("cannot save this model in the Hugging Face format, which holds only plain Pre-LN "
-                      f"GPT-2 or Llama models: {' | '.join(parts)}. {_KEEP}.")
+    raise ConfigError("no native Hugging Face model computes this one: GPT-2 and Llama hold only plain "
+                      f"Pre-LN models: {' | '.join(parts)}. {_KEEP}.")
 
 
 # -- config ------------------------------------------------------------------------------------
@@ -115,7 +125,7 @@ def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token
     pointing at HF's defaults, which are ids of other vocabularies.
     """
     target = hf_target(cfg)
-    transformers = _transformers()
+    transformers = require_transformers()
     shared = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings,
                   initializer_range=cfg.init_std, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
                   torch_dtype=str(dtype).removeprefix("torch."))
@@ -215,21 +225,29 @@ def _eos_token(tokenizer_file: Path) -> tuple[str, int] | None:
     return None
 
 
+def write_tokenizer_config(folder: Path, context_length: int) -> int | None:
+    """tokenizer_config.json beside the folder's tokenizer.json, if it has one; returns the id of its
+    end-of-text token (bos and eos), or None."""
+    tokenizer_file = folder / TOKENIZER_NAME
+    if not tokenizer_file.is_file():
+        return None
+    eos = _eos_token(tokenizer_file)
+    # without it, AutoTokenizer would pick a tokenizer class from config.json's model_type
+    tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                  "model_max_length": context_length}
+    if eos:
+        tok_config.update(bos_token=eos[0], eos_token=eos[0])
+    (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(tok_config, indent=2) + "\n")
+    return eos[1] if eos else None
+
+
 def write_hf(model, folder: Path, dtype: torch.dtype) -> None:
     """Write config.json and model.safetensors (and tokenizer_config.json next to a tokenizer.json
-    already in `folder`) so that transformers' Auto classes load the folder."""
-    tokenizer_file = folder / TOKENIZER_NAME
-    eos = _eos_token(tokenizer_file) if tokenizer_file.is_file() else None
-    hf = hf_config_of(model.cfg, dtype, eos_token_id=eos[1] if eos else None)
+    already in `folder`) so that transformers' Auto classes load the folder as GPT-2 or Llama."""
+    eos_id = write_tokenizer_config(folder, model.cfg.context_length)
+    hf = hf_config_of(model.cfg, dtype, eos_token_id=eos_id)
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"))
     config = hf.to_dict()
     if "rope_parameters" in config:  # for transformers 4.x readers, which look for rope_theta alone
         config.setdefault("rope_theta", model.cfg.rope_base)
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    if tokenizer_file.is_file():
-        # without it, AutoTokenizer would pick the GPT-2 / Llama tokenizer class from config.json
-        tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
-                                      "model_max_length": model.cfg.context_length}
-        if eos:
-            tok_config.update(bos_token=eos[0], eos_token=eos[0])
-        (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(tok_config, indent=2) + "\n")

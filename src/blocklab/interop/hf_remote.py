@@ -1,0 +1,64 @@
+"""Export any blocklab model for transformers, as remote code that imports blocklab.
+
+The folder holds what `transformers` needs to load a model of its own kind through its Auto
+classes (``trust_remote_code=True``):
+
+    config.json                 `BlocklabConfig`: model_type "blocklab", the ModelConfig under
+                                "blocklab", and an auto_map naming the two modules below
+    configuration_blocklab.py   one import: blocklab.interop.hf_model.BlocklabConfig
+    modeling_blocklab.py        one import: the causal-LM and masked-LM classes
+    model.safetensors           the Transformer's weights under ``model.`` + blocklab's names
+    generation_config.json      HF's generation defaults (eos)
+    tokenizer.json, tokenizer_config.json   when exported with a tokenizer
+    README.md                   the model card (interop/model_card.py)
+
+The modules copy no model code, so the export computes what the installed blocklab computes; the
+card says blocklab must be installed. Plain Pre-LN GPT-2- and Llama-shaped models are exported
+natively instead (hf_export.py), loadable with no blocklab at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_model
+
+from blocklab.interop.export_files import CONFIG_NAME, WEIGHTS_NAME, export_metadata
+from blocklab.interop.model_card import model_card
+from blocklab.model import Transformer
+
+CONFIG_MODULE, MODEL_MODULE, CARD_NAME = "configuration_blocklab", "modeling_blocklab", "README.md"
+GENERATION_CONFIG_NAME = "generation_config.json"
+FILES = (f"{CONFIG_MODULE}.py", f"{MODEL_MODULE}.py", CARD_NAME, GENERATION_CONFIG_NAME)
+_NOTE = ('"""Hugging Face {what} of a blocklab model, loaded by transformers with trust_remote_code=True.\n\n'
+         "It holds no model code: it imports blocklab (pip install \"blocklab[hf]\"), whose Transformer\n"
+         'computes the model, so that this folder computes what the installed blocklab computes.\n"""\n\n')
+
+
+def _module_text(what: str, names: tuple[str, ...]) -> str:
+    return _NOTE.format(what=what) + f"from blocklab.interop.hf_model import {', '.join(names)}\n\n" + \
+        f"__all__ = {list(names)!r}\n"
+
+
+def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, eos_token_id: int | None,
+                      run: Path | None = None) -> None:
+    """Write the files above (less the tokenizer's, which the caller writes) into `folder`."""
+    from blocklab.interop.hf_model import BlocklabConfig, hf_model
+
+    hf = hf_model(model)
+    auto = "AutoModelForCausalLM" if model.cfg.causal else "AutoModelForMaskedLM"
+    name = type(hf).__name__
+    config = BlocklabConfig(
+        blocklab=model.cfg.to_dict(), architectures=[name],
+        auto_map={"AutoConfig": f"{CONFIG_MODULE}.BlocklabConfig", auto: f"{MODEL_MODULE}.{name}"},
+        bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
+    (folder / CONFIG_NAME).write_text(config.to_json_string(use_diff=False))
+    if model.cfg.causal:
+        hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eos_token_id
+        hf.generation_config.save_pretrained(folder)
+    save_model(hf, str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"), force_contiguous=True)
+    (folder / f"{CONFIG_MODULE}.py").write_text(_module_text("configuration", ("BlocklabConfig",)))
+    (folder / f"{MODEL_MODULE}.py").write_text(
+        _module_text("modeling", ("BlocklabForCausalLM", "BlocklabForMaskedLM")))
+    (folder / CARD_NAME).write_text(model_card(model, run))

@@ -1,0 +1,326 @@
+"""Every blocklab variant as a Hugging Face model (interop/hf_model.py, hf_remote.py): exports load in a
+fresh process through transformers' Auto classes with trust_remote_code and give blocklab's logits, HF
+`generate` gives blocklab's greedy tokens with blocklab's cache layout, and the ecosystem's own tools
+(lm-evaluation-harness's `hf` model type, PEFT LoRA) run on them. The references are blocklab's own
+forward pass and `generate` (themselves checked against float64 paper references elsewhere) and, for
+LoRA, the merged weights W + (alpha / r) B A written by hand into a plain blocklab model."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from blocklab import ModelConfig, Transformer  # noqa: E402
+from blocklab.data.tokenizer import train_bpe  # noqa: E402
+from blocklab.interop import from_hf, load_pretrained, save_pretrained  # noqa: E402
+
+ARCHS = ("pre-ln", "sas-p+resformer-learnable", "svformer", "bov")
+TEXT = ["def value(self):\n    return self.value + 1\n", "for i in range(10):\n    print(i)\n",
+        "class Point:\n    x = 0\n    y = 0\n"] * 20
+NEW_TOKENS = 10
+
+
+def perturbed(arch: str, seed: int = 0, **fields) -> Transformer:
+    """A tiny model with every parameter moved off its initialisation (many variants start as the
+    identity, where wrong code could still pass)."""
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **fields)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_bpe(TEXT, vocab_size=320)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory, tokenizer):
+    """arch -> (export folder, the blocklab model it holds)."""
+    root = tmp_path_factory.mktemp("hf")
+    return {arch: (save_pretrained(model, root / arch, tokenizer=tokenizer.hf, format="hf"), model)
+            for arch, model in ((a, perturbed(a, i)) for i, a in enumerate(ARCHS))}
+
+
+def _fresh_env(tmp_path: Path) -> dict[str, str]:
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    path = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_MODULES_CACHE": str(tmp_path / "hf-modules"), "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1"}
+
+
+FRESH = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+NEW_TOKENS, out = int(sys.argv[1]), {}
+for folder in sys.argv[2:]:
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = torch.tensor([tok("def value(self):\\n    return").input_ids])
+    with torch.no_grad():
+        logits = model(ids).logits
+        gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, return_dict_in_generate=True)
+    cache = getattr(gen, "cache", None) or gen.past_key_values
+    out[folder] = dict(cls=type(model).__name__, loaded_blocklab=("blocklab" in sys.modules),
+                       ids=ids.tolist(), logits=logits.tolist(), tokens=gen.sequences.tolist(),
+                       cache_bytes=cache.nbytes,
+                       cache_tensors=sorted(cache.kv.tensors()), eos=tok.eos_token_id)
+print(json.dumps(out))
+"""
+
+
+def test_exports_load_in_a_fresh_process_and_match_blocklab(exports, tokenizer, tmp_path):
+    """AutoModelForCausalLM + AutoTokenizer with trust_remote_code, in a process that never imported
+    blocklab: the logits (atol 1e-5, float32), greedy `generate` tokens and the cache's bytes are
+    blocklab's own."""
+    folders = [str(exports[a][0]) for a in ARCHS]
+    done = subprocess.run([sys.executable, "-c", FRESH, str(NEW_TOKENS), *folders], capture_output=True,
+                          text=True, env=_fresh_env(tmp_path), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    cache_bytes = {}
+    for arch in ARCHS:
+        folder, model = exports[arch]
+        got = results[str(folder)]
+        ids = torch.tensor(got["ids"])
+        assert ids.tolist() == [tokenizer.hf.encode("def value(self):\n    return").ids]
+        assert got["cls"] == "BlocklabForCausalLM" and got["loaded_blocklab"]
+        assert got["eos"] == tokenizer.eos_id
+        with torch.no_grad():
+            torch.testing.assert_close(torch.tensor(got["logits"]), model(ids), atol=1e-5, rtol=0)
+            assert got["tokens"] == model.generate(ids, NEW_TOKENS).tolist(), arch
+        reference = model.new_cache(1, model.cfg.context_length)
+        assert got["cache_bytes"] == reference.nbytes and got["cache_tensors"] == sorted(reference.tensors())
+        cache_bytes[arch] = got["cache_bytes"]
+    # SVFormer keeps K per layer and V once: (L + 1) / (2L) of the standard K + V (L = 4 at tiny)
+    layers = exports["svformer"][1].cfg.n_layers
+    assert cache_bytes["svformer"] * 2 * layers == cache_bytes["pre-ln"] * (layers + 1)
+    assert "token_ids" in results[str(exports["bov"][0])]["cache_tensors"]
+
+
+def test_export_folder_holds_card_remote_code_and_tokenizer(exports):
+    folder, model = exports["sas-p+resformer-learnable"]
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md",
+            "configuration_blocklab.py", "modeling_blocklab.py", "generation_config.json"} <= names
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "blocklab" and config["architectures"] == ["BlocklabForCausalLM"]
+    assert config["auto_map"] == {"AutoConfig": "configuration_blocklab.BlocklabConfig",
+                                  "AutoModelForCausalLM": "modeling_blocklab.BlocklabForCausalLM"}
+    assert ModelConfig.from_dict(config["blocklab"]) == model.cfg
+    modeling = (folder / "modeling_blocklab.py").read_text()
+    assert "from blocklab.interop.hf_model import" in modeling and "def forward" not in modeling
+    card = (folder / "README.md").read_text()
+    assert "Simplifying Transformer Blocks" in card and "Value Residual Learning" in card
+    assert "`resformer-learnable`" in card and "trust_remote_code=True" in card
+
+
+def test_plain_llama_shaped_models_keep_the_native_export(tmp_path):
+    model = perturbed("pre-ln", mlp_act="swiglu")  # tiny's RMSNorm and RoPE: LlamaForCausalLM
+    folder = save_pretrained(model, tmp_path / "llama", format="hf")
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    assert not (folder / "modeling_blocklab.py").exists()
+
+
+def test_from_hf_and_load_pretrained_round_trips(exports, tmp_path):
+    """HF export -> from_hf -> blocklab export -> load_pretrained: the same config and logits."""
+    folder, model = exports["bov"]
+    back = from_hf(folder)
+    assert back.cfg == model.cfg
+    again = load_pretrained(save_pretrained(back, tmp_path / "blocklab"))
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(again(ids), model(ids))
+        assert torch.equal(back(ids), model(ids))
+    assert back.tok_emb.weight.data_ptr() != model.tok_emb.weight.data_ptr()
+
+
+def test_hf_forward_loss_generate_options_and_bad_inputs():
+    from blocklab.interop.hf_model import CACHE_NAME, hf_model
+
+    model = perturbed("svformer")
+    hf = hf_model(model).eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (3, 12))
+    labels = ids.clone()
+    labels[0, 5:] = -100
+    with torch.no_grad():
+        out = hf(ids, labels=labels)
+        logits = model(ids)
+    keep = labels[:, 1:] != -100
+    nll = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert out.loss.item() == pytest.approx(nll[keep].mean().item(), rel=1e-5)
+    # right padding changes no real token's logits: accepted; left padding would: refused
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    with torch.no_grad():
+        assert torch.equal(hf(ids, attention_mask=mask).logits, logits)
+    with pytest.raises(ValueError, match="right padding"):
+        hf(ids, attention_mask=mask.flip(1))
+    with pytest.raises(ValueError, match="input_ids only"):
+        hf(inputs_embeds=torch.zeros(1, 3, model.cfg.d_model))
+    # HF's batch expansion and a cache sized by the caller
+    with torch.no_grad():
+        gen = hf.generate(ids[:1], max_new_tokens=5, do_sample=True, num_return_sequences=2,
+                          return_dict_in_generate=True, **{CACHE_NAME: hf.new_cache(17)})
+    assert gen.sequences.shape == (2, 17)
+    cache = getattr(gen, "cache", None) or gen.past_key_values
+    assert cache.kv.batch_size == 2 and cache.kv.max_len == 17 and cache.get_seq_length() == 16
+
+
+def test_masked_lm_export_loads_with_its_auto_class(tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    model = perturbed("pre-ln", causal=False)
+    folder = save_pretrained(model, tmp_path / "enc", format="hf")
+    assert "AutoModelForMaskedLM" in json.loads((folder / "config.json").read_text())["auto_map"]
+    hf = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="an encoder has no padding mask"):
+        hf(ids, attention_mask=torch.ones_like(ids).index_fill(1, torch.tensor([15]), 0))
+
+
+def _write_ppl_task(root: Path, texts: list[str]) -> Path:
+    (root / "ppl.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tasks = root / "tasks"
+    tasks.mkdir()
+    (tasks / "toy_ppl.yaml").write_text(
+        "task: toy_ppl\ndataset_path: json\ntest_split: test\nmetadata:\n  version: 0\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {root / 'ppl.jsonl'}\n  cache_dir: {root / 'hf'}\n"
+        "output_type: loglikelihood_rolling\ndoc_to_text: ''\ndoc_to_target: '{{text}}'\n"
+        "metric_list:\n  - metric: bits_per_byte\n")
+    return tasks
+
+
+def test_lm_eval_hf_model_type_scores_an_export(exports, tokenizer, tmp_path):
+    """lm-evaluation-harness's own `hf` model (HFLM) on a local rolling-likelihood task: its bits per
+    byte equal the sum of blocklab's log-probabilities of each text after the end-of-text token."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    folder, model = exports["sas-p+resformer-learnable"]
+    texts = ["def value(self):\n    return 1\n", "for i in range(3):\n    print(i)\n"]
+    tasks = _write_ppl_task(tmp_path, texts)
+    results = lm_eval.simple_evaluate(
+        model="hf", model_args={"pretrained": str(folder), "trust_remote_code": True, "dtype": "float32",
+                                 "device": "cpu"},
+        tasks=["toy_ppl"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        bootstrap_iters=0, batch_size=2)["results"]["toy_ppl"]
+    total = 0.0
+    with torch.no_grad():
+        for text in texts:
+            ids = torch.tensor([[tokenizer.eos_id, *tokenizer.hf.encode(text).ids]])
+            logp = torch.log_softmax(model(ids)[0, :-1].double(), -1)
+            total += logp.gather(-1, ids[0, 1:, None]).sum().item()
+    nbytes = sum(len(t.encode()) for t in texts)
+    assert results["bits_per_byte,none"] == pytest.approx(-total / nbytes / math.log(2), rel=1e-4)
+
+
+def test_peft_lora_trains_saves_and_reloads(exports, tmp_path):
+    """LoRA on the attention and MLP linears: one AdamW step, save, reload on a fresh load of the
+    export; the adapted logits equal a plain blocklab model whose weights are W + (alpha / r) B A."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    folder, model = exports["sas-p+resformer-learnable"]
+    base = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    targets = base.lora_target_modules()
+    assert targets == ["fc", "k", "out", "q"]  # SAS-P's W^V and W^O are identity / reparameterised
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, lora_dropout=0.0)
+    lora = peft.get_peft_model(base, config)
+    adapted = {n.removesuffix(".lora_A").rsplit(".", 1)[-1]
+               for n, _ in lora.named_modules() if n.endswith(".lora_A")}
+    assert adapted == {"q", "k", "fc", "out"}
+    assert all("lora_" in n for n, p in lora.named_parameters() if p.requires_grad)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 24))
+    opt = torch.optim.AdamW([p for p in lora.parameters() if p.requires_grad], lr=1e-2)
+    loss = lora(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    lora.eval()
+    with torch.no_grad():
+        after = lora(input_ids=ids).logits
+    assert not torch.allclose(after, model(ids))  # the step moved B off zero: LoRA now counts
+    lora.save_pretrained(tmp_path / "adapter")
+    fresh = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
+    merged = Transformer(model.cfg).eval()
+    merged.load_state_dict(model.state_dict())
+    params = dict(merged.named_parameters())
+    with torch.no_grad():
+        for name, module in lora.named_modules():
+            if name.endswith((".q", ".k", ".fc", ".out")) and hasattr(module, "lora_A"):
+                delta = (module.lora_B["default"].weight @ module.lora_A["default"].weight) * (8 / 4)
+                params[name.removeprefix("base_model.model.model.") + ".weight"].add_(delta)
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, after, atol=1e-6, rtol=0)
+        torch.testing.assert_close(merged(ids), after, atol=1e-5, rtol=0)
+    assert math.isfinite(loss.item())
+
+
+def test_hf_export_without_transformers_names_the_extra(monkeypatch, tmp_path):
+    """Without transformers, format="hf" fails before any folder is touched, naming the extra."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("no transformers")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(ImportError, match=r"blocklab\[hf\]"):
+        save_pretrained(perturbed("svformer"), tmp_path / "x", format="hf")
+    assert not (tmp_path / "x").exists()
+
+
+def test_logits_to_keep_gives_the_last_positions():
+    from blocklab.interop.hf_model import hf_model
+
+    model = perturbed("bov")
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(model)(ids, logits_to_keep=1).logits, model(ids)[:, -1:],
+                                   atol=1e-5, rtol=0)
+
+
+def test_cli_exports_a_trained_run_with_its_card(tmp_path, capsys):
+    """`blocklab export --format hf` of a SAS-P + SVFormer run: remote code with the run's training
+    record in the card, and the run's byte tokenizer through AutoTokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from blocklab.cli import main
+    from blocklab.training import load_run
+    from helpers import write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus, run, out = write_code_corpus(tmp_path / "corpus"), tmp_path / "run", tmp_path / "hf"
+    assert main(["train", "arch=sas-p+svformer", f"data.source={corpus}", "data.tokenizer=byte",
+                 f"data.cache_dir={tmp_path / 'cache'}", "model.d_model=32", "model.n_layers=2",
+                 "model.n_heads=2", "batch_size=2", "seq_len=16", "max_steps=2", "progress=false",
+                 "--out", str(run)]) == 0
+    assert main(["export", "--run", str(run), "--out", str(out), "--format", "hf"]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert f"`{run.name}`" in card and "- 2 steps" in card and "validation loss" in card
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(out)
+    loaded = load_run(run)
+    text = "def f(x):"  # within the run's 16 positions
+    assert tok(text).input_ids == loaded.tokenizer.encode(text)
+    ids = torch.tensor([loaded.tokenizer.encode(text)])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, loaded.model(ids), atol=1e-5, rtol=0)
