@@ -324,3 +324,39 @@ def test_cli_exports_a_trained_run_with_its_card(tmp_path, capsys):
     ids = torch.tensor([loaded.tokenizer.encode(text)])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, loaded.model(ids), atol=1e-5, rtol=0)
+
+
+def _every_arch() -> list[str]:
+    from blocklab.model.value_paths import VALUE_PATHS
+    from blocklab.presets import BLOCK_PRESETS
+
+    return [*BLOCK_PRESETS, *(f"pre-ln+{p}" for p in VALUE_PATHS if p != "standard"), "sas-p+svformer",
+            "sas-p+bov"]
+
+
+@pytest.mark.parametrize("arch", _every_arch())
+def test_every_variant_saves_loads_and_generates_through_the_auto_class(arch, tmp_path):
+    """Each block preset and value path: save_pretrained -> AutoModelForCausalLM (registered classes,
+    no remote code) -> the same logits, and HF greedy `generate` gives blocklab's tokens."""
+    from transformers import AutoModelForCausalLM
+
+    import blocklab.interop.hf_model  # noqa: F401 (registers model_type "blocklab")
+
+    model = perturbed(arch, n_layers=3, d_model=32, n_heads=2, mlp_hidden=64, vocab_size=96,
+                      context_length=32)
+    hf = AutoModelForCausalLM.from_pretrained(save_pretrained(model, tmp_path / "hf", format="hf")).eval()
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
+        assert torch.equal(hf.generate(ids, max_new_tokens=6, do_sample=False), model.generate(ids, 6))
+
+
+def test_bench_hf_generate_quick_run_checks_tokens_and_cache(tmp_path):
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+    out = tmp_path / "hf-generate.json"
+    cmd = [sys.executable, str(bench / "bench_hf_generate.py"), "--quick", "--archs", "svformer",
+           "--batches", "2", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_fresh_env(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    cell = json.loads(out.read_text())["cells"][0]
+    assert "| svformer | 2 |" in done.stdout and cell["cache_bytes"] == 2 * 327_680  # 0.625x of pre-ln's
