@@ -189,7 +189,7 @@ def test_masked_lm_export_loads_with_its_auto_class(tmp_path):
     ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="an encoder has no padding mask"):
+    with pytest.raises(ValueError, match="encoder takes no padding mask"):
         hf(ids, attention_mask=torch.ones_like(ids).index_fill(1, torch.tensor([15]), 0))
 
 

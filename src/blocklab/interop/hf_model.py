@@ -102,10 +102,12 @@ def _check_attention_mask(mask: Tensor | None, causal: bool) -> None:
         return
     if causal and mask.dim() == 2 and bool((mask[:, 1:] <= mask[:, :-1]).all()):
         return  # right padding: no real token sees a pad, the pads' own logits are ignored
-    allowed = "all ones or right padding" if causal else "all ones (an encoder has no padding mask)"
-    raise ValueError(f"blocklab models attend to every earlier token: this attention_mask holds padding "
-                     f"before real tokens, and only {allowed} is allowed. Give prompts of one length "
-                     "per batch (or pad on the right).")
+    if causal:
+        raise ValueError("this attention_mask pads before real tokens, which a blocklab model would attend "
+                         "to: it takes all ones or right padding (which changes no real token's logits). "
+                         "Give prompts of one length per batch, or pad on the right.")
+    raise ValueError("a blocklab encoder takes no padding mask (every token sees every other): give "
+                     "sequences of one length, with an attention_mask of all ones.")
 
 
 def _shifted_loss(logits: Tensor, labels: Tensor) -> Tensor:
