@@ -38,8 +38,8 @@ def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
     """Train (or reuse) one piece's runs, write its report beside them, delete their weights; the
     verdicts as lines."""
     from blocklab.claims import select
-    from blocklab.report.reproduction import write_reproduction
     from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduce.page import write_reproduction
 
     name, claims = PIECES[piece]
     scale = SCALES[name]  # its runs train on the GPU (TrainConfig device "auto") in bf16 autocast

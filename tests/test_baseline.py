@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from blocklab import ModelConfig, Transformer
-from blocklab.analysis.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
 from blocklab.config import ConfigError
+from blocklab.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
 
 
 def test_unigram_loss_by_hand():

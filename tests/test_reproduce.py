@@ -18,8 +18,8 @@ from blocklab.cli import main
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.evidence import RELATIONS
 from blocklab.model import Transformer
-from blocklab.report.reproduction import write_reproduction
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
+from blocklab.reproduce.page import write_reproduction
 from blocklab.training.config import NOT_RESULTS, changed_fields
 from blocklab.training.metrics import read_metrics
 

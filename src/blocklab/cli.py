@@ -163,8 +163,8 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from blocklab.claims import select
-    from blocklab.report.reproduction import scope, write_reproduction, write_summary
     from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduce.page import scope, write_reproduction, write_summary
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None

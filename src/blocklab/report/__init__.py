@@ -15,9 +15,8 @@ rendered twice, so the markdown and the HTML say the same. One module per job:
 - tables, plots: the report's tables and figures;
 - markdown, html: rendering the blocks;
 - write: `write_report` and `summary_table`;
-- params: `blocklab params`'s table of presets;
-- reproduction: the reproduction report (benchmarks/REPRODUCTION.md), imported as
-  `blocklab.report.reproduction`.
+- params: `blocklab params`'s table of presets.
+The reproduction page (benchmarks/REPRODUCTION.md) is `blocklab.reproduce.page`, which uses these.
 """
 
 from blocklab.report.data import environment, git_commit, kv_cache_bytes_per_token, utc_now

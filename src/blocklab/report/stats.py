@@ -8,7 +8,7 @@ import math
 import statistics
 from typing import Any
 
-from blocklab.analysis.plateau import LATE_EXIT, NEAR_PLATEAU, run_health, spread_warnings
+from blocklab.plateau import LATE_EXIT, NEAR_PLATEAU, run_health, spread_warnings
 from blocklab.report.data import kv_cache_bytes_per_token
 from blocklab.report.method import plural
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from blocklab.analysis.plateau import PLATEAU_MARGIN
+from blocklab.plateau import PLATEAU_MARGIN
 from blocklab.report.stats import speeds
 
 

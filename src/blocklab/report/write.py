@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import verdict
-from blocklab.analysis.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
+from blocklab.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
 from blocklab.report.data import read_run
 from blocklab.report.html import render_html
 from blocklab.report.markdown import alignments, md_table, render_markdown

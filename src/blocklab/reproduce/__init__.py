@@ -18,8 +18,9 @@ One module per job:
 - judge: each check's evidence and each claim's verdict;
 - timing: throughput from an interleaved timing pass after training;
 - campaign: the log of what trained the committed runs;
-- orchestrate: `reproduce` itself.
-The report is `blocklab.report.reproduction`.
+- orchestrate: `reproduce` itself;
+- page, page_tables, page_plots: the reproduction page (benchmarks/REPRODUCTION.md), markdown and
+  HTML, built with the comparison report's pieces (`blocklab.report`).
 """
 
 from blocklab.reproduce.campaign import CAMPAIGN, machine, read_campaign, record_launch

@@ -62,7 +62,7 @@ def reproduce(
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
     (`blocklab.launch`; default one at a time here) and give each claim its verdict;
-    `blocklab.report.reproduction.write_reproduction` writes the report.
+    `blocklab.reproduce.page.write_reproduction` writes the report.
 
     With a sweep (`Scale.lr_sweep`), every architecture's sweep trains first and its runs take the
     best rate. Every (setting, arch) gets `scale.seeds` seeds, or as many as have finished in the

@@ -309,8 +309,8 @@ class Trainer:
 
     def _unigram_loss(self) -> float | None:
         """The plateau: the loss on the scored validation targets of a model that knows only the
-        training split's token frequencies (`analysis.plateau.unigram_loss`); None for masked LM."""
-        from blocklab.analysis.plateau import run_plateau
+        training split's token frequencies (`plateau.unigram_loss`); None for masked LM."""
+        from blocklab.plateau import run_plateau
 
         if not self.model_cfg.causal:
             return None

@@ -1,4 +1,4 @@
-"""The reproduction report: a verdict per claim with its intervals and plots, as markdown and HTML."""
+"""The reproduction page: a verdict per claim with its intervals and plots, as markdown and HTML."""
 
 from __future__ import annotations
 
@@ -14,8 +14,18 @@ from blocklab import evidence
 from blocklab.report.html import html_table
 from blocklab.report.markdown import md_table
 from blocklab.report.method import follows_recipe, how_runs_trained, optimizer_text, plural
-from blocklab.report.reproduction_plots import curves_figure, differences_figure
-from blocklab.report.reproduction_tables import (
+from blocklab.reproduce import (
+    METRICS,
+    PENDING,
+    RESOLUTION_NATS,
+    ClaimResult,
+    Reproduction,
+    machine,
+    read_campaign,
+    unique_runs,
+)
+from blocklab.reproduce.page_plots import curves_figure, differences_figure
+from blocklab.reproduce.page_tables import (
     COMBINATION_HEAD,
     COMBINATION_TEXT,
     HEAD,
@@ -29,16 +39,6 @@ from blocklab.report.reproduction_tables import (
     relation_text,
     sweep_rows,
     timing_rows,
-)
-from blocklab.reproduce import (
-    METRICS,
-    PENDING,
-    RESOLUTION_NATS,
-    ClaimResult,
-    Reproduction,
-    machine,
-    read_campaign,
-    unique_runs,
 )
 
 
