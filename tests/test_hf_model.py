@@ -148,10 +148,12 @@ def test_from_hf_and_load_pretrained_round_trips(exports, tmp_path):
 
 
 def test_hf_forward_loss_generate_options_and_bad_inputs():
-    from blocklab.interop.hf_model import CACHE_NAME, hf_model
+    from blocklab.interop import to_hf
+    from blocklab.interop.hf_model import CACHE_NAME
 
     model = perturbed("svformer")
-    hf = hf_model(model).eval()
+    hf = to_hf(model).eval()
+    assert hf.model is model
     ids = torch.randint(0, model.cfg.vocab_size, (3, 12))
     labels = ids.clone()
     labels[0, 5:] = -100
@@ -268,6 +270,16 @@ def test_peft_lora_trains_saves_and_reloads(exports, tmp_path):
         torch.testing.assert_close(reloaded(input_ids=ids).logits, after, atol=1e-6, rtol=0)
         torch.testing.assert_close(merged(ids), after, atol=1e-5, rtol=0)
     assert math.isfinite(loss.item())
+    # merged into the weights and saved by transformers: the folder loads again with trust_remote_code
+    reloaded.merge_and_unload().save_pretrained(tmp_path / "merged")
+    code = ("import sys, torch; from transformers import AutoModelForCausalLM as A; "
+            "m = A.from_pretrained(sys.argv[1], trust_remote_code=True).eval(); "
+            "print(m(torch.tensor([list(map(int, sys.argv[2:]))])).logits[0].tolist())")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "merged"), *map(str, ids[0].tolist())],
+                          capture_output=True, text=True, env=_fresh_env(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fresh_logits = torch.tensor(json.loads(done.stdout.splitlines()[-1]))
+    torch.testing.assert_close(fresh_logits, after[0], atol=1e-5, rtol=0)
 
 
 def test_hf_export_without_transformers_names_the_extra(monkeypatch, tmp_path):

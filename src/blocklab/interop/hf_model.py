@@ -18,6 +18,8 @@ an attention mask only where it changes nothing in a causal model: all ones or r
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +36,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
 from blocklab.config import ModelConfig
+from blocklab.interop import hf_remote
 from blocklab.model import Transformer
 from blocklab.model.cache import KVCache
 
@@ -127,6 +130,14 @@ class BlocklabPreTrainedModel(PreTrainedModel):
         super().__init__(config)
         self.model = Transformer(config.model_config)
         self.post_init()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
+        """transformers' save_pretrained (after PEFT's merge_and_unload, say), plus the auto_map and the
+        two modules that let ``trust_remote_code=True`` load the folder again (HF itself copies them
+        only for a class it loaded from a module file of its own)."""
+        self.config.auto_map = hf_remote.auto_map(self.config.model_config.causal)
+        super().save_pretrained(save_directory, *args, **kwargs)
+        hf_remote.write_modules(Path(save_directory))
 
     def _init_weights(self, module: torch.nn.Module) -> None:
         """Nothing: `Transformer` initialises itself as its paper says, and loading fills the rest."""

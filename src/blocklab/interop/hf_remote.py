@@ -41,24 +41,33 @@ def _module_text(what: str, names: tuple[str, ...]) -> str:
         f"__all__ = {list(names)!r}\n"
 
 
+def auto_map(causal: bool) -> dict[str, str]:
+    """config.json's auto_map: where transformers finds the classes, in the two modules below."""
+    model_class = "BlocklabForCausalLM" if causal else "BlocklabForMaskedLM"
+    auto = "AutoModelForCausalLM" if causal else "AutoModelForMaskedLM"
+    return {"AutoConfig": f"{CONFIG_MODULE}.BlocklabConfig", auto: f"{MODEL_MODULE}.{model_class}"}
+
+
+def write_modules(folder: Path) -> None:
+    """The two modules that trust_remote_code loads: imports of blocklab's classes, nothing more."""
+    (folder / f"{CONFIG_MODULE}.py").write_text(_module_text("configuration", ("BlocklabConfig",)))
+    (folder / f"{MODEL_MODULE}.py").write_text(
+        _module_text("modeling", ("BlocklabForCausalLM", "BlocklabForMaskedLM")))
+
+
 def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, eos_token_id: int | None,
                       run: Path | None = None) -> None:
     """Write the files above (less the tokenizer's, which the caller writes) into `folder`."""
     from blocklab.interop.hf_model import BlocklabConfig, hf_model
 
     hf = hf_model(model)
-    auto = "AutoModelForCausalLM" if model.cfg.causal else "AutoModelForMaskedLM"
-    name = type(hf).__name__
     config = BlocklabConfig(
-        blocklab=model.cfg.to_dict(), architectures=[name],
-        auto_map={"AutoConfig": f"{CONFIG_MODULE}.BlocklabConfig", auto: f"{MODEL_MODULE}.{name}"},
+        blocklab=model.cfg.to_dict(), architectures=[type(hf).__name__], auto_map=auto_map(model.cfg.causal),
         bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
     (folder / CONFIG_NAME).write_text(config.to_json_string(use_diff=False))
     if model.cfg.causal:
         hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eos_token_id
         hf.generation_config.save_pretrained(folder)
     save_model(hf, str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"), force_contiguous=True)
-    (folder / f"{CONFIG_MODULE}.py").write_text(_module_text("configuration", ("BlocklabConfig",)))
-    (folder / f"{MODEL_MODULE}.py").write_text(
-        _module_text("modeling", ("BlocklabForCausalLM", "BlocklabForMaskedLM")))
+    write_modules(folder)
     (folder / CARD_NAME).write_text(model_card(model, run))
