@@ -122,7 +122,7 @@ class BankOfValues(_Substitutive):
             self.value_layer = None
         self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
         if self.target and not self.opts.shared:
-            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def table(self, carry: Carry) -> Tensor:
         table = carry.value_table if self.opts.shared else self.value_table
@@ -213,7 +213,7 @@ class SharedValueTable(SharedModule):
     def __init__(self, cfg: ModelFields, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
-        self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+        self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def before_blocks(self, carry: Carry) -> Carry:
         return carry.update(value_table=self.value_table)

@@ -198,7 +198,7 @@ class CrossLayerAttention(ValuePath):
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        self.head_dim = cfg.head_size
+        self.head_dim = cfg.attention_shape.head_dim
         self.key_sets = 1 if layer == 0 else 2
         self.reads_layers = () if layer == 0 else (0,)
 

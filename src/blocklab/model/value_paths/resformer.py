@@ -202,9 +202,9 @@ class LearnedMixResFormer(ValueResidual):
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
-        self.kv_heads = cfg.kv_heads
+        self.kv_heads = cfg.attention_shape.n_kv_heads
         if self.mixes:
-            self.gate = nn.Linear(cfg.d_model, cfg.kv_heads, bias=True)
+            self.gate = nn.Linear(cfg.d_model, self.kv_heads, bias=True)
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         b, t, width = v.shape

@@ -71,19 +71,20 @@ class ValueEmbed(ValuePath):
         super().__init__(cfg, layer)
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
-        self.kv_heads, self.head_dim, self.d_model = cfg.kv_heads, cfg.head_size, cfg.d_model
+        shape = cfg.attention_shape
+        self.kv_heads, self.head_dim, self.d_model = shape.n_kv_heads, shape.head_dim, cfg.d_model
         shared = o.shared_tables
         self.table_index = _unet_table(layer, shared, cfg.n_layers) if shared else None
         self.target = (self.table_index is not None if shared
                        else layer in target_layers(o.layers, cfg.n_layers))
         if self.target and not shared:
-            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, shape.kv_dim))
         if o.gate == "lambda":
             self.lambda0 = Gain(0.5, trainable=True)
             self.lambda1 = Gain(0.5, trainable=True) if self.target else None
         elif self.target:  # the default 12 shrinks to a narrower model; a given value is checked
             self.channels = min(o.gate_channels, cfg.d_model)
-            self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
+            self.gate = nn.Linear(self.channels, shape.n_kv_heads, bias=False)
 
     def table(self, carry: Carry) -> Tensor:
         if self.table_index is None:
@@ -157,7 +158,7 @@ class ValueEmbedTables(SharedModule):
     def __init__(self, cfg: ModelFields, n: int):
         super().__init__()
         self.d_model = cfg.d_model
-        self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.kv_dim) for _ in range(n))
+        self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.attention_shape.kv_dim) for _ in range(n))
 
     def table_list(self) -> list[nn.Parameter]:
         return [t.value_table for t in self.tables if isinstance(t, _Table)]
