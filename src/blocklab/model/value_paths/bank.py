@@ -125,7 +125,7 @@ class BankOfValues(_Substitutive):
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def table(self, carry: Carry) -> Tensor:
-        table = carry.value_table if self.opts.shared else self.value_table
+        table = carry.path_state if self.opts.shared else self.value_table
         assert table is not None, "the shared table's module fills the carry before the first block"
         return table
 
@@ -216,7 +216,7 @@ class SharedValueTable(SharedModule):
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(value_table=self.value_table)
+        return carry.update(path_state=self.value_table)  # the value path's state: the shared table
 
     def init_from_model(self, token_embedding: Tensor) -> None:
         init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.first_target)

@@ -117,8 +117,8 @@ class DepthWeights(SharedModule):
         return gain.param
 
     def after_block(self, layer: int, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        history = (*(carry.history or (carried(carry.x0),)), x)
-        carry = carry.update(history=history)
+        history = (*(carry.path_state or (carried(carry.x0),)), x)  # its state: X_0 .. X_{layer+1}
+        carry = carry.update(path_state=history)
         if layer in self.sources:
             weights = self.weights(layer)
             x = weights[0] * history[self.sources[layer][0]]
@@ -163,8 +163,8 @@ class CrossLayerKV(ValuePath):
         if self.w_v is not None:
             assert k is not None
             v = self.w_v(x)
-            return LayerValues(q, k, v), carry.update(shared_kv=(k, v))
-        k, v = _given_pair(carry.shared_kv)
+            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: the leader's K, V
+        k, v = _given_pair(carry.path_state)
         return LayerValues(q, k, v), carry
 
     @classmethod
@@ -180,7 +180,7 @@ class CrossLayerKV(ValuePath):
 
 
 def _given_pair(pair: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-    assert pair is not None, "the group's leader runs first and fills the carry"
+    assert pair is not None, "the layer that owns the keys and values runs first and fills the carry"
     return pair
 
 
@@ -206,9 +206,9 @@ class CrossLayerAttention(ValuePath):
         assert k is not None
         v = self.w_v(x)
         if self.layer == 0:
-            return LayerValues(q, k, v), carry.update(first_keys=k, first_values=v)
-        first = (carried(carry.first_keys), ops.split_heads(carried(carry.first_values), self.head_dim))
-        return LayerValues(q, k, v, other_kv=first), carry
+            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: layer 0's K, V
+        first_k, first_v = _given_pair(carry.path_state)
+        return LayerValues(q, k, v, other_kv=(first_k, ops.split_heads(first_v, self.head_dim))), carry
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:

@@ -16,7 +16,7 @@ V_1 is layer 0's value.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -38,6 +38,20 @@ from blocklab.model.value_paths.base import (
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
+
+@dataclass
+class SourceState:
+    """A ResFormer's own cross-layer state (`Carry.path_state`); the source's values are the carry's
+    `first_values`, which other families read too."""
+
+    heads: Tensor | None = None  # the source layer's Q or K heads (residual_on "query" or "key")
+    weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
+
+
+def source_state(carry: Carry) -> SourceState:
+    state = carry.path_state
+    return state if isinstance(state, SourceState) else SourceState()
+
 
 @dataclass(frozen=True)
 class ResFormerOptions(ValuePathOptions):
@@ -140,9 +154,11 @@ class ValueResidual(ValuePath):
         on = self.opts.residual_on
         offset = None
         if self.is_source:
-            first = {"value": ("first_values", v), "query": ("first_queries", q),
-                     "key": ("first_keys", k)}[on]
-            carry = carry.update(**{first[0]: first[1]})
+            if on == "value":
+                carry = carry.update(first_values=v)
+            else:  # the query- or key-residual ablation keeps the source's heads as its own state
+                heads = q if on == "query" else k
+                carry = carry.update(path_state=replace(source_state(carry), heads=heads))
         elif self.mixes:
             if on == "value":
                 v1 = carried(carry.first_values)
@@ -150,9 +166,9 @@ class ValueResidual(ValuePath):
                 if self.opts.neutreno:  # token-local, so a KV cache needs nothing more
                     offset = self.opts.neutreno * (v1 - v)
             elif on == "query":
-                q = self.source_weight(carried(carry.first_queries), carry) + self.lambda2(q)
+                q = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(q)
             else:
-                k = self.source_weight(carried(carry.first_keys), carry) + self.lambda2(k)
+                k = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(k)
         return LayerValues(q, k, v, offset=offset), carry
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
@@ -228,7 +244,8 @@ class AdaptiveSourceWeights(SharedModule):
         self.logits = Gain([math.log(layer + 1) for layer in layers], trainable=True)
 
     def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(source_weights=self.scale.param * torch.softmax(self.logits.param, dim=0))
+        weights = self.scale.param * torch.softmax(self.logits.param, dim=0)
+        return carry.update(path_state=replace(source_state(carry), weights=weights))
 
     @torch.no_grad()
     def start_at_baseline(self) -> None:
@@ -247,8 +264,9 @@ class LearnableResFormerPlus(LearnableResFormer):
         return nn.Identity()  # the weight comes from the shared module through the carry
 
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:
-        assert carry.source_weights is not None
-        return carry.source_weights[self._mix_index] * first
+        weights = source_state(carry).weights
+        assert weights is not None, "the shared module fills the weights before the first block"
+        return weights[self._mix_index] * first
 
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule:
@@ -278,8 +296,8 @@ class DenseResFormer(ValuePath):
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         v = self.w_v(x)
-        raw = (*carry.values, v)
-        carry = carry.update(values=raw)
+        raw = (*(carry.path_state or ()), v)  # its state: the raw V of every layer so far
+        carry = carry.update(path_state=raw)
         if self.layer > 0:
             w = self.lambdas.param
             v = w[0] * raw[0]

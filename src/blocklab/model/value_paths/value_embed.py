@@ -89,7 +89,7 @@ class ValueEmbed(ValuePath):
     def table(self, carry: Carry) -> Tensor:
         if self.table_index is None:
             return self.value_table
-        return carry.value_tables[self.table_index]
+        return carry.path_state[self.table_index]
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
@@ -164,7 +164,7 @@ class ValueEmbedTables(SharedModule):
         return [t.value_table for t in self.tables if isinstance(t, _Table)]
 
     def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(value_tables=tuple(self.table_list()))
+        return carry.update(path_state=tuple(self.table_list()))  # the value path's state: the tables
 
     @torch.no_grad()
     def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
