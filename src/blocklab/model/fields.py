@@ -4,7 +4,8 @@ The fields are grouped by the paper concept they control (sizes, components, blo
 attention-matrix form, value/projection form, value path). This is the bottom of the model's layers:
 every component reads its fields from here, and `ModelConfig` (model/config.py) adds the checks, which
 need the value-path registry, and the reading and writing of files. Sizes with a default (None) are
-read resolved, one name per concept, through `attention_shape` and `mlp_shape`. Named presets
+read resolved, one name per concept, through `attention_shape` and `mlp_shape`; the norms read
+`norm_shape`. Named presets
 (`blocklab.presets`) sit above the model: sets of field overrides, never imported from here.
 
 Leaf module: it imports only `blocklab.configbase`.
@@ -66,6 +67,19 @@ class MLPShape:
     act: MLPAct
     bias: bool
     leaky_relu_slope: float  # for act="leaky_relu"
+
+
+@dataclass(frozen=True)
+class NormShape:
+    """The settings every norm of the model shares (`ModelFields.norm_shape`); where a norm sits
+    and whether a layer keeps it is the block's and the Transformer's to say."""
+
+    kind: Norm
+    d_model: int
+    eps: float | None  # None: the dtype's machine epsilon (RMSNorm only)
+    eps_outside: bool  # RMSNorm with eps outside the root (the Simplifying code)
+    bias: bool
+    affine: bool  # a learnable scale (and shift)
 
 
 @config_dataclass
@@ -147,6 +161,11 @@ class ModelFields(ConfigBase):
     def attention_shape(self) -> AttentionShape:
         return AttentionShape(self.d_model, self.n_heads, self.n_kv_heads or self.n_heads,
                               self.head_dim or self.d_model // self.n_heads)
+
+    @property
+    def norm_shape(self) -> NormShape:
+        return NormShape(self.norm, self.d_model, self.norm_eps, self.rmsnorm_eps == "outside", self.bias,
+                         self.norm_affine)
 
     @property
     def mlp_shape(self) -> MLPShape:
