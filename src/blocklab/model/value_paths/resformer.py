@@ -39,6 +39,7 @@ from blocklab.model.value_paths.base import (
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
 
+
 @dataclass
 class SourceState:
     """A ResFormer's own cross-layer state (`Carry.path_state`); the source's values are the carry's
