@@ -641,6 +641,51 @@ def test_bad_option_values(arch, options, match):
     _assert_config_error(match, arch, options)
 
 
+def _field_docstrings(options: type) -> set[str]:
+    """The fields of `options` and its bases that are followed by a docstring line where declared."""
+    import ast
+    import inspect
+
+    documented = set()
+    for cls in options.__mro__[:-1]:
+        body = ast.parse(inspect.getsource(cls).lstrip()).body[0].body
+        for stmt, after in zip(body, body[1:], strict=False):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                documented.add(stmt.target.id)
+    return documented
+
+
+@pytest.mark.parametrize("name", list(VALUE_PATHS))
+def test_each_value_path_has_typed_documented_options(name):
+    """A value path's options are a frozen dataclass: every field typed, with a default that passes
+    its own checks, and a docstring line where it is first declared."""
+    import dataclasses
+    import typing
+
+    options = VALUE_PATHS[name].module.options
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
+    hints = typing.get_type_hints(options)
+    defaults = options()  # every field has a default, and the defaults are valid
+    fields = dataclasses.fields(options)
+    assert all(f.name in hints for f in fields)
+    assert {f.name for f in fields} <= _field_docstrings(options)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        defaults.x = 1
+
+
+def test_options_check_their_own_values_without_a_config():
+    from blocklab.model.value_paths.resformer import ResFormerOptions
+
+    assert ResFormerOptions(lambda1=1, neutreno=0.2).lambda1 == 1  # an int passes for a float
+    with pytest.raises(ConfigError, match=r"'neutreno'\] = 1.5 is not allowed.*\[0, 1\)"):
+        ResFormerOptions(neutreno=1.5)
+    with pytest.raises(ConfigError, match=r"'learnable'\] = 1 is not allowed: it must be true or false"):
+        ResFormerOptions(learnable=1)
+    with pytest.raises(ConfigError, match="one of 'value', 'query', 'key'"):
+        ResFormerOptions(residual_on="hidden")
+
+
 def test_value_embed_gate_reads_up_to_d_model_channels():
     """gate_channels = d_model is allowed; the default 12 shrinks to a narrower d_model."""
     model = build("pre-ln+value-embed", dict(gate_channels=D))
