@@ -125,7 +125,7 @@ class ValueEmbed(ValuePath):
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
         n = resolve_options(cls.options, cfg).shared_tables
-        return ValueEmbedTables(cfg, n) if n else None
+        return ValueEmbedTables(n, cfg.vocab_size, cfg.attention_shape.kv_dim, cfg.d_model) if n else None
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
@@ -155,10 +155,10 @@ class ValueEmbedTables(SharedModule):
     """The N value-embedding tables of the U-net layout (`ValueEmbed` option ``shared_tables``):
     each is read by two layers, so they live outside the blocks."""
 
-    def __init__(self, cfg: ModelFields, n: int):
+    def __init__(self, n: int, vocab_size: int, kv_dim: int, d_model: int):
         super().__init__()
-        self.d_model = cfg.d_model
-        self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.attention_shape.kv_dim) for _ in range(n))
+        self.d_model = d_model  # the tables start N(0, 1/d_model)
+        self.tables = nn.ModuleList(_Table(vocab_size, kv_dim) for _ in range(n))
 
     def table_list(self) -> list[nn.Parameter]:
         return [t.value_table for t in self.tables if isinstance(t, _Table)]
