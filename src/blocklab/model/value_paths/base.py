@@ -7,8 +7,9 @@ A value path answers, for one layer, with data rather than callbacks:
    what do I put into the carry for later layers? (`forward` returns `LayerValues` and the carry)
 3. what must a KV cache keep? (`key_layer`, `value_layer`, `reads_layers`; and `values_from_cache`
    maps what it kept to this layer's values)
-4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), and how its
-   new parameters start from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
+4. its rules: option checks that need the model's sizes (`validate`; its options dataclass checks
+   its own values), whether a layer owns W^V (`has_value_map`), and how its new parameters start
+   from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
 
 What the rest of blocklab reads about a value path (the titles of its learned scalars in plots, how a
 comparison grid's options read at a given depth, the options under which it starts at a pretrained
