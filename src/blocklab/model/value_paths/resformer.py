@@ -219,14 +219,14 @@ class LearnedMixResFormer(ValueResidual):
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
-        self.kv_heads = cfg.attention_shape.n_kv_heads
+        self.n_kv_heads = cfg.attention_shape.n_kv_heads
         if self.mixes:
-            self.gate = nn.Linear(cfg.d_model, self.kv_heads, bias=True)
+            self.gate = nn.Linear(cfg.d_model, self.n_kv_heads, bias=True)
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         b, t, width = v.shape
-        m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, kv_heads, 1)
-        heads = v.view(b, t, self.kv_heads, -1)
+        m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, n_kv_heads, 1)
+        heads = v.view(b, t, self.n_kv_heads, -1)
         return torch.lerp(v1.view_as(heads), heads, m).view(b, t, width)  # V_1 + m (V_n - V_1)
 
 

@@ -72,7 +72,7 @@ class ValueEmbed(ValuePath):
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
         shape = cfg.attention_shape
-        self.kv_heads, self.head_dim, self.d_model = shape.n_kv_heads, shape.head_dim, cfg.d_model
+        self.n_kv_heads, self.head_dim, self.d_model = shape.n_kv_heads, shape.head_dim, cfg.d_model
         shared = o.shared_tables
         self.table_index = _unet_table(layer, shared, cfg.n_layers) if shared else None
         self.target = (self.table_index is not None if shared
@@ -104,8 +104,8 @@ class ValueEmbed(ValuePath):
                 v = v + self.lambda1(e)
             else:
                 b, t, _ = v.shape
-                g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
-                v = v + (g[..., None] * e.view(b, t, self.kv_heads, self.head_dim)).view(b, t, -1)
+                g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, n_kv_heads)
+                v = v + (g[..., None] * e.view(b, t, self.n_kv_heads, self.head_dim)).view(b, t, -1)
         return LayerValues(q, k, v), carry
 
     @torch.no_grad()
