@@ -127,8 +127,9 @@ class HandDecoder:
         supported = (cfg.block_layout == "pre-ln" and cfg.attn_matrix == "softmax" and cfg.causal
                      and cfg.value_path == "standard" and cfg.norm == "layernorm" and cfg.final_norm
                      and cfg.norm_layers == "all" and cfg.positions == "learned" and not cfg.qk_norm
-                     and cfg.window_size is None and cfg.logit_softcap is None and cfg.kv_heads == cfg.n_heads
-                     and cfg.mlp_act in ACTIVATIONS and cfg.attn_logit_scale == 1.0
+                     and cfg.window_size is None and cfg.logit_softcap is None
+                     and cfg.attention_shape.n_kv_heads == cfg.n_heads and cfg.mlp_act in ACTIVATIONS
+                     and cfg.attn_logit_scale == 1.0
                      and not (cfg.embed_norm or cfg.smear or cfg.residual_scalars or cfg.backout))
         if not supported:
             raise ValueError("the hand loop covers Pre-LN GPT-2 blocks only (softmax attention, standard "
@@ -149,7 +150,7 @@ class HandDecoder:
         self.head = self.tok if model.head is None else model.head.weight
         self.ln_f = _norm(model.norm)
         self.eps, self.d = cfg.norm_eps, cfg.d_model
-        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_size
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.attention_shape.head_dim
         self.act = ACTIVATIONS[cfg.mlp_act]
 
     def _block(self, x: Tensor, w: Layer, keys: Tensor, values: Tensor, at: int) -> Tensor:

@@ -7,6 +7,7 @@ import ast
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -111,21 +112,23 @@ def test_the_model_config_loads_without_the_presets():
 
 
 # -- the worked example of docs/architecture.md ---------------------------------------------------
-def worked_example() -> type[ValuePath]:
-    """Execute the example's code block exactly as the docs show it."""
+def worked_example(monkeypatch: pytest.MonkeyPatch) -> type[ValuePath]:
+    """Execute the example's code block exactly as the docs show it, as the module the docs name (a
+    dataclass reads its module's namespace)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     block = re.search(r"<!-- worked-example:begin -->\s*```python\n(.*?)```\s*<!-- worked-example:end -->",
                       text, re.S)
     assert block, "docs/architecture.md lost its worked example"
-    namespace: dict = {"__name__": "blocklab.model.value_paths.scaled"}
-    exec(compile(block[1], "docs/architecture.md", "exec"), namespace)
-    return namespace["ScaledValues"]
+    module = types.ModuleType("blocklab.model.value_paths.scaled")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(block[1], "docs/architecture.md", "exec"), module.__dict__)
+    return module.ScaledValues
 
 
 @pytest.fixture
 def scaled(monkeypatch):
     """The example registered as the docs say: one registry line."""
-    cls = worked_example()
+    cls = worked_example(monkeypatch)
     entry = Registered(cls, scalar_titles={"scale": "value scale s_n"})
     monkeypatch.setitem(VALUE_PATHS, "scaled-values", entry)
     return cls

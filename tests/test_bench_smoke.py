@@ -118,7 +118,7 @@ def test_hand_loop_decodes_from_a_filled_past_as_generate_does():
     with torch.no_grad():
         first = model(prompt, cache=cache)[:, -1].argmax(-1)
     keys, values = hand.new_cache(2, 30)
-    heads, d = model.cfg.n_heads, model.cfg.head_size
+    heads, d = model.cfg.n_heads, model.cfg.attention_shape.head_dim
     for j in range(model.cfg.n_layers):
         keys[j, :, :, :9] = cache.keys[j].data[:, :9].transpose(1, 2)
         values[j, :, :, :9] = cache.values[j].data[:, :9].view(2, 9, heads, d).transpose(1, 2)

@@ -580,9 +580,9 @@ def test_carry_update_copies_and_checks_the_fields():
 
     ids = torch.zeros(1, 2, dtype=torch.long)
     carry = Carry(token_ids=ids, positions=torch.arange(2))
-    new = carry.update(first_values=ids, values=(ids,))
-    assert new is not carry and carry.first_values is None and carry.values == ()
-    assert new.first_values is ids and new.token_ids is ids and new.values == (ids,)
+    new = carry.update(first_values=ids, path_state=(ids,))
+    assert new is not carry and carry.first_values is None and carry.path_state is None
+    assert new.first_values is ids and new.token_ids is ids and new.path_state == (ids,)
     with pytest.raises(TypeError, match="not_a_field"):
         carry.update(not_a_field=1)
 

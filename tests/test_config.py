@@ -270,3 +270,49 @@ def test_configs_saved_by_earlier_versions_still_load():
         cfg = NewPath.load(path)
         assert cfg.to_dict() == {**cfg.to_dict(), **data}, path  # every saved field read as saved
         assert OldPath.from_dict(cfg.to_dict()) == cfg
+
+
+# A config as `ModelConfig.to_dict` wrote it before the components read their sizes through
+# `attention_shape` and `mlp_shape` (issue 28): the optional sizes saved as None, grouped-query heads given.
+SAVED_BEFORE_SHAPES = {
+    "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": None,
+    "mlp_hidden": None, "context_length": 16, "causal": True, "norm": "layernorm", "norm_eps": 1e-05,
+    "rmsnorm_eps": "inside", "norm_layers": "all", "final_norm": True, "qk_norm": False,
+    "positions": "learned", "rope_base": 10000.0, "mlp_act": "gelu", "leaky_relu_slope": 0.0,
+    "tie_embeddings": True, "bias": False, "qk_bias": False, "window_size": None, "window_pattern": "L",
+    "logit_softcap": None, "init_std": 0.02, "embed_init_std": None, "embed_scale": 1.0, "dropout": 0.0,
+    "norm_affine": True, "embed_norm": False, "attn_logit_scale": 1.0, "smear": False,
+    "residual_scalars": False, "backout": False, "init_scheme": "normal", "block_layout": "pre-ln",
+    "attn_skip_gain": 1.0, "attn_branch_gain": 1.0, "mlp_skip_gain": 1.0, "mlp_branch_gain": 1.0,
+    "trainable_block_gains": False, "attn_matrix": "softmax", "attn_alpha": 1.0, "attn_beta": 1.0,
+    "attn_gamma": 1.0, "trainable_attn_gains": False, "headwise_gains": True, "query_init_std": None,
+    "value_form": "linear", "first_value_form": None, "proj_form": "linear", "reparam_init": "orthogonal",
+    "reparam_tie": "none", "value_skip_gain": 1.0, "value_resid_gain": 1.0, "proj_skip_gain": 1.0,
+    "proj_resid_gain": 1.0, "trainable_reparam_gains": False, "value_path": "resformer",
+    "value_path_options": {"layers": "all", "lambda1": 0.5},
+}
+
+
+def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
+    """None sizes resolve as before (head_dim d / H, MLP 4 d) and the model equals one built from
+    the resolved sizes given explicitly, weight for weight and logit for logit."""
+    import torch
+
+    from blocklab import Transformer
+    from blocklab.model.fields import AttentionShape
+
+    cfg = ModelConfig.from_dict(json.loads(json.dumps(SAVED_BEFORE_SHAPES)))
+    assert cfg.to_dict() == SAVED_BEFORE_SHAPES  # saved back as it was, None values included
+    assert cfg.attention_shape == AttentionShape(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8)
+    assert (cfg.attention_shape.kv_dim, cfg.mlp_shape.hidden) == (16, 128)
+    explicit = cfg.replace(head_dim=8, mlp_hidden=128)
+    torch.manual_seed(0)
+    saved = Transformer(cfg)
+    torch.manual_seed(0)
+    built = Transformer(explicit)
+    state = saved.state_dict()
+    assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in built.state_dict().items()}
+    assert all(torch.equal(v, built.state_dict()[k]) for k, v in state.items())
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(saved(ids), built(ids), rtol=0, atol=0)

@@ -175,7 +175,7 @@ def test_attention_logit_scale_multiplies_the_scores():
     from blocklab.model.carry import Carry
 
     y, _ = attn(x, Carry(token_ids=torch.zeros(1, 6, dtype=torch.long), positions=torch.arange(6)))
-    h, d = cfg.n_heads, cfg.head_size
+    h, d = cfg.n_heads, cfg.attention_shape.head_dim
     q = (x @ attn.q.weight.T).view(1, 6, h, d).transpose(1, 2)
     k = (x @ attn.k.weight.T).view(1, 6, h, d).transpose(1, 2)
     v = (x @ attn.values.w_v.weight.T).view(1, 6, h, d).transpose(1, 2)
@@ -212,7 +212,8 @@ def test_trunk_fields_reject_bad_values(fields, words):
 def test_config_from_nanochat_reads_the_shapes():
     w = random_nanochat_weights(**SMALL, upstream=False)
     cfg = config_from_nanochat(w, vocab_size=100, sequence_len=64, head_dim=16)
-    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.mlp_width) == (4, 64, 4, 2, 256)
+    assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.attention_shape.n_kv_heads,
+            cfg.mlp_shape.hidden) == (4, 64, 4, 2, 256)
     assert cfg.window_pattern == "L"  # a 64-token context: nanochat's quarter window rounds up to all of it
     with pytest.raises(ConfigError, match="not a nanochat state dict"):
         config_from_nanochat({"tok_emb.weight": torch.zeros(2, 2)})

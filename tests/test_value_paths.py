@@ -287,7 +287,7 @@ def test_bov_shared_table_is_one_table_used_by_every_target():
     assert tables == ["value_shared.value_table"]
     params = dict(model.named_parameters())
     table = params["value_shared.value_table"].detach()
-    assert table.shape == (VOCAB, model.cfg.kv_dim)
+    assert table.shape == (VOCAB, model.cfg.attention_shape.kv_dim)
     ids = random_ids(2, 9)
     values = capture_values(model, ids)
     for i in (4, 5):
@@ -338,7 +338,7 @@ def test_bov_default_table_init_is_rmsnorm_embedding_times_fresh_w_v(options):
     assert len(tables) == (1 if options else 2)
     ws = []
     for name, table in tables.items():
-        assert table.shape == (cfg.vocab_size, cfg.kv_dim)
+        assert table.shape == (cfg.vocab_size, cfg.attention_shape.kv_dim)
         w = torch.linalg.lstsq(r, table).solution  # (d, kv_dim): table = r W
         assert (r @ w - table).norm() < 1e-5 * table.norm(), name  # vocab 40 > d 16: a real constraint
         assert 0.5 * cfg.init_std < w.std() < 2 * cfg.init_std, name
@@ -467,7 +467,7 @@ def test_resformer_adds_only_scalars(variant, added, overrides):
 def test_svformer_removes_the_later_value_projections(overrides):
     base, base_flops, cfg = _counts("pre-ln", **overrides)
     sv, sv_flops, _ = _counts("pre-ln+svformer", **overrides)
-    removed = (cfg.n_layers - 1) * cfg.d_model * cfg.kv_dim
+    removed = (cfg.n_layers - 1) * cfg.d_model * cfg.attention_shape.kv_dim
     assert base.total - sv.total == removed
     assert base.non_embedding - sv.non_embedding == removed
     assert base_flops - sv_flops == 6 * removed
@@ -479,14 +479,15 @@ def test_bov_trades_value_projections_for_tables(options, overrides):
     base, base_flops, cfg = _counts("pre-ln", **overrides)
     bov, bov_flops, _ = _counts("pre-ln+bov", options, **overrides)
     n_targets = cfg.n_layers - (2 * cfg.n_layers) // 3
+    kv_dim = cfg.attention_shape.kv_dim
     n_tables = 1 if options else n_targets
-    assert bov.value_tables == n_tables * cfg.vocab_size * cfg.kv_dim
+    assert bov.value_tables == n_tables * cfg.vocab_size * kv_dim
     assert bov.embedding == base.embedding
     # each target drops W_V (d x d_kv) and gains one scalar gamma_v
-    assert base.non_embedding - bov.non_embedding == n_targets * (cfg.d_model * cfg.kv_dim - 1)
-    assert bov.total == base.total - n_targets * (cfg.d_model * cfg.kv_dim - 1) + bov.value_tables
+    assert base.non_embedding - bov.non_embedding == n_targets * (cfg.d_model * kv_dim - 1)
+    assert bov.total == base.total - n_targets * (cfg.d_model * kv_dim - 1) + bov.value_tables
     assert bov_flops < base_flops
-    assert base_flops - bov_flops == 6 * n_targets * cfg.d_model * cfg.kv_dim
+    assert base_flops - bov_flops == 6 * n_targets * cfg.d_model * kv_dim
 
 
 @pytest.mark.parametrize("group, n_layers", [(2, 4), (3, 4), (2, 5)])
@@ -494,7 +495,7 @@ def test_cla_removes_the_followers_keys_and_values(group, n_layers):
     base, base_flops, cfg = _counts("pre-ln", n_layers=n_layers, **GQA)
     cla, cla_flops, _ = _counts("pre-ln+cla", dict(group=group), n_layers=n_layers, **GQA)
     followers = sum(1 for i in range(n_layers) if i % group)
-    removed = followers * 2 * cfg.d_model * cfg.kv_dim
+    removed = followers * 2 * cfg.d_model * cfg.attention_shape.kv_dim
     assert base.total - cla.total == removed
     assert base_flops - cla_flops == 6 * removed
 
@@ -504,7 +505,7 @@ def test_cross_layer_attention_doubles_the_attention_flops_after_the_first_layer
     cross, cross_flops, _ = _counts("pre-ln+cross-layer-attn")
     assert cross.total == base.total
     t = cfg.context_length
-    assert cross_flops - base_flops == (cfg.n_layers - 1) * 12 * cfg.n_heads * cfg.head_size * t
+    assert cross_flops - base_flops == (cfg.n_layers - 1) * 12 * cfg.attention_shape.q_dim * t
 
 
 # -- 7. target layers and config errors ------------------------------------------------------------
@@ -640,10 +641,55 @@ def test_bad_option_values(arch, options, match):
     _assert_config_error(match, arch, options)
 
 
+def _field_docstrings(options: type) -> set[str]:
+    """The fields of `options` and its bases that are followed by a docstring line where declared."""
+    import ast
+    import inspect
+
+    documented = set()
+    for cls in options.__mro__[:-1]:
+        body = ast.parse(inspect.getsource(cls).lstrip()).body[0].body
+        for stmt, after in zip(body, body[1:], strict=False):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                documented.add(stmt.target.id)
+    return documented
+
+
+@pytest.mark.parametrize("name", list(VALUE_PATHS))
+def test_each_value_path_has_typed_documented_options(name):
+    """A value path's options are a frozen dataclass: every field typed, with a default that passes
+    its own checks, and a docstring line where it is first declared."""
+    import dataclasses
+    import typing
+
+    options = VALUE_PATHS[name].module.options
+    assert dataclasses.is_dataclass(options) and options.__dataclass_params__.frozen
+    hints = typing.get_type_hints(options)
+    defaults = options()  # every field has a default, and the defaults are valid
+    fields = dataclasses.fields(options)
+    assert all(f.name in hints for f in fields)
+    assert {f.name for f in fields} <= _field_docstrings(options)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        defaults.x = 1
+
+
+def test_options_check_their_own_values_without_a_config():
+    from blocklab.model.value_paths.resformer import ResFormerOptions
+
+    assert ResFormerOptions(lambda1=1, neutreno=0.2).lambda1 == 1  # an int passes for a float
+    with pytest.raises(ConfigError, match=r"'neutreno'\] = 1.5 is not allowed.*\[0, 1\)"):
+        ResFormerOptions(neutreno=1.5)
+    with pytest.raises(ConfigError, match=r"'learnable'\] = 1 is not allowed: it must be true or false"):
+        ResFormerOptions(learnable=1)
+    with pytest.raises(ConfigError, match="one of 'value', 'query', 'key'"):
+        ResFormerOptions(residual_on="hidden")
+
+
 def test_value_embed_gate_reads_up_to_d_model_channels():
     """gate_channels = d_model is allowed; the default 12 shrinks to a narrower d_model."""
     model = build("pre-ln+value-embed", dict(gate_channels=D))
-    assert model.blocks[3].attn.values.gate.weight.shape == (model.cfg.kv_heads, D)
+    assert model.blocks[3].attn.values.gate.weight.shape == (model.cfg.attention_shape.n_kv_heads, D)
     narrow = build("pre-ln+value-embed", d_model=8, n_heads=2)
     assert narrow.blocks[3].attn.values.gate.weight.shape == (2, 8)
 

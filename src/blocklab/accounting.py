@@ -72,5 +72,5 @@ def flops_per_token(model: nn.Module, seq_len: int | None = None) -> int:
     for layer, block in enumerate(model.blocks):
         window = cfg.layer_window(layer)
         keys = (min(window, t) if window else t) * block.attn.values.key_sets
-        attn += 12 * cfg.n_heads * cfg.head_size * keys
+        attn += 12 * cfg.attention_shape.q_dim * keys
     return 6 * matmul_weights(model) + attn

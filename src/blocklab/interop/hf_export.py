@@ -82,9 +82,10 @@ def _field_mismatches(cfg: ModelConfig, needs: dict[str, tuple[Any, ...]]) -> li
 
 def _gpt2_mismatches(cfg: ModelConfig) -> list[str]:
     out = _field_mismatches(cfg, {"norm": ("layernorm",), "positions": ("learned",), "mlp_act": GPT2_ACTS})
-    if cfg.kv_heads != cfg.n_heads:
+    shape = cfg.attention_shape
+    if shape.n_kv_heads != shape.n_heads:
         out.append(_mismatch("n_kv_heads", cfg.n_kv_heads, f"None or n_heads = {cfg.n_heads}"))
-    if cfg.head_size * cfg.n_heads != cfg.d_model:
+    if shape.q_dim != cfg.d_model:
         out.append(_mismatch("head_dim", cfg.head_dim, "None or d_model / n_heads"))
     return out
 
@@ -126,19 +127,21 @@ def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token
     """
     target = hf_target(cfg)
     transformers = require_transformers()
+    attention, mlp = cfg.attention_shape, cfg.mlp_shape
     shared = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings,
                   initializer_range=cfg.init_std, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
                   torch_dtype=str(dtype).removeprefix("torch."))
     if target == "gpt2":
         hf = transformers.GPT2Config(
             n_positions=cfg.context_length, n_embd=cfg.d_model, n_layer=cfg.n_layers, n_head=cfg.n_heads,
-            n_inner=cfg.mlp_width, activation_function=GPT2_ACTS[cfg.mlp_act],
+            n_inner=mlp.hidden, activation_function=GPT2_ACTS[cfg.mlp_act],
             layer_norm_epsilon=cfg.norm_eps, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **shared)
     else:
         # rope_theta: transformers 5 moves it into rope_parameters, 4.x keeps it as it is
         hf = transformers.LlamaConfig(
-            hidden_size=cfg.d_model, intermediate_size=cfg.mlp_width, num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.head_size,
+            hidden_size=cfg.d_model, intermediate_size=mlp.hidden, num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.n_heads, num_key_value_heads=attention.n_kv_heads,
+            head_dim=attention.head_dim,
             hidden_act="silu", max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps,
             rope_theta=cfg.rope_base, attention_bias=cfg.bias, mlp_bias=cfg.bias, attention_dropout=0.0,
             **shared)

@@ -67,7 +67,7 @@ def config_from_nanochat(state_dict: Mapping[str, Tensor], vocab_size: int = 327
 
 def state_dict_from_nanochat(state_dict: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
     """nanochat's weights under blocklab's names (module docstring for the two conversions)."""
-    v, d = cfg.vocab_size, cfg.head_size
+    v, d = cfg.vocab_size, cfg.attention_shape.head_dim
     out: dict[str, Tensor] = {"tok_emb.weight": state_dict["transformer.wte.weight"][:v],
                               "head.weight": state_dict["lm_head.weight"][:v]}
     if "smear_gate.weight" in state_dict:

@@ -35,7 +35,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
-        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_size
+        shape = cfg.attention_shape
+        self.n_heads, self.n_kv_heads, self.head_dim = shape.n_heads, shape.n_kv_heads, shape.head_dim
         self.causal, self.window = cfg.causal, cfg.layer_window(layer)
         self.rope_base = cfg.rope_base if cfg.positions == "rope" else None
         self.qk_norm, self.form = cfg.qk_norm, cfg.attn_matrix
@@ -43,8 +44,8 @@ class Attention(nn.Module):
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
         self.values = make_value_path(cfg, layer)
         qk_bias = cfg.bias or cfg.qk_bias  # Simplifying's code: biases on Q and K only
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_size, bias=qk_bias)
-        self.k = nn.Linear(cfg.d_model, cfg.kv_dim, bias=qk_bias) if self.values.owns_keys else None
+        self.q = nn.Linear(shape.d_model, shape.q_dim, bias=qk_bias)
+        self.k = nn.Linear(shape.d_model, shape.kv_dim, bias=qk_bias) if self.values.owns_keys else None
         self.proj = make_proj_map(cfg)
         if self.form != "softmax":
             heads = cfg.n_heads if cfg.headwise_gains else 1

@@ -36,11 +36,11 @@ class Block(nn.Module):
         has_norm = cfg.norm_layers == "all" or layer == 0
         norm = cfg.norm if has_norm else "none"
         trainable = cfg.trainable_block_gains
-        self.norm1 = norm_of(cfg, norm)
+        self.norm1 = norm_of(cfg.norm_shape, norm)
         second = norm if cfg.norm_layers == "all" else "none"
-        self.norm2 = norm_of(cfg, second) if self.layout != "parallel" else None
+        self.norm2 = norm_of(cfg.norm_shape, second) if self.layout != "parallel" else None
         self.attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg.d_model, cfg.mlp_width, cfg.mlp_act, cfg.bias, cfg.leaky_relu_slope)
+        self.mlp = MLP(cfg.mlp_shape)
         self.attn_skip = _skip(cfg.attn_skip_gain, trainable)
         self.attn_branch = Gain(cfg.attn_branch_gain, trainable)
         self.mlp_skip = _skip(cfg.mlp_skip_gain, trainable)

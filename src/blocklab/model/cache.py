@@ -164,7 +164,8 @@ def cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2, context: int |
         raise ValueError(f"context = {context!r} is not allowed: give a positive number of positions.")
     paths, shared = _value_paths(cfg)
     layout = CacheLayout.from_paths(cfg, paths)
-    width = cfg.kv_dim * dtype_bytes
+    kv_dim = cfg.attention_shape.kv_dim
+    width = kv_dim * dtype_bytes
 
     def entries(span: int | None) -> int:
         return context if span is None else min(span, context)
@@ -180,7 +181,7 @@ def cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2, context: int |
     keys, values = sum(x["key_bytes"] for x in layers), sum(x["value_bytes"] for x in layers)
     modules = [*paths, shared] if shared is not None else paths
     tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if is_value_table(n))
-    sums = len(layout.summed_layers) * cfg.kv_dim * max(dtype_bytes, 4)
+    sums = len(layout.summed_layers) * kv_dim * max(dtype_bytes, 4)
     total = keys + values + ids + sums
     return dict(context=context, dtype_bytes=dtype_bytes, layers=layers,
                 kinds=dict(Counter(x["kind"] for x in layers)), key_bytes=keys, value_bytes=values,
@@ -243,10 +244,12 @@ class KVCache:
         self.cfg, self.batch_size, self.max_len, self.dtype = cfg, batch_size, max_len, dtype
         self.layout = CacheLayout.from_paths(cfg, paths)
         self.length = 0  # positions cached so far
-        heads = (cfg.kv_heads, cfg.head_size)
+        shape = cfg.attention_shape
+        self.head_dim = shape.head_dim  # values are stored (B, T, kv_dim) and split into heads to read
+        heads = (shape.n_kv_heads, shape.head_dim)
         self.keys = {j: _Store(batch_size, max_len, s, heads, dtype, device)
                      for j, s in self.layout.key_spans.items()}
-        self.values = {j: _Store(batch_size, max_len, s, (cfg.kv_dim,), dtype, device)
+        self.values = {j: _Store(batch_size, max_len, s, (shape.kv_dim,), dtype, device)
                        for j, s in self.layout.value_spans.items()}
         self.token_ids = (_Store(batch_size, max_len, self.layout.id_span, (), TOKEN_ID_DTYPE, device)
                           if self.layout.has_ids else None)
@@ -350,7 +353,7 @@ class KVCache:
         if reads:  # the other layer's keys and values at the positions this layer sees
             first = self.length + self._chunk_length() - keys.shape[-2]
             other = (self._read("keys", reads[0], first).transpose(1, 2),
-                     ops.split_heads(self._read("values", reads[0], first), self.cfg.head_size))
+                     ops.split_heads(self._read("values", reads[0], first), self.head_dim))
         return Seen(keys, source, other, self._add_to_sum(layer, v) if self.value_sums else None)
 
     def _chunk_length(self) -> int:
@@ -364,7 +367,7 @@ class KVCache:
         if sums is None:
             return None
         before = sums.clone()
-        stored = ops.split_heads(v.detach().to(self.dtype), self.cfg.head_size)
+        stored = ops.split_heads(v.detach().to(self.dtype), self.head_dim)
         sums += stored.sum(dim=-2, keepdim=True, dtype=sums.dtype)
         return before
 

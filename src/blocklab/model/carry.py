@@ -2,7 +2,8 @@
 
 Nothing that one layer needs from another hides in a module attribute: each block takes a
 `Carry` and returns one, so per-block `torch.compile`, FSDP wrapping and the KV cache see the whole
-data flow. Every field is typed; a value path fills in only the fields it uses.
+data flow. A value path fills in only the fields it uses; what only one family reads is its own
+`path_state`, typed in its module.
 """
 
 from __future__ import annotations
@@ -34,24 +35,22 @@ class LayerCache(Protocol):
 
 @dataclass
 class Carry:
+    """What every block reads besides x. The fields here are what more than one value-path family
+    reads; a family's own cross-layer state is one value in `path_state`, of a type its module states."""
+
     # -- set by the Transformer before the first block ---------------------------------------------
     token_ids: Tensor  # (B, T) ids of the tokens in this forward pass
     positions: Tensor  # (T,) absolute positions of those tokens
-    x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0)
+    x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0, x0-value)
     token_embeddings: Tensor | None = None  # (B, T, d) raw token embeddings (Bank of Values' x0)
     embedding_table: Tensor | None = None  # (vocab, d) the token embedding (x0-value maps cached ids)
     cache: LayerCache | None = None  # set while decoding with a KV cache (model/cache.py)
-    # -- set by a value path's model-level module (`SharedModule.before_blocks`) ------------------
-    source_weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
-    value_table: Tensor | None = None  # Bank of Values with one table for every target layer
-    value_tables: tuple[Tensor, ...] = ()  # value embeddings' shared tables (the U-net layout)
     # -- set by a layer for the layers after it ---------------------------------------------------
-    first_values: Tensor | None = None  # V of the source layer (V_1), (B, T, kv_dim)
-    first_queries: Tensor | None = None  # Q of the source layer (query-residual ablation), heads
-    first_keys: Tensor | None = None  # K of the source layer (key-residual ablation, cross-layer attn)
-    values: tuple[Tensor, ...] = ()  # raw V of every earlier layer (Dense-ResFormer)
-    shared_kv: tuple[Tensor, Tensor] | None = None  # K, V of the group leader (CLA)
-    history: tuple[Tensor, ...] = ()  # block outputs X_0 .. X_n (DenseFormer)
+    # V of the source layer (V_1), (B, T, kv_dim): ResFormer, SVFormer, NeuTRENO, v1-value, bov-resformer
+    first_values: Tensor | None = None
+    # -- the value path's own state, set by its layers or its model-level module -------------------
+    # (None until it sets one): e.g. DenseFormer's block outputs, CLA's shared K and V, BoV's shared table
+    path_state: Any = None
 
     def update(self, **changes: Any) -> Carry:
         """A new carry with `changes` (the old one is left as it was)."""

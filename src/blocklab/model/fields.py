@@ -3,7 +3,9 @@
 The fields are grouped by the paper concept they control (sizes, components, block layout,
 attention-matrix form, value/projection form, value path). This is the bottom of the model's layers:
 every component reads its fields from here, and `ModelConfig` (model/config.py) adds the checks, which
-need the value-path registry, and the reading and writing of files. Named presets
+need the value-path registry, and the reading and writing of files. Sizes with a default (None) are
+read resolved, one name per concept, through `attention_shape` and `mlp_shape`; the norms read
+`norm_shape`. Named presets
 (`blocklab.presets`) sit above the model: sets of field overrides, never imported from here.
 
 Leaf module: it imports only `blocklab.configbase`.
@@ -11,7 +13,7 @@ Leaf module: it imports only `blocklab.configbase`.
 
 from __future__ import annotations
 
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from blocklab.configbase import ConfigBase, config_dataclass
@@ -35,6 +37,51 @@ CHOICES = {"norm": Norm, "norm_layers": NormLayers, "rmsnorm_eps": RMSNormEps, "
            "proj_form": LinearForm, "reparam_init": ReparamInit, "reparam_tie": ReparamTie}
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """The attention's sizes with every default resolved (`ModelFields.attention_shape`): what the
+    projections, the value paths and the KV cache are built from."""
+
+    d_model: int
+    n_heads: int  # query heads
+    n_kv_heads: int  # key and value heads: n_heads, or fewer for grouped-query attention
+    head_dim: int  # width of one head
+
+    @property
+    def q_dim(self) -> int:
+        """The width of all query heads (the input of the output projection W^O)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """The width of K and of V: what a layer's value projection gives and the cache keeps."""
+        return self.n_kv_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class MLPShape:
+    """The MLP's sizes and form with every default resolved (`ModelFields.mlp_shape`)."""
+
+    d_model: int
+    hidden: int  # the hidden width (for GLU MLPs the gated width)
+    act: MLPAct
+    bias: bool
+    leaky_relu_slope: float  # for act="leaky_relu"
+
+
+@dataclass(frozen=True)
+class NormShape:
+    """The settings every norm of the model shares (`ModelFields.norm_shape`); where a norm sits
+    and whether a layer keeps it is the block's and the Transformer's to say."""
+
+    kind: Norm
+    d_model: int
+    eps: float | None  # None: the dtype's machine epsilon (RMSNorm only)
+    eps_outside: bool  # RMSNorm with eps outside the root (the Simplifying code)
+    bias: bool
+    affine: bool  # a learnable scale (and shift)
+
+
 @config_dataclass
 class ModelFields(ConfigBase):
     # -- sizes ---------------------------------------------------------------------------------
@@ -42,6 +89,8 @@ class ModelFields(ConfigBase):
     d_model: int = 768
     n_layers: int = 12
     n_heads: int = 12
+    # the three below: None is the default size; components read them resolved, through
+    # `attention_shape` and `mlp_shape`
     n_kv_heads: int | None = None  # None: n_heads; fewer gives grouped-query attention
     head_dim: int | None = None  # None: d_model // n_heads
     mlp_hidden: int | None = None  # None: 4 * d_model (for GLU MLPs: the gated width)
@@ -107,22 +156,21 @@ class ModelFields(ConfigBase):
     value_path: str = "standard"
     value_path_options: dict[str, Any] = field(default_factory=dict)
 
-    # -- derived sizes -------------------------------------------------------------------------
+    # -- the components' resolved sizes -----------------------------------------------------------
     @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads or self.n_heads
+    def attention_shape(self) -> AttentionShape:
+        return AttentionShape(self.d_model, self.n_heads, self.n_kv_heads or self.n_heads,
+                              self.head_dim or self.d_model // self.n_heads)
 
     @property
-    def head_size(self) -> int:
-        return self.head_dim or self.d_model // self.n_heads
+    def norm_shape(self) -> NormShape:
+        return NormShape(self.norm, self.d_model, self.norm_eps, self.rmsnorm_eps == "outside", self.bias,
+                         self.norm_affine)
 
     @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_size
-
-    @property
-    def mlp_width(self) -> int:
-        return self.mlp_hidden or 4 * self.d_model
+    def mlp_shape(self) -> MLPShape:
+        return MLPShape(self.d_model, self.mlp_hidden or 4 * self.d_model, self.mlp_act, self.bias,
+                        self.leaky_relu_slope)
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of `layer`, or None for full context (the last layer is always full)."""

@@ -63,14 +63,14 @@ def make_value_map(form: str, cfg: ModelFields) -> nn.Module:
     if form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.value_skip_gain,
                              cfg.value_resid_gain, cfg.trainable_reparam_gains)
-    return make_linear_map(form, cfg.d_model, cfg.kv_dim, cfg.bias)
+    return make_linear_map(form, cfg.d_model, cfg.attention_shape.kv_dim, cfg.bias)
 
 
 def make_proj_map(cfg: ModelFields) -> nn.Module:
     if cfg.proj_form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.proj_skip_gain,
                              cfg.proj_resid_gain, cfg.trainable_reparam_gains)
-    return make_linear_map(cfg.proj_form, cfg.n_heads * cfg.head_size, cfg.d_model, cfg.bias)
+    return make_linear_map(cfg.proj_form, cfg.attention_shape.q_dim, cfg.d_model, cfg.bias)
 
 
 def tie_reparam_inits(values: list[ReparamLinear], projs: list[ReparamLinear], mode: str) -> None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from blocklab.model.fields import MLPShape
 
 GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": F.gelu}
 
@@ -16,14 +20,15 @@ class MLP(nn.Module):
     ``gelu_tanh`` is GPT-2's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
     (HF "gelu_new"), kept so that imported GPT-2 checkpoints give the same logits.
 
-    For gated MLPs `hidden` is the gated width: the input projection is d -> 2 * hidden.
+    For gated MLPs `shape.hidden` is the gated width: the input projection is d -> 2 * hidden.
     """
 
-    def __init__(self, dim: int, hidden: int, act: str, bias: bool = False, slope: float = 0.0):
+    def __init__(self, shape: MLPShape):
         super().__init__()
-        self.act, self.slope = act, slope
-        self.fc = nn.Linear(dim, 2 * hidden if act in GATED else hidden, bias=bias)
-        self.out = nn.Linear(hidden, dim, bias=bias)
+        self.act, self.slope = shape.act, shape.leaky_relu_slope
+        hidden = shape.hidden
+        self.fc = nn.Linear(shape.d_model, 2 * hidden if self.act in GATED else hidden, bias=shape.bias)
+        self.out = nn.Linear(hidden, shape.d_model, bias=shape.bias)
 
     def activation(self, h: Tensor) -> Tensor:
         if self.act in GATED:

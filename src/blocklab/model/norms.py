@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import Norm, NormShape
 
 
 class RMSNormEpsOutside(nn.Module):
@@ -51,7 +51,8 @@ def make_norm(kind: str, dim: int, eps: float | None, bias: bool = False, affine
     return nn.Identity()
 
 
-def norm_of(cfg: ModelConfig, kind: str | None = None) -> nn.Module:
-    """A norm of `kind` (default: ``cfg.norm``) with the model's eps, bias and affine settings."""
-    return make_norm(cfg.norm if kind is None else kind, cfg.d_model, cfg.norm_eps, cfg.bias, cfg.norm_affine,
-                     cfg.rmsnorm_eps == "outside")
+def norm_of(shape: NormShape, kind: Norm | None = None) -> nn.Module:
+    """A norm of `kind` (default: the model's, ``shape.kind``) with the model's eps, bias and affine
+    settings."""
+    return make_norm(shape.kind if kind is None else kind, shape.d_model, shape.eps, shape.bias, shape.affine,
+                     shape.eps_outside)

@@ -59,12 +59,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model) if cfg.positions == "learned" else None
-        self.embed_norm = norm_of(cfg) if cfg.embed_norm else None
+        self.embed_norm = norm_of(cfg.norm_shape) if cfg.embed_norm else None
         self.smear = Smear(cfg.d_model) if cfg.smear else None
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.value_shared = make_shared_module(cfg)  # model-level module of a value path, if any
         self.backout = Backout(cfg.n_layers) if cfg.backout else None
-        self.norm = norm_of(cfg, None if cfg.final_norm else "none")
+        self.norm = norm_of(cfg.norm_shape, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._decoding: CompiledStep | None = None  # set by `compile_decoding`
         if self.tok_emb.weight.device.type != "meta":

@@ -98,11 +98,12 @@ def validate(cfg: ModelFields) -> None:
     if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
         _fail("d_model", cfg.d_model,
               f"it must be divisible by n_heads={cfg.n_heads} (or set head_dim explicitly).")
-    if cfg.kv_heads > cfg.n_heads or cfg.n_heads % cfg.kv_heads:
+    shape = cfg.attention_shape
+    if shape.n_kv_heads > cfg.n_heads or cfg.n_heads % shape.n_kv_heads:
         _fail("n_kv_heads", cfg.n_kv_heads,
               f"it must divide n_heads={cfg.n_heads} (grouped-query attention).")
-    if cfg.positions == "rope" and cfg.head_size % 2:
-        _fail("head_dim", cfg.head_size, "rotary positions need an even head size.")
+    if cfg.positions == "rope" and shape.head_dim % 2:
+        _fail("head_dim", shape.head_dim, "rotary positions need an even head size.")
     if cfg.positions == "sinusoidal" and cfg.d_model % 2:
         _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
     if cfg.norm_eps is None and cfg.norm == "layernorm":
@@ -166,14 +167,15 @@ def _check_layout_and_forms(cfg: ModelFields) -> None:
     if cfg.block_layout == "post-ln" and cfg.norm == "none":
         _fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
 
-    square = cfg.head_size * cfg.n_heads == cfg.d_model
+    shape = cfg.attention_shape
+    square = shape.q_dim == cfg.d_model
     forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
              "proj_form": cfg.proj_form}
     for name, form in forms.items():
         if form in ("identity", "reparam"):
             if not square:
                 _fail(name, form, "identity and reparameterised maps need n_heads * head_dim == d_model.")
-            if name != "proj_form" and cfg.kv_heads != cfg.n_heads:
+            if name != "proj_form" and shape.n_kv_heads != shape.n_heads:
                 _fail(name, form, "identity or reparameterised values need n_kv_heads == n_heads "
                       "(a grouped-query value is narrower than d_model).")
     if cfg.reparam_tie != "none":

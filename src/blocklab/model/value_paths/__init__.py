@@ -17,7 +17,6 @@ from blocklab.model.value_paths.bank import (
     BankOfValues,
     ResFormerBank,
     V1Value,
-    ValueEmbed,
     VScale,
     X0Value,
     v1_grid_options,
@@ -27,6 +26,7 @@ from blocklab.model.value_paths.base import (
     SharedModule,
     StandardValues,
     ValuePath,
+    ValuePathOptions,
     is_value_table,
     resolve_options,
     target_layers,
@@ -51,6 +51,7 @@ from blocklab.model.value_paths.resformer import (
     ValueResidual,
     resformer_baseline_options,
 )
+from blocklab.model.value_paths.value_embed import ValueEmbed
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
@@ -132,10 +133,11 @@ def validate_value_path(cfg: ModelFields) -> None:
             f"{', '.join(map(repr, VALUE_PATHS))}."
         )
     cls = value_path_class(cfg)
-    resolve_options(cls, cfg)
+    resolve_options(cls.options, cfg)
     cls.validate(cfg)
 
 
-__all__ = ["VALUE_PATHS", "LayerValues", "Registered", "SharedModule", "ValuePath", "is_value_table",
+__all__ = ["VALUE_PATHS", "LayerValues", "Registered", "SharedModule", "ValuePath", "ValuePathOptions",
+           "is_value_table",
            "make_shared_module", "make_value_path", "target_layers", "validate_value_path",
            "value_path_class"]

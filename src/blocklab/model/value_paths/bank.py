@@ -7,8 +7,8 @@
     v-scale:     v_p = c * x_p W^V                           (Table 1's "V gamma" control)
     bov-resformer: BoV in the target layers, Identity-ResFormer's v_n = 1/2 (x_n W^V_n + V_1) in the
                  layers between the first and the targets (a composition of the two papers)
-    value-embed: v_p = x_p W^V + g(x_p) * E_v[token id]      (nanochat), or
-                 v_p = lambda_0 x_p W^V + lambda_1 E_v[id]   (modded-nanogpt)
+
+(value-embed, the additive table of nanochat and modded-nanogpt, is value_embed.py.)
 
 x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default to the last third
 (layer index >= floor(2L/3)). BoV's target layers have no value projection at all.
@@ -17,7 +17,8 @@ x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +30,11 @@ from blocklab.model.gains import Gain
 from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear
 from blocklab.model.value_paths.base import (
+    LayerSpec,
     LayerValues,
     SharedModule,
     ValuePath,
+    ValuePathOptions,
     resolve_options,
     target_layers,
     value_map,
@@ -45,20 +48,54 @@ def _rms(x: Tensor) -> Tensor:
     return F.rms_norm(x, (x.shape[-1],))
 
 
+@dataclass(frozen=True)
+class BankOptions(ValuePathOptions):
+    """The settings every variant of this module shares."""
+
+    layers: LayerSpec = "last-third"
+    """the target layers, where the new value source replaces (or joins) x W^V."""
+    coef: float = 1.0
+    """the coefficient c (gamma_v for BoV) at initialisation."""
+    learnable: bool = True
+    """whether the coefficients are learned."""
+
+
+@dataclass(frozen=True)
+class BankOfValuesOptions(BankOptions):
+    shared: bool = False
+    """one table for every target layer (initialised from the first target layer)."""
+
+
+@dataclass(frozen=True)
+class X0ValueOptions(BankOptions):
+    add: bool = False
+    """keep the layer's own values and add the x0 values, v = a x W^V + b RMSNorm(x0) W^V."""
+    x0: Literal["embedding", "stream"] = "embedding"
+    """which x0: the token's own embedding, or the trunk's x0 after the embedding norm and smear."""
+
+    def __post_init__(self) -> None:
+        if self.x0 not in ("embedding", "stream"):  # before the type check: its message says why
+            raise ConfigError(f"value_path_options['x0'] = {self.x0!r} is not allowed: choose 'embedding' "
+                              "(the token's own embedding) or 'stream' (the trunk's x0 after the embedding "
+                              "norm and smear, as the Bank of Values code).")
+        super().__post_init__()
+
+
 class _Substitutive(ValuePath):
     """Shared plumbing: standard values outside the target layers, a coefficient inside them."""
 
-    options = dict(layers="last-third", coef=1.0, learnable=True)
+    options: ClassVar[type[BankOptions]] = BankOptions
+    opts: BankOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.target = layer in self.targets(cfg)
         if self.target:
-            self.coef = Gain(self.opts["coef"], self.opts["learnable"])
+            self.coef = Gain(self.opts.coef, self.opts.learnable)
 
     @classmethod
     def targets(cls, cfg: ModelFields) -> frozenset[int]:
-        return target_layers(resolve_options(cls, cfg)["layers"], cfg.n_layers)
+        return target_layers(resolve_options(cls.options, cfg).layers, cfg.n_layers)
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
@@ -74,7 +111,8 @@ class BankOfValues(_Substitutive):
     """
 
     description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
-    options = dict(_Substitutive.options, shared=False)
+    options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
+    opts: BankOfValuesOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -83,11 +121,11 @@ class BankOfValues(_Substitutive):
         if self.target:  # the cache keeps the token ids, not V (Bank of Values Sec. 4, "Inference")
             self.value_layer = None
         self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
-        if self.target and not self.opts["shared"]:
-            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+        if self.target and not self.opts.shared:
+            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def table(self, carry: Carry) -> Tensor:
-        table = carry.value_table if self.opts["shared"] else self.value_table
+        table = carry.path_state if self.opts.shared else self.value_table
         assert table is not None, "the shared table's module fills the carry before the first block"
         return table
 
@@ -103,12 +141,12 @@ class BankOfValues(_Substitutive):
         return self.coef(F.embedding(source, self.table(carry)))
 
     def init_from_model(self, token_embedding: Tensor) -> None:
-        if self.target and not self.opts["shared"]:
+        if self.target and not self.opts.shared:
             init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.layer)
 
     def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """E_v = RMSNorm(E) W_V with this layer's *pretrained* W_V (Bank of Values Eq. 5)."""
-        if self.target and not self.opts["shared"]:
+        if self.target and not self.opts.shared:
             init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.layer,
                                       w_v=value_map(baseline[self.layer]))
 
@@ -118,7 +156,7 @@ class BankOfValues(_Substitutive):
 
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
-        if not resolve_options(cls, cfg)["shared"]:
+        if not resolve_options(cls.options, cfg).shared:
             return None
         return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
 
@@ -149,7 +187,7 @@ class ResFormerBank(BankOfValues):
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
         if 0 in cls.targets(cfg):
-            layers = resolve_options(cls, cfg)["layers"]
+            layers = resolve_options(cls.options, cfg).layers
             raise ConfigError(f"value_path_options['layers'] = {layers!r} is not "
                               "allowed for bov-resformer: layer 0 is the source of V_1, so the table layers "
                               f"must lie in [1, {cfg.n_layers}).")
@@ -175,10 +213,10 @@ class SharedValueTable(SharedModule):
     def __init__(self, cfg: ModelFields, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
-        self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
+        self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(value_table=self.value_table)
+        return carry.update(path_state=self.value_table)  # the value path's state: the shared table
 
     def init_from_model(self, token_embedding: Tensor) -> None:
         init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.first_target)
@@ -201,18 +239,18 @@ class X0Value(_Substitutive):
     """
 
     description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
-    options = dict(_Substitutive.options, add=False, x0="embedding")
-    X0_SOURCES = ("embedding", "stream")
+    options: ClassVar[type[X0ValueOptions]] = X0ValueOptions
+    opts: X0ValueOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        self.adds = self.target and self.opts["add"]
+        self.adds = self.target and self.opts.add
         if self.adds:  # a, b replace the coefficient c
-            learnable = self.opts["learnable"]
+            learnable = self.opts.learnable
             self.main = Gain(1.0 if learnable else 0.5, learnable)
             self.coef = Gain(0.0 if learnable else 0.5, learnable)
-        self.by_id = self.target and not self.adds and self.opts["x0"] == "embedding"
+        self.by_id = self.target and not self.adds and self.opts.x0 == "embedding"
         if self.by_id:  # v is a function of the token id: the cache keeps ids and recomputes v
             self.caches_values, self.value_layer = False, None
 
@@ -220,22 +258,13 @@ class X0Value(_Substitutive):
         assert k is not None
         if not self.target:
             return LayerValues(q, k, self.w_v(x)), carry
-        x0 = carry.token_embeddings if self.opts["x0"] == "embedding" else carry.x0
+        x0 = carry.token_embeddings if self.opts.x0 == "embedding" else carry.x0
         assert x0 is not None
         v = self.x0_values(x0)
         return LayerValues(q, k, self.main(self.w_v(x)) + v if self.adds else v), carry
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
         return self.coef(self.w_v(_rms(token_embeddings)))
-
-    @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        super().validate(cfg)
-        x0 = resolve_options(cls, cfg)["x0"]
-        if x0 not in cls.X0_SOURCES:
-            raise ConfigError(f"value_path_options['x0'] = {x0!r} is not allowed: choose 'embedding' (the "
-                              "token's own embedding) or 'stream' (the trunk's x0 after the embedding norm "
-                              "and smear, as the Bank of Values code).")
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         if not self.by_id:  # cached values (the stream's x0 or an added x W^V depend on more than the id)
@@ -275,7 +304,7 @@ class V1Value(_Substitutive):
 
     @classmethod
     def targets(cls, cfg: ModelFields) -> frozenset[int]:
-        layers = resolve_options(cls, cfg)["layers"]
+        layers = resolve_options(cls.options, cfg).layers
         if layers == "all":  # every layer after the source of V_1
             return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
         return target_layers(layers, cfg.n_layers)
@@ -306,149 +335,6 @@ class VScale(_Substitutive):
         assert k is not None
         v = self.w_v(x)
         return LayerValues(q, k, self.coef(v) if self.target else v), carry
-
-
-VALUE_EMBED_GATES = ("nanochat", "lambda")
-
-
-class ValueEmbed(ValuePath):
-    """Value embeddings: a token-indexed table E added to the values of chosen layers.
-
-        gate "nanochat":  v = x W^V + g * E[token id],  g = 3 sigmoid(W_g x[..., :12]) per KV head
-                          (in (0, 3), about 1.5 at initialisation with W_g ~ U(0, 0.02))
-        gate "lambda":    v = lambda_0 x W^V + lambda_1 E[token id],  per-layer scalars, init 1/2
-                          (modded-nanogpt; layers without a table keep v = lambda_0 x W^V)
-
-    Layout: by default each layer of ``layers`` (every second one ending with the last: nanochat)
-    owns one table. ``shared_tables=N`` is modded-nanogpt's U-net layout (its 2025-02-01 record):
-    N tables, table i used by layer i and by layer L - N + i, held by the model-level
-    `ValueEmbedTables` (``layers`` is then not used). Tables start N(0, 1/d). Option
-    ``gate_channels``: how many leading channels of x the nanochat gate reads, at most d_model (the
-    default 12 shrinks to d_model).
-    """
-
-    description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
-    options = dict(layers="every-2", gate_channels=12, gate="nanochat", shared_tables=0)
-
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        o = self.opts
-        self.w_v = self.make_value_map(cfg, layer)
-        self.kv_heads, self.head_dim, self.d_model = cfg.kv_heads, cfg.head_size, cfg.d_model
-        shared = o["shared_tables"]
-        self.table_index = _unet_table(layer, shared, cfg.n_layers) if shared else None
-        self.target = (self.table_index is not None if o["shared_tables"]
-                       else layer in target_layers(o["layers"], cfg.n_layers))
-        if self.target and not o["shared_tables"]:
-            self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.kv_dim))
-        if o["gate"] == "lambda":
-            self.lambda0 = Gain(0.5, trainable=True)
-            self.lambda1 = Gain(0.5, trainable=True) if self.target else None
-        elif self.target:  # the default 12 shrinks to a narrower model; a given value is checked
-            self.channels = min(o["gate_channels"], cfg.d_model)
-            self.gate = nn.Linear(self.channels, cfg.kv_heads, bias=False)
-
-    def table(self, carry: Carry) -> Tensor:
-        if self.table_index is None:
-            return self.value_table
-        return carry.value_tables[self.table_index]
-
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
-        assert k is not None
-        v = self.w_v(x)
-        lam = self.opts["gate"] == "lambda"
-        if lam:
-            v = self.lambda0(v)
-        if self.target:
-            e = F.embedding(carry.token_ids, self.table(carry))
-            if lam:
-                assert self.lambda1 is not None
-                v = v + self.lambda1(e)
-            else:
-                b, t, _ = v.shape
-                g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, kv_heads)
-                v = v + (g[..., None] * e.view(b, t, self.kv_heads, self.head_dim)).view(b, t, -1)
-        return LayerValues(q, k, v), carry
-
-    @torch.no_grad()
-    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
-        if self.target and self.table_index is None:
-            nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
-        if self.target and self.opts["gate"] == "nanochat":
-            nn.init.uniform_(self.gate.weight, 0.0, 0.02)
-
-    @torch.no_grad()
-    def start_at_baseline(self) -> None:
-        if self.target and self.table_index is None:  # E_v = 0: v = x W_V + g(x) * 0
-            self.value_table.zero_()
-        if self.opts["gate"] == "lambda":  # lambda_0 = 1 (and the tables 0): v = x W_V
-            self.lambda0.param.fill_(1.0)
-
-    @classmethod
-    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
-        n = resolve_options(cls, cfg)["shared_tables"]
-        return ValueEmbedTables(cfg, n) if n else None
-
-    @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        opts = resolve_options(cls, cfg)
-        target_layers(opts["layers"], cfg.n_layers)
-        if opts["gate_channels"] < 1:
-            raise ConfigError(f"value_path_options['gate_channels'] = {opts['gate_channels']!r} is not "
-                              "allowed: the gate reads at least one channel (nanochat uses 12).")
-        if opts["gate"] not in VALUE_EMBED_GATES:
-            raise ConfigError(f"value_path_options['gate'] = {opts['gate']!r} is not allowed: choose one of "
-                              f"{', '.join(map(repr, VALUE_EMBED_GATES))}.")
-        n = opts["shared_tables"]
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= 2 * n <= cfg.n_layers:
-            raise ConfigError(f"value_path_options['shared_tables'] = {n!r} is not allowed: 0 gives each "
-                              "target layer its own table; N > 0 shares N tables between the first N and "
-                              f"the last N layers, so 2N <= n_layers = {cfg.n_layers}.")
-        given = cfg.value_path_options.get("gate_channels")
-        if given is not None and given > cfg.d_model:  # would silently read only d_model channels
-            raise ConfigError(f"value_path_options['gate_channels'] = {given!r} is not allowed: the gate "
-                              f"reads the first channels of x, so it must be <= d_model={cfg.d_model}.")
-
-
-def _unet_table(layer: int, n: int, n_layers: int) -> int | None:
-    """modded-nanogpt's U-net layout: table i in layer i and layer L - n + i, none in between."""
-    if layer < n:
-        return layer
-    if layer >= n_layers - n:
-        return layer - (n_layers - n)
-    return None
-
-
-class ValueEmbedTables(SharedModule):
-    """The N value-embedding tables of the U-net layout (`ValueEmbed` option ``shared_tables``):
-    each is read by two layers, so they live outside the blocks."""
-
-    def __init__(self, cfg: ModelFields, n: int):
-        super().__init__()
-        self.d_model = cfg.d_model
-        self.tables = nn.ModuleList(_Table(cfg.vocab_size, cfg.kv_dim) for _ in range(n))
-
-    def table_list(self) -> list[nn.Parameter]:
-        return [t.value_table for t in self.tables if isinstance(t, _Table)]
-
-    def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(value_tables=tuple(self.table_list()))
-
-    @torch.no_grad()
-    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
-        for table in self.table_list():
-            nn.init.normal_(table, std=self.d_model ** -0.5)
-
-    @torch.no_grad()
-    def start_at_baseline(self) -> None:
-        for table in self.table_list():
-            table.zero_()
-
-
-class _Table(nn.Module):
-    def __init__(self, vocab: int, width: int):
-        super().__init__()
-        self.value_table = nn.Parameter(torch.empty(vocab, width))
 
 
 # -- for the registry (model/value_paths/__init__.py) ----------------------------------------------

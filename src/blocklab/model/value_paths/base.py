@@ -7,8 +7,9 @@ A value path answers, for one layer, with data rather than callbacks:
    what do I put into the carry for later layers? (`forward` returns `LayerValues` and the carry)
 3. what must a KV cache keep? (`key_layer`, `value_layer`, `reads_layers`; and `values_from_cache`
    maps what it kept to this layer's values)
-4. its rules: option checks (`validate`), whether a layer owns W^V (`has_value_map`), and how its
-   new parameters start from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
+4. its rules: option checks that need the model's sizes (`validate`; its options dataclass checks
+   its own values), whether a layer owns W^V (`has_value_map`), and how its new parameters start
+   from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
 
 What the rest of blocklab reads about a value path (the titles of its learned scalars in plots, how a
 comparison grid's options read at a given depth, the options under which it starts at a pretrained
@@ -17,15 +18,17 @@ baseline) is in its registry entry (`Registered`, model/value_paths/__init__.py)
 `Attention` (model/attention.py) runs the attention itself, always through `blocklab.ops`. State
 that belongs to the whole model (a shared table, depth weights) lives in a `SharedModule` that the
 Transformer runs before the first block and after each block. Strategies override only what they
-need; everything else is the standard Transformer. `options` lists a strategy's settings (set
-through `ModelConfig.value_path_options`) with their defaults.
+need; everything else is the standard Transformer. `options` is a strategy's settings: a frozen
+dataclass of typed fields with defaults (set through `ModelConfig.value_path_options`, a plain dict in
+saved configs) that checks its own values; `resolve_options` builds it from a config.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from torch import Tensor, nn
 
@@ -36,6 +39,8 @@ from blocklab.model.linear_maps import make_value_map
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
 
+# Target layers: "all", "last-third", "every-2", "last-K" or a list of layer indices (`target_layers`)
+LayerSpec = str | list[int]
 VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
 
 
@@ -80,6 +85,70 @@ def target_layers(spec: Any, n_layers: int, name: str = "layers") -> frozenset[i
     return layers
 
 
+@dataclass(frozen=True)
+class ValuePathOptions:
+    """A value path's settings (`ModelConfig.value_path_options`); the standard path has none.
+
+    A value path's own subclass declares typed fields with defaults, a docstring line each, and
+    extends `__post_init__` with the checks of its values (calling this one first, which checks each
+    value against its annotated type). Checks that need the model's sizes are the path's `validate`.
+    """
+
+    def __post_init__(self) -> None:
+        hints = _type_hints(type(self))
+        for f in fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
+
+
+Options = TypeVar("Options", bound=ValuePathOptions)
+
+
+def resolve_options(options: type[Options], cfg: ModelFields) -> Options:
+    """The options of `cfg`'s value path (whose options class is `options`), checked."""
+    given = cfg.value_path_options
+    allowed = [f.name for f in fields(options)]
+    unknown = set(given) - set(allowed)
+    if unknown:
+        raise ConfigError(
+            f"value_path_options has {', '.join(sorted(unknown))!s}, which value_path="
+            f"{cfg.value_path!r} does not take; its options are: {', '.join(sorted(allowed)) or 'none'}."
+        )
+    try:
+        return options(**given)
+    except ConfigError as err:
+        raise ConfigError(f"value_path={cfg.value_path!r}: {err}") from None
+
+
+_HINTS: dict[type[ValuePathOptions], dict[str, Any]] = {}  # per options class: its fields' types
+
+
+def _type_hints(options: type[ValuePathOptions]) -> dict[str, Any]:
+    if options not in _HINTS:
+        _HINTS[options] = typing.get_type_hints(options)
+    return _HINTS[options]
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """`value` is of type `hint` (ints pass for floats, bools only for bools); unions such as
+    `LayerSpec` are left to the checks that read them (`target_layers`)."""
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        ok, kind = value in choices, "one of " + ", ".join(map(repr, choices))
+    elif hint is bool:
+        ok, kind = isinstance(value, bool), "true or false"
+    elif hint in (int, float):
+        wanted = int if hint is int else (int, float)
+        ok, kind = isinstance(value, wanted) and not isinstance(value, bool), hint.__name__
+    elif hint is list or typing.get_origin(hint) is list:
+        ok, kind = isinstance(value, (list, tuple)), "a list"
+    elif isinstance(hint, type):
+        ok, kind = isinstance(value, hint), hint.__name__
+    else:
+        return
+    if not ok:
+        raise ConfigError(f"value_path_options[{name!r}] = {value!r} is not allowed: it must be {kind}.")
+
+
 @dataclass
 class LayerValues:
     """What a value path gives its attention layer for the current tokens."""
@@ -100,7 +169,8 @@ class ValuePath(nn.Module):
     """
 
     description: ClassVar[str] = "each layer projects its own values, V_n = H_{n-1} W^V_n"
-    options: ClassVar[dict[str, Any]] = {}
+    options: ClassVar[type[ValuePathOptions]] = ValuePathOptions
+    opts: ValuePathOptions  # this layer's resolved options (a subclass narrows the type)
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
@@ -108,7 +178,7 @@ class ValuePath(nn.Module):
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
         self.layer = layer
-        self.opts = resolve_options(type(self), cfg)
+        self.opts = resolve_options(self.options, cfg)
         # What the KV cache (model/cache.py) keeps, stated as data flow so that it needs no names:
         # key_layer: the layer whose cached keys this layer attends over (itself unless it owns none);
         # value_layer: the layer whose cached values `values_from_cache` maps to this layer's values
@@ -208,35 +278,3 @@ class StandardValues(ValuePath):
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         return LayerValues(q, k, self.w_v(x)), carry
-
-
-def resolve_options(cls: type[ValuePath], cfg: ModelFields) -> dict[str, Any]:
-    given = dict(cfg.value_path_options)
-    unknown = set(given) - set(cls.options)
-    if unknown:
-        allowed = ", ".join(sorted(cls.options)) or "none"
-        raise ConfigError(
-            f"value_path_options has {', '.join(sorted(unknown))!s}, which value_path="
-            f"{cfg.value_path!r} does not take; its options are: {allowed}."
-        )
-    for name, value in given.items():
-        _check_option_type(cfg, name, value, cls.options[name])
-    return {**cls.options, **given}
-
-
-def _check_option_type(cfg: ModelFields, name: str, value: Any, default: Any) -> None:
-    """An option takes values of its default's type (ints pass for floats; `layers` is checked later)."""
-    if name == "layers" or default is None:
-        return
-    if isinstance(default, bool):
-        ok, kind = isinstance(value, bool), "true or false"
-    elif isinstance(default, (int, float)):
-        wanted = int if isinstance(default, int) else (int, float)
-        ok, kind = isinstance(value, wanted) and not isinstance(value, bool), type(default).__name__
-    elif isinstance(default, list):
-        ok, kind = isinstance(value, (list, tuple)), "a list"
-    else:
-        ok, kind = isinstance(value, type(default)), type(default).__name__
-    if not ok:
-        raise ConfigError(f"value_path_options[{name!r}] = {value!r} is not allowed for value_path="
-                          f"{cfg.value_path!r}: it must be {kind}.")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
@@ -11,10 +12,23 @@ from blocklab import ops
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, carried, resolve_options
+from blocklab.model.value_paths.base import (
+    LayerValues,
+    SharedModule,
+    ValuePath,
+    ValuePathOptions,
+    carried,
+    resolve_options,
+)
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
+
+
+@dataclass(frozen=True)
+class NeuTRENOOptions(ValuePathOptions):
+    lambda_: float = 0.4
+    """lambda, the weight of the correction lambda (V_1 - V_n)."""
 
 
 class NeuTRENO(ValuePath):
@@ -24,7 +38,8 @@ class NeuTRENO(ValuePath):
     """
 
     description = "NeuTRENO: U_n = (A_n - lambda I) V_n + lambda V_1, lambda = 0.4"
-    options = dict(lambda_=0.4)
+    options: ClassVar[type[NeuTRENOOptions]] = NeuTRENOOptions
+    opts: NeuTRENOOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -35,8 +50,23 @@ class NeuTRENO(ValuePath):
         v = self.w_v(x)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(first_values=v)
-        offset = self.opts["lambda_"] * (carried(carry.first_values) - v)
+        offset = self.opts.lambda_ * (carried(carry.first_values) - v)
         return LayerValues(q, k, v, offset=offset), carry
+
+
+@dataclass(frozen=True)
+class DenseFormerOptions(ValuePathOptions):
+    dilation: int = 1
+    """average the outputs j with j = (i + 1) mod dilation."""
+    period: int = 1
+    """average after every period-th block."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("dilation", "period"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"value_path_options[{name!r}] = {getattr(self, name)!r} is not allowed: "
+                                  "it must be a positive integer.")
 
 
 class DenseFormer(ValuePath):
@@ -50,7 +80,7 @@ class DenseFormer(ValuePath):
     """
 
     description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
-    options = dict(dilation=1, period=1)
+    options: ClassVar[type[DenseFormerOptions]] = DenseFormerOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -62,16 +92,8 @@ class DenseFormer(ValuePath):
 
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule:
-        o = resolve_options(cls, cfg)
-        return DepthWeights(cfg.n_layers, o["dilation"], o["period"])
-
-    @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        o = resolve_options(cls, cfg)
-        for name in ("dilation", "period"):
-            if not (isinstance(o[name], int) and o[name] >= 1):
-                raise ConfigError(f"value_path_options[{name!r}] = {o[name]!r} is not allowed: "
-                                  "it must be a positive integer.")
+        o = resolve_options(cls.options, cfg)
+        return DepthWeights(cfg.n_layers, o.dilation, o.period)
 
 
 _OLD_DWA = re.compile(r"blocks\.(\d+)\.attn\.values\.dwa\.gain$")
@@ -95,8 +117,8 @@ class DepthWeights(SharedModule):
         return gain.param
 
     def after_block(self, layer: int, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        history = (*(carry.history or (carried(carry.x0),)), x)
-        carry = carry.update(history=history)
+        history = (*(carry.path_state or (carried(carry.x0),)), x)  # its state: X_0 .. X_{layer+1}
+        carry = carry.update(path_state=history)
         if layer in self.sources:
             weights = self.weights(layer)
             x = weights[0] * history[self.sources[layer][0]]
@@ -113,6 +135,12 @@ class DepthWeights(SharedModule):
                 state_dict[f"{prefix}value_shared.dwa.{match[1]}.gain"] = state_dict.pop(key)
 
 
+@dataclass(frozen=True)
+class CrossLayerKVOptions(ValuePathOptions):
+    group: int = 2
+    """how many consecutive layers share one K and V, 2 to n_layers."""
+
+
 class CrossLayerKV(ValuePath):
     """CLA (Brandon et al. 2024): layers in consecutive groups of `group` share one K and V.
 
@@ -121,37 +149,38 @@ class CrossLayerKV(ValuePath):
     """
 
     description = "CLA: K and V shared by consecutive groups of k layers (default 2)"
-    options = dict(group=2)
+    options: ClassVar[type[CrossLayerKVOptions]] = CrossLayerKVOptions
+    opts: CrossLayerKVOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.leader = self.has_value_map(cfg, layer)
         self.owns_keys = self.caches_values = self.leader
-        self.key_layer = self.value_layer = layer - layer % self.opts["group"]  # one cache entry per group
+        self.key_layer = self.value_layer = layer - layer % self.opts.group  # one cache entry per group
         self.w_v = self.make_value_map(cfg, layer) if self.leader else None
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:
             assert k is not None
             v = self.w_v(x)
-            return LayerValues(q, k, v), carry.update(shared_kv=(k, v))
-        k, v = _given_pair(carry.shared_kv)
+            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: the leader's K, V
+        k, v = _given_pair(carry.path_state)
         return LayerValues(q, k, v), carry
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
-        group = resolve_options(cls, cfg)["group"]
+        group = resolve_options(cls.options, cfg).group
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")
 
     @classmethod
     def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer % resolve_options(cls, cfg)["group"] == 0  # the group's leader
+        return layer % resolve_options(cls.options, cfg).group == 0  # the group's leader
 
 
 def _given_pair(pair: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-    assert pair is not None, "the group's leader runs first and fills the carry"
+    assert pair is not None, "the layer that owns the keys and values runs first and fills the carry"
     return pair
 
 
@@ -169,7 +198,7 @@ class CrossLayerAttention(ValuePath):
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
-        self.head_dim = cfg.head_size
+        self.head_dim = cfg.attention_shape.head_dim
         self.key_sets = 1 if layer == 0 else 2
         self.reads_layers = () if layer == 0 else (0,)
 
@@ -177,9 +206,9 @@ class CrossLayerAttention(ValuePath):
         assert k is not None
         v = self.w_v(x)
         if self.layer == 0:
-            return LayerValues(q, k, v), carry.update(first_keys=k, first_values=v)
-        first = (carried(carry.first_keys), ops.split_heads(carried(carry.first_values), self.head_dim))
-        return LayerValues(q, k, v, other_kv=first), carry
+            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: layer 0's K, V
+        first_k, first_v = _given_pair(carry.path_state)
+        return LayerValues(q, k, v, other_kv=(first_k, ops.split_heads(first_v, self.head_dim))), carry
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:

@@ -16,7 +16,8 @@ V_1 is layer 0's value.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -25,9 +26,11 @@ from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import (
+    LayerSpec,
     LayerValues,
     SharedModule,
     ValuePath,
+    ValuePathOptions,
     carried,
     resolve_options,
     target_layers,
@@ -36,35 +39,112 @@ from blocklab.model.value_paths.base import (
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
 
-RESIDUAL_TARGETS = ("value", "query", "key")
+
+@dataclass
+class SourceState:
+    """A ResFormer's own cross-layer state (`Carry.path_state`); the source's values are the carry's
+    `first_values`, which other families read too."""
+
+    heads: Tensor | None = None  # the source layer's Q or K heads (residual_on "query" or "key")
+    weights: Tensor | None = None  # ResFormer Plus: lambda_{n,1} of every mixing layer
+
+
+def source_state(carry: Carry) -> SourceState:
+    state = carry.path_state
+    return state if isinstance(state, SourceState) else SourceState()
+
+
+@dataclass(frozen=True)
+class ResFormerOptions(ValuePathOptions):
+    """Identity-ResFormer's settings; the other ResFormers change the defaults."""
+
+    lambda1: float = 0.5
+    """lambda_1, the weight of the source value V_s (its initial value when learnable)."""
+    lambda2: float = 0.5
+    """lambda_2, the weight of the layer's own value V_n."""
+    learnable: bool = False
+    """per-layer trainable lambdas."""
+    layers: LayerSpec = "all"
+    """the target layers (`target_layers`); only those after the source mix."""
+    source: int = 0
+    """0-based index of the source layer: 0 is V_1, 1 is V_2."""
+    residual_on: Literal["value", "query", "key"] = "value"
+    """what is mixed: the values, or the queries or keys instead (the ablation of Fig. 9)."""
+    neutreno: float = 0.0
+    """mu in [0, 1): mu > 0 adds NeuTRENO's token-wise mu (V_1 - V'_n) to the mixing layers' output."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        mu = self.neutreno
+        if not 0 <= mu < 1:
+            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed: NeuTRENO's weight "
+                              "mu lies in [0, 1) (0: off; the Value Residual code uses 0.2 with ResFormer).")
+        if mu and self.residual_on != "value":
+            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed with residual_on="
+                              f"{self.residual_on!r}: NeuTRENO corrects the values, so it needs residual_on="
+                              "'value'.")
+
+
+@dataclass(frozen=True)
+class ConstantResFormerOptions(ResFormerOptions):
+    """Constant-ResFormer: lambda_1 = 2, lambda_2 = 1."""
+
+    lambda1: float = 2.0
+    lambda2: float = 1.0
+
+
+@dataclass(frozen=True)
+class SparseResFormerOptions(ResFormerOptions):
+    """Sparse-ResFormer: lambda_1 = 5, lambda_2 = 1 in the last three layers."""
+
+    lambda1: float = 5.0
+    lambda2: float = 1.0
+    layers: LayerSpec = "last-3"
+
+
+@dataclass(frozen=True)
+class LearnableResFormerOptions(ResFormerOptions):
+    """Learnable-ResFormer: both lambdas learned per layer."""
+
+    learnable: bool = True
+
+
+@dataclass(frozen=True)
+class LearnedMixOptions(ResFormerOptions):
+    """The learned-mix ResFormer reads ``layers``, ``source`` and ``neutreno``; its gate replaces the
+    lambdas and it mixes values only, so the rest keep Identity-ResFormer's defaults."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        default = ResFormerOptions()
+        fixed = {k: getattr(self, k) for k in ("residual_on", "lambda1", "lambda2", "learnable")
+                 if getattr(self, k) != getattr(default, k)}
+        if fixed:
+            raise ConfigError(f"value_path_options {fixed} is not allowed for resformer-mix: its gate m "
+                              "replaces the lambdas and it mixes values only; its options are layers, source "
+                              "and neutreno.")
 
 
 class ValueResidual(ValuePath):
-    """V'_n = lambda_1 V_s + lambda_2 V_n in the target layers after the source layer s.
-
-    Options: ``lambda1`` (weight of the source value), ``lambda2`` (weight of the layer's own
-    value), ``learnable`` (per-layer trainable lambdas), ``layers`` (target layers),
-    ``source`` (0-based index of the source layer: 0 is V_1, 1 is V_2), ``residual_on``
-    (``"value"``; ``"query"`` or ``"key"`` mix Q or K instead, the ablation of Fig. 9), ``neutreno``
-    (mu > 0 adds NeuTRENO's token-wise mu (V_1 - V'_n) to the attention output of the mixing layers).
-    """
+    """V'_n = lambda_1 V_s + lambda_2 V_n in the target layers after the source layer s (options:
+    `ResFormerOptions`)."""
 
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
-    options = dict(lambda1=0.5, lambda2=0.5, learnable=False, layers="all", source=0,
-                   residual_on="value", neutreno=0.0)
+    options: ClassVar[type[ResFormerOptions]] = ResFormerOptions
+    opts: ResFormerOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         o = self.opts
         self.w_v = self.make_value_map(cfg, layer)
-        self.is_source = layer == o["source"]
-        self.mixes = layer > o["source"] and layer in target_layers(o["layers"], cfg.n_layers)
+        self.is_source = layer == o.source
+        self.mixes = layer > o.source and layer in target_layers(o.layers, cfg.n_layers)
         if self.mixes:
             self.lambda1 = self.make_lambda1(cfg, layer)
-            self.lambda2 = Gain(o["lambda2"], o["learnable"])
+            self.lambda2 = Gain(o.lambda2, o.learnable)
 
     def make_lambda1(self, cfg: ModelFields, layer: int) -> nn.Module:  # noqa: ARG002 (overridden)
-        return Gain(self.opts["lambda1"], self.opts["learnable"])
+        return Gain(self.opts.lambda1, self.opts.learnable)
 
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
         return self.lambda1(first)
@@ -72,22 +152,24 @@ class ValueResidual(ValuePath):
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         v = self.w_v(x)
-        on = self.opts["residual_on"]
+        on = self.opts.residual_on
         offset = None
         if self.is_source:
-            first = {"value": ("first_values", v), "query": ("first_queries", q),
-                     "key": ("first_keys", k)}[on]
-            carry = carry.update(**{first[0]: first[1]})
+            if on == "value":
+                carry = carry.update(first_values=v)
+            else:  # the query- or key-residual ablation keeps the source's heads as its own state
+                heads = q if on == "query" else k
+                carry = carry.update(path_state=replace(source_state(carry), heads=heads))
         elif self.mixes:
             if on == "value":
                 v1 = carried(carry.first_values)
                 v = self.mix(x, v1, v, carry)
-                if self.opts["neutreno"]:  # token-local, so a KV cache needs nothing more
-                    offset = self.opts["neutreno"] * (v1 - v)
+                if self.opts.neutreno:  # token-local, so a KV cache needs nothing more
+                    offset = self.opts.neutreno * (v1 - v)
             elif on == "query":
-                q = self.source_weight(carried(carry.first_queries), carry) + self.lambda2(q)
+                q = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(q)
             else:
-                k = self.source_weight(carried(carry.first_keys), carry) + self.lambda2(k)
+                k = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(k)
         return LayerValues(q, k, v, offset=offset), carry
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
@@ -96,43 +178,32 @@ class ValueResidual(ValuePath):
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
-        o = resolve_options(cls, cfg)
-        if o["residual_on"] not in RESIDUAL_TARGETS:
-            raise ConfigError(f"value_path_options['residual_on'] = {o['residual_on']!r} is not allowed: "
-                              f"choose one of {', '.join(RESIDUAL_TARGETS)}.")
-        mu = o["neutreno"]
-        if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu < 1:
-            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed: NeuTRENO's weight "
-                              "mu lies in [0, 1) (0: off; the Value Residual code uses 0.2 with ResFormer).")
-        if mu and o["residual_on"] != "value":
-            raise ConfigError(f"value_path_options['neutreno'] = {mu!r} is not allowed with residual_on="
-                              f"{o['residual_on']!r}: NeuTRENO corrects the values, so it needs residual_on="
-                              "'value'.")
-        if not (isinstance(o["source"], int) and 0 <= o["source"] < cfg.n_layers - 1):
-            raise ConfigError(f"value_path_options['source'] = {o['source']!r} is not allowed: it is the "
+        o = resolve_options(cls.options, cfg)
+        if not 0 <= o.source < cfg.n_layers - 1:
+            raise ConfigError(f"value_path_options['source'] = {o.source!r} is not allowed: it is the "
                               f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
-        targets = target_layers(o["layers"], cfg.n_layers)
-        if max(targets) <= o["source"]:  # only layers after the source mix, so nothing would change
+        targets = target_layers(o.layers, cfg.n_layers)
+        if max(targets) <= o.source:  # only layers after the source mix, so nothing would change
             raise ConfigError(
-                f"value_path_options['layers'] = {o['layers']!r} has no layer after source={o['source']}: "
-                f"only layers > source receive the source's {o['residual_on']}, so value_path="
+                f"value_path_options['layers'] = {o.layers!r} has no layer after source={o.source}: "
+                f"only layers > source receive the source's {o.residual_on}, so value_path="
                 f"{cfg.value_path!r} would be the standard Transformer; name at least one layer in "
-                f"({o['source']}, {cfg.n_layers}).")
+                f"({o.source}, {cfg.n_layers}).")
 
 
 class ConstantResFormer(ValueResidual):
     description = "Constant-ResFormer: U_n = A_n (V_n + lambda V_1), lambda = 2"
-    options = dict(ValueResidual.options, lambda1=2.0, lambda2=1.0)
+    options = ConstantResFormerOptions
 
 
 class SparseResFormer(ValueResidual):
     description = "Sparse-ResFormer: V_n + lambda V_1 only in chosen layers (last 3, lambda = 5)"
-    options = dict(ValueResidual.options, lambda1=5.0, lambda2=1.0, layers="last-3")
+    options = SparseResFormerOptions
 
 
 class LearnableResFormer(ValueResidual):
     description = "Learnable-ResFormer: lambda_{n,1} V_1 + lambda_{n,2} V_n, both learned per layer"
-    options = dict(ValueResidual.options, learnable=True)
+    options = LearnableResFormerOptions
 
 
 class LearnedMixResFormer(ValueResidual):
@@ -140,35 +211,23 @@ class LearnedMixResFormer(ValueResidual):
     from the layer's attention input x (x-transformers' `learned_value_residual_mix`, its default
     value-residual form; it reads one gate per attention head, blocklab's values have KV heads).
     W_m and b_m take the model's init (N(0, init_std), b = 0), so m starts near 1/2: Identity-
-    ResFormer. Options: ``layers``, ``source``, ``neutreno``; the lambdas are not used.
+    ResFormer. Options: ``layers``, ``source``, ``neutreno`` (`LearnedMixOptions`); no lambdas.
     """
 
     description = "learned-mix ResFormer: V'_n = m V_n + (1 - m) V_1, m = sigmoid(W x + b) per token, head"
-    options = dict(layers="all", source=0, neutreno=0.0, residual_on="value", lambda1=0.5, lambda2=0.5,
-                   learnable=False)
+    options = LearnedMixOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
-        self.kv_heads = cfg.kv_heads
+        self.n_kv_heads = cfg.attention_shape.n_kv_heads
         if self.mixes:
-            self.gate = nn.Linear(cfg.d_model, cfg.kv_heads, bias=True)
+            self.gate = nn.Linear(cfg.d_model, self.n_kv_heads, bias=True)
 
     def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         b, t, width = v.shape
-        m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, kv_heads, 1)
-        heads = v.view(b, t, self.kv_heads, -1)
+        m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, n_kv_heads, 1)
+        heads = v.view(b, t, self.n_kv_heads, -1)
         return torch.lerp(v1.view_as(heads), heads, m).view(b, t, width)  # V_1 + m (V_n - V_1)
-
-    @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        super().validate(cfg)
-        o = resolve_options(cls, cfg)
-        fixed = {k: o[k] for k in ("residual_on", "lambda1", "lambda2", "learnable")
-                 if o[k] != cls.options[k]}
-        if fixed:
-            raise ConfigError(f"value_path_options {fixed} is not allowed for resformer-mix: its gate m "
-                              "replaces the lambdas and it mixes values only; its options are layers, source "
-                              "and neutreno.")
 
 
 class AdaptiveSourceWeights(SharedModule):
@@ -186,7 +245,8 @@ class AdaptiveSourceWeights(SharedModule):
         self.logits = Gain([math.log(layer + 1) for layer in layers], trainable=True)
 
     def before_blocks(self, carry: Carry) -> Carry:
-        return carry.update(source_weights=self.scale.param * torch.softmax(self.logits.param, dim=0))
+        weights = self.scale.param * torch.softmax(self.logits.param, dim=0)
+        return carry.update(path_state=replace(source_state(carry), weights=weights))
 
     @torch.no_grad()
     def start_at_baseline(self) -> None:
@@ -205,17 +265,18 @@ class LearnableResFormerPlus(LearnableResFormer):
         return nn.Identity()  # the weight comes from the shared module through the carry
 
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:
-        assert carry.source_weights is not None
-        return carry.source_weights[self._mix_index] * first
+        weights = source_state(carry).weights
+        assert weights is not None, "the shared module fills the weights before the first block"
+        return weights[self._mix_index] * first
 
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule:
-        opts = resolve_options(cls, cfg)
+        opts = resolve_options(cls.options, cfg)
         return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
 
 
-def _mixing_layers(opts: dict[str, Any], cfg: ModelFields) -> list[int]:
-    return sorted(i for i in target_layers(opts["layers"], cfg.n_layers) if i > opts["source"])
+def _mixing_layers(opts: ResFormerOptions, cfg: ModelFields) -> list[int]:
+    return sorted(i for i in target_layers(opts.layers, cfg.n_layers) if i > opts.source)
 
 
 class DenseResFormer(ValuePath):
@@ -236,8 +297,8 @@ class DenseResFormer(ValuePath):
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
         assert k is not None
         v = self.w_v(x)
-        raw = (*carry.values, v)
-        carry = carry.update(values=raw)
+        raw = (*(carry.path_state or ()), v)  # its state: the raw V of every layer so far
+        carry = carry.update(path_state=raw)
         if self.layer > 0:
             w = self.lambdas.param
             v = w[0] * raw[0]
@@ -252,22 +313,25 @@ class DenseResFormer(ValuePath):
             self.lambdas.param[-1] = 1.0
 
 
-class SVFormer(ValuePath):
-    """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values.
+@dataclass(frozen=True)
+class SVFormerOptions(ValuePathOptions):
+    anchors: list[int] = field(default_factory=list)
+    """layers that compute their own V and replace the shared value for the layers after them (Fig. 17)."""
 
-    Option ``anchors``: layers that compute their own V and replace the shared value for the
-    layers after them (Fig. 17).
-    """
+
+class SVFormer(ValuePath):
+    """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values."""
 
     description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
-    options = dict(anchors=[])
+    options: ClassVar[type[SVFormerOptions]] = SVFormerOptions
+    opts: SVFormerOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.projects = self.has_value_map(cfg, layer)
         self.caches_values = self.projects
         # the cache keeps V once per projecting layer; the others read the latest one's
-        self.value_layer = max(a for a in (0, *self.opts["anchors"]) if a <= layer)
+        self.value_layer = max(a for a in (0, *self.opts.anchors) if a <= layer)
         self.w_v = self.make_value_map(cfg, layer) if self.projects else None
 
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -279,14 +343,14 @@ class SVFormer(ValuePath):
 
     @classmethod
     def validate(cls, cfg: ModelFields) -> None:
-        anchors = resolve_options(cls, cfg)["anchors"]
+        anchors = resolve_options(cls.options, cfg).anchors
         if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
 
     @classmethod
     def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer == 0 or layer in resolve_options(cls, cfg)["anchors"]
+        return layer == 0 or layer in resolve_options(cls.options, cfg).anchors
 
 
 # -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
@@ -299,5 +363,6 @@ def resformer_baseline_options(cls: type[ValuePath], cfg: ModelFields,
                                given: dict[str, Any]) -> dict[str, Any]:
     """The options under which a ResFormer (`cls`) starts where the baseline is (`given` win):
     learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
-    learnable = resolve_options(cls, cfg.replace(value_path_options=given))["learnable"]
+    options = resolve_options(cls.options, cfg.replace(value_path_options=given))
+    learnable = isinstance(options, ResFormerOptions) and options.learnable
     return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
