@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from blocklab import ops
-from blocklab.model.attention import Attention
+from blocklab.model.block import Attention
 
 
 @dataclass

@@ -1,6 +1,9 @@
-"""The file names of an export folder and the mark its weights carry, shared by both formats."""
+"""The file names of an export folder and the mark its weights carry, shared by the formats, and the
+two modules of a remote-code export (written by the export and by the HF classes' save_pretrained)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
 MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format that wrote it
@@ -9,3 +12,29 @@ MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format tha
 def export_metadata(fmt: str) -> dict[str, str]:
     """safetensors metadata of an export: "format": "pt" is what transformers expects."""
     return {"format": "pt", MARKER_KEY: fmt}
+
+
+# the remote-code export's two modules (hf_remote.py), which transformers loads with trust_remote_code
+CONFIG_MODULE, MODEL_MODULE = "configuration_blocklab", "modeling_blocklab"
+_NOTE = ('"""Hugging Face {what} of a blocklab model, loaded by transformers with trust_remote_code=True.\n\n'
+         "It holds no model code: it imports blocklab (pip install \"blocklab[hf]\"), whose Transformer\n"
+         'computes the model, so that this folder computes what the installed blocklab computes.\n"""\n\n')
+
+
+def _module_text(what: str, names: tuple[str, ...]) -> str:
+    return _NOTE.format(what=what) + f"from blocklab.interop.hf_model import {', '.join(names)}\n\n" + \
+        f"__all__ = {list(names)!r}\n"
+
+
+def auto_map(causal: bool) -> dict[str, str]:
+    """config.json's auto_map: where transformers finds the classes, in the two modules below."""
+    model_class = "BlocklabForCausalLM" if causal else "BlocklabForMaskedLM"
+    auto = "AutoModelForCausalLM" if causal else "AutoModelForMaskedLM"
+    return {"AutoConfig": f"{CONFIG_MODULE}.BlocklabConfig", auto: f"{MODEL_MODULE}.{model_class}"}
+
+
+def write_modules(folder: Path) -> None:
+    """The two modules that trust_remote_code loads: imports of blocklab's classes, nothing more."""
+    (folder / f"{CONFIG_MODULE}.py").write_text(_module_text("configuration", ("BlocklabConfig",)))
+    (folder / f"{MODEL_MODULE}.py").write_text(
+        _module_text("modeling", ("BlocklabForCausalLM", "BlocklabForMaskedLM")))

@@ -36,7 +36,7 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
 from blocklab.config import ModelConfig
-from blocklab.interop import hf_remote
+from blocklab.interop.export_files import auto_map, write_modules
 from blocklab.model import Transformer
 from blocklab.model.cache import KVCache
 
@@ -135,9 +135,9 @@ class BlocklabPreTrainedModel(PreTrainedModel):
         """transformers' save_pretrained (after PEFT's merge_and_unload, say), plus the auto_map and the
         two modules that let ``trust_remote_code=True`` load the folder again (HF itself copies them
         only for a class it loaded from a module file of its own)."""
-        self.config.auto_map = hf_remote.auto_map(self.config.model_config.causal)
+        self.config.auto_map = auto_map(self.config.model_config.causal)
         super().save_pretrained(save_directory, *args, **kwargs)
-        hf_remote.write_modules(Path(save_directory))
+        write_modules(Path(save_directory))
 
     def _init_weights(self, module: torch.nn.Module) -> None:
         """Nothing: `Transformer` initialises itself as its paper says, and loading fills the rest."""

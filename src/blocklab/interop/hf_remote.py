@@ -24,35 +24,20 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_model
 
-from blocklab.interop.export_files import CONFIG_NAME, WEIGHTS_NAME, export_metadata
+from blocklab.interop.export_files import (
+    CONFIG_MODULE,
+    CONFIG_NAME,
+    MODEL_MODULE,
+    WEIGHTS_NAME,
+    auto_map,
+    export_metadata,
+    write_modules,
+)
 from blocklab.interop.model_card import model_card
 from blocklab.model import Transformer
 
-CONFIG_MODULE, MODEL_MODULE, CARD_NAME = "configuration_blocklab", "modeling_blocklab", "README.md"
-GENERATION_CONFIG_NAME = "generation_config.json"
+CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 FILES = (f"{CONFIG_MODULE}.py", f"{MODEL_MODULE}.py", CARD_NAME, GENERATION_CONFIG_NAME)
-_NOTE = ('"""Hugging Face {what} of a blocklab model, loaded by transformers with trust_remote_code=True.\n\n'
-         "It holds no model code: it imports blocklab (pip install \"blocklab[hf]\"), whose Transformer\n"
-         'computes the model, so that this folder computes what the installed blocklab computes.\n"""\n\n')
-
-
-def _module_text(what: str, names: tuple[str, ...]) -> str:
-    return _NOTE.format(what=what) + f"from blocklab.interop.hf_model import {', '.join(names)}\n\n" + \
-        f"__all__ = {list(names)!r}\n"
-
-
-def auto_map(causal: bool) -> dict[str, str]:
-    """config.json's auto_map: where transformers finds the classes, in the two modules below."""
-    model_class = "BlocklabForCausalLM" if causal else "BlocklabForMaskedLM"
-    auto = "AutoModelForCausalLM" if causal else "AutoModelForMaskedLM"
-    return {"AutoConfig": f"{CONFIG_MODULE}.BlocklabConfig", auto: f"{MODEL_MODULE}.{model_class}"}
-
-
-def write_modules(folder: Path) -> None:
-    """The two modules that trust_remote_code loads: imports of blocklab's classes, nothing more."""
-    (folder / f"{CONFIG_MODULE}.py").write_text(_module_text("configuration", ("BlocklabConfig",)))
-    (folder / f"{MODEL_MODULE}.py").write_text(
-        _module_text("modeling", ("BlocklabForCausalLM", "BlocklabForMaskedLM")))
 
 
 def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, eos_token_id: int | None,

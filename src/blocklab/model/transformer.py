@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from blocklab import ops
-from blocklab.model.blocks import Block
+from blocklab.model.block import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step

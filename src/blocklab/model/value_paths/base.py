@@ -15,7 +15,7 @@ What the rest of blocklab reads about a value path (the titles of its learned sc
 comparison grid's options read at a given depth, the options under which it starts at a pretrained
 baseline) is in its registry entry (`Registered`, model/value_paths/__init__.py), not on the class.
 
-`Attention` (model/attention.py) runs the attention itself, always through `blocklab.ops`. State
+`Attention` (model/block.py) runs the attention itself, always through `blocklab.ops`. State
 that belongs to the whole model (a shared table, depth weights) lives in a `SharedModule` that the
 Transformer runs before the first block and after each block. Strategies override only what they
 need; everything else is the standard Transformer. `options` is a strategy's settings: a frozen

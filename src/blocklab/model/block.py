@@ -1,5 +1,15 @@
-"""The attention sub-block: Q/K projections, a value path, an attention-matrix form, a projection.
+"""One Transformer block, top to bottom: its layout with skip and branch gains, its attention, its MLP.
 
+Block layouts (Simplifying Transformer Blocks):
+
+    pre-ln:   X' = a_SA X + b_SA MHA(N1(X));   out = a_FF X' + b_FF MLP(N2(X'))     Eq. (1)
+    post-ln:  X' = N1(a_SA X + b_SA MHA(X));   out = N2(a_FF X' + b_FF MLP(X'))     Vaswani et al.
+    parallel: out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))                   Eq. (7)
+
+A skip whose gain is 0 is absent (SAS removes the attention skip, SAS-P both). In the parallel
+layout a_comb is `mlp_skip_gain`.
+
+Attention (`Attention`): Q/K projections, a value path, an attention-matrix form, a projection.
 Attention-matrix forms (Simplifying Transformer Blocks):
     softmax:  A                       Eq. (2)
     skipinit: alpha I + beta A        Eq. (4), Value-SkipInit (He et al., 2023)
@@ -10,10 +20,13 @@ One forward pass: Q and K heads -> the value path gives V (and any change to Q, 
 keys and values, an output offset) as data -> with a KV cache, the cache stores what this layer
 keeps and returns every visible key and value -> `attend` runs the attention through `blocklab.ops`
 -> the projection W^O.
+
+MLP (`MLP`): d -> hidden -> d with one of the usual activations, or a gated one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.nn.functional as F
@@ -23,11 +36,67 @@ from blocklab import ops
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import make_proj_map
+from blocklab.model.norms import norm_of
+from blocklab.model.trunk import ResidualScalars
 from blocklab.model.value_paths import make_value_path
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import MLPShape
 
+
+def _skip(init: float, trainable: bool) -> Gain | None:
+    return Gain(init, trainable) if init != 0 else None
+
+
+class Block(nn.Module):
+    """A norm, the attention and the MLP, joined by skips and branch gains as `block_layout` says."""
+
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layout = cfg.block_layout
+        has_norm = cfg.norm_layers == "all" or layer == 0
+        norm = cfg.norm if has_norm else "none"
+        trainable = cfg.trainable_block_gains
+        self.norm1 = norm_of(cfg.norm_shape, norm)
+        second = norm if cfg.norm_layers == "all" else "none"
+        self.norm2 = norm_of(cfg.norm_shape, second) if self.layout != "parallel" else None
+        self.attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg.mlp_shape)
+        self.attn_skip = _skip(cfg.attn_skip_gain, trainable)
+        self.attn_branch = Gain(cfg.attn_branch_gain, trainable)
+        self.mlp_skip = _skip(cfg.mlp_skip_gain, trainable)
+        self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+        self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        if self.residual is not None:  # nanochat: x <- lambda_r x + lambda_0 x0
+            x = self.residual(x, carry.x0)
+        if self.layout == "parallel":  # Eq. (7)
+            h = self.norm1(x)
+            a, carry = self.attn(h, carry)
+            out = self.mlp_branch(self.dropout(self.mlp(h))) + self.attn_branch(self.dropout(a))
+            return _add_skip(out, self.mlp_skip, x), carry
+        norm2 = self.norm2
+        assert norm2 is not None  # every layout but parallel has a second norm
+        if self.layout == "pre-ln":  # Eq. (1)
+            a, carry = self.attn(self.norm1(x), carry)
+            h = _add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
+            m = self.mlp_branch(self.dropout(self.mlp(norm2(h))))
+            return _add_skip(m, self.mlp_skip, h), carry
+        a, carry = self.attn(x, carry)  # post-ln
+        h = self.norm1(_add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
+        m = self.mlp_branch(self.dropout(self.mlp(h)))
+        return norm2(_add_skip(m, self.mlp_skip, h)), carry
+
+
+def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
+    """branch + skip(x); a skip whose gain is 0 is absent (None)."""
+    return branch if skip is None else branch + skip(x)
+
+
+# ----------------------------------------------------------------------------------------------
 Gains = tuple[Tensor | float, Tensor | float, Tensor | float | None]  # alpha, beta, gamma (shaped only)
 
 
@@ -117,3 +186,41 @@ class Attention(nn.Module):
         if out.offset is not None:
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
         return self.proj(ops.merge_heads(y)), carry
+
+
+# ----------------------------------------------------------------------------------------------
+GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": F.gelu}
+
+
+class MLP(nn.Module):
+    """ReLU / GELU / ReLU^2 / leaky-ReLU MLP, or a gated SwiGLU / GEGLU MLP (Shazeer, 2020).
+
+    ``gelu_tanh`` is GPT-2's tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+    (HF "gelu_new"), kept so that imported GPT-2 checkpoints give the same logits.
+
+    For gated MLPs `shape.hidden` is the gated width: the input projection is d -> 2 * hidden.
+    """
+
+    def __init__(self, shape: MLPShape):
+        super().__init__()
+        self.act, self.slope = shape.act, shape.leaky_relu_slope
+        hidden = shape.hidden
+        self.fc = nn.Linear(shape.d_model, 2 * hidden if self.act in GATED else hidden, bias=shape.bias)
+        self.out = nn.Linear(hidden, shape.d_model, bias=shape.bias)
+
+    def activation(self, h: Tensor) -> Tensor:
+        if self.act in GATED:
+            h, gate = h.chunk(2, dim=-1)
+            return GATED[self.act](gate) * h
+        if self.act == "relu":
+            return F.relu(h)
+        if self.act == "relu2":
+            return F.relu(h).square()
+        if self.act == "leaky_relu":
+            return F.leaky_relu(h, self.slope)
+        if self.act == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
+        return F.gelu(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.activation(self.fc(x)))
