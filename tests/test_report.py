@@ -184,3 +184,13 @@ def test_sas_gains_act_only_through_their_product(arch):
             block.mlp_skip.gain.div_(3.0)
         after = model(ids)
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-5)
+
+
+def test_method_text_resolves_sizes_left_to_their_defaults():
+    """A model saved with mlp_hidden and head_dim None reads as the sizes it has (4 d, d / H)."""
+    from blocklab.report.method import _shape
+
+    mc = ModelConfig.from_preset("pre-ln", "tiny", mlp_hidden=None, head_dim=None).to_dict()
+    assert mc["mlp_hidden"] is None and mc["head_dim"] is None
+    text = _shape(mc)
+    assert "4 heads of 32" in text and "MLP 512 (relu)" in text and "None" not in text

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from blocklab.config import ModelConfig
 from blocklab.report.data import environment
 from blocklab.training import TrainConfig
 from blocklab.training.config import BUDGETS
@@ -33,12 +34,15 @@ def budget_kind_of(cfg: TrainConfig) -> str:
 
 
 def _shape(mc: dict[str, Any]) -> str:
-    """A model's resolved shape from its model_config.json, in words."""
-    head_dim = mc.get("head_dim") or mc["d_model"] // mc["n_heads"]
+    """A model's resolved shape from its model_config.json, in words (sizes left None resolved as
+    the model resolves them)."""
+    cfg = ModelConfig.from_dict(mc)
+    attention = cfg.attention_shape
     kv = f" ({mc['n_kv_heads']} KV heads)" if mc.get("n_kv_heads") else ""
     window = f", window {mc['window_size']} ({mc['window_pattern']})" if mc.get("window_size") else ""
-    return (f"{mc['n_layers']} layers, d_model {mc['d_model']}, {mc['n_heads']} heads of {head_dim}{kv}, "
-            f"MLP {mc['mlp_hidden']} ({mc['mlp_act']}), {mc['norm']}, {mc['positions']} positions, "
+    return (f"{mc['n_layers']} layers, d_model {mc['d_model']}, {mc['n_heads']} heads of "
+            f"{attention.head_dim}{kv}, "
+            f"MLP {cfg.mlp_shape.hidden} ({mc['mlp_act']}), {mc['norm']}, {mc['positions']} positions, "
             f"context {mc['context_length']}{window}, vocab {mc['vocab_size']}, "
             f"{'tied' if mc.get('tie_embeddings') else 'untied'} embeddings")
 
