@@ -210,13 +210,16 @@ def _write_ppl_task(root: Path, texts: list[str]) -> Path:
 def test_lm_eval_hf_model_type_scores_an_export(exports, tokenizer, tmp_path):
     """lm-evaluation-harness's own `hf` model (HFLM) on a local rolling-likelihood task: its bits per
     byte equal the sum of blocklab's log-probabilities of each text after the end-of-text token."""
-    lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("lm_eval")
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM  # registers "hf": the registry may hold only blocklab's
     from lm_eval.tasks import TaskManager
 
     folder, model = exports["sas-p+resformer-learnable"]
     texts = ["def value(self):\n    return 1\n", "for i in range(3):\n    print(i)\n"]
     tasks = _write_ppl_task(tmp_path, texts)
-    results = lm_eval.simple_evaluate(
+    assert HFLM is not None
+    results = simple_evaluate(
         model="hf", model_args={"pretrained": str(folder), "trust_remote_code": True, "dtype": "float32",
                                  "device": "cpu"},
         tasks=["toy_ppl"], task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
