@@ -212,13 +212,12 @@ def test_lm_eval_hf_model_type_scores_an_export(exports, tokenizer, tmp_path):
     byte equal the sum of blocklab's log-probabilities of each text after the end-of-text token."""
     pytest.importorskip("lm_eval")
     from lm_eval import simple_evaluate
-    from lm_eval.models.huggingface import HFLM  # registers "hf": the registry may hold only blocklab's
+    from lm_eval.models import huggingface  # noqa: F401 (registers "hf": the registry may hold only ours)
     from lm_eval.tasks import TaskManager
 
     folder, model = exports["sas-p+resformer-learnable"]
     texts = ["def value(self):\n    return 1\n", "for i in range(3):\n    print(i)\n"]
     tasks = _write_ppl_task(tmp_path, texts)
-    assert HFLM is not None
     results = simple_evaluate(
         model="hf", model_args={"pretrained": str(folder), "trust_remote_code": True, "dtype": "float32",
                                  "device": "cpu"},
