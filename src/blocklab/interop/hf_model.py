@@ -179,9 +179,10 @@ class BlocklabForCausalLM(BlocklabPreTrainedModel, GenerationMixin):
         after the cached ones. Other HF arguments (position_ids, use_cache ...) change nothing: the
         positions follow from the cache."""
         ids = self._check_ids(input_ids, inputs_embeds)
-        _check_attention_mask(attention_mask, causal=True)
         cache = cache if cache is not None else past_key_values
         kv = cache.ready(self.model, ids.shape[0]) if isinstance(cache, BlocklabCache) else None
+        if kv is None or kv.length == 0:  # decoding steps only append ones to the mask checked here
+            _check_attention_mask(attention_mask, causal=True)
         hidden = self.model.hidden_states(ids, kv)
         logits = self.model.logits(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
         loss = None if labels is None else _shifted_loss(logits, labels)
