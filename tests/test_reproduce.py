@@ -396,3 +396,18 @@ def test_undecided_checks_get_more_seeds_up_to_the_most():
     ten = result("resformer", [0.1, -0.2] * 5, "inconclusive")
     assert more_seeds([ten], at_most, scale) == {}  # max_seeds reached
     assert more_seeds([wide], seeds, replace(scale, max_seeds=None)) == {}
+
+
+def test_campaign_text_names_the_gpu_that_trained(tmp_path):
+    """The method paragraph says what trained the runs: a launch on a GPU names the card (read from
+    campaign.jsonl), one on the CPU names none."""
+    from blocklab.reproduce.page import campaign_text
+
+    base = {"date": "2026-11-26 05:46 UTC", "commit": "abc1234", "cpu": "Xeon", "cores": 16,
+            "torch": "2.11.0", "launcher": "local", "jobs": 1, "threads": None, "wall_seconds": 3600.0,
+            "trained": 6, "reused": 0}
+    lines = [dict(base, gpu="NVIDIA H200"), dict(base, cpu="EPYC", cores=2, torch="2.13.0")]
+    (tmp_path / "campaign.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = campaign_text(tmp_path)
+    assert "on Xeon, 16 cores, NVIDIA H200, torch 2.11.0; EPYC, 2 cores, torch 2.13.0;" in text
+    assert text.startswith("12 runs trained in 2 launch(es)") and "2.0 hours" in text

@@ -207,6 +207,19 @@ def test_float64_model_has_float64_precision(arch, overrides):
         torch.testing.assert_close(model(ids), reference_logits(model, ids), rtol=0, atol=1e-10)
 
 
+
+@pytest.mark.parametrize("arch", ["sas+resformer-mix", "sas-p+resformer-mix", "pre-ln+resformer-mix"])
+def test_mixed_dtypes_under_bf16_autocast(arch):
+    """Under autocast, V_1 (layer 0's bf16 projection) meets V_n in float32 where the values are
+    the identity (SAS): the mix must promote, not fail (torch.lerp did, found on a GPU). Against the
+    float64 reference, within bf16's error."""
+    model = build(arch).float()
+    ids = random_ids(2, 9)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids).double()
+    ref = reference_logits(model.double(), ids)
+    assert ((out - ref).norm() / ref.norm()).item() < 3e-2
+
 # -- 2. initial values and the equivalences the papers state at initialisation -------------------
 def _share_weights(src: torch.nn.Module, dst: torch.nn.Module, allowed_missing: tuple[str, ...]) -> None:
     """Copy every parameter and buffer of `src` into `dst` by name; `dst` may only lack `allowed_missing`."""

@@ -22,7 +22,8 @@ def record_launch(root: Path, launch, seconds: float) -> None:
         return
     info = machine()
     record = {"date": info["date"], "commit": info["commit"], "cpu": info["cpu"], "cores": info["cores"],
-              "torch": info["torch"], **launch.describe(), "wall_seconds": round(seconds, 1),
+              **({"gpu": info["gpu"]} if info["gpu"] else {}), "torch": info["torch"],
+              **launch.describe(), "wall_seconds": round(seconds, 1),
               "trained": trained, "reused": sum(o.status == "reused" for o in launch.outcomes)}
     root.mkdir(parents=True, exist_ok=True)
     with open(root / CAMPAIGN, "a") as f:
@@ -37,7 +38,7 @@ def read_campaign(root: Path) -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, Any]:
-    """What ran the runs: CPU, threads, versions, commit and date."""
+    """What ran the runs: CPU, GPU (None without CUDA), threads, versions, commit and date."""
     import subprocess
 
     import torch
@@ -65,6 +66,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "blocklab": blocklab.__version__,

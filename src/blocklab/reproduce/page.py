@@ -90,8 +90,9 @@ def campaign_text(root: Path | None) -> str | None:
         return None
     dates = sorted(r["date"] for r in launches)
     commits = ", ".join(dict.fromkeys(str(r["commit"]) for r in launches))
-    machines = "; ".join(dict.fromkeys(f"{r['cpu']}, {r['cores']} cores, torch {r['torch']}"
-                                       for r in launches))
+    machines = "; ".join(dict.fromkeys(
+        f"{r['cpu']}, {r['cores']} cores, {r['gpu'] + ', ' if r.get('gpu') else ''}torch {r['torch']}"
+        for r in launches))
     shares = ", ".join(dict.fromkeys(
         plural(r["jobs"], "run") + " at once" + (f" on {plural(r['threads'], 'thread')} each"
                                                   if r.get("threads") else "")
@@ -116,7 +117,8 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
         trained_by = "No run has trained yet."  # a function of the (empty) data, not of this machine
     else:
         trained_by = campaign_text(rep.out) or (
-            f"Machine: {info['cpu']}, {info['cores']} cores, {_threads(rep.launch, info)}; "
+            f"Machine: {info['cpu']}, {info['cores']} cores, {info['gpu'] + ', ' if info.get('gpu') else ''}"
+            f"{_threads(rep.launch, info)}; "
             f"torch {info['torch']}, "
             f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; "
             f"{info['date']}.")

@@ -227,7 +227,10 @@ class LearnedMixResFormer(ValueResidual):
         b, t, width = v.shape
         m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, n_kv_heads, 1)
         heads = v.view(b, t, self.n_kv_heads, -1)
-        return torch.lerp(v1.view_as(heads), heads, m).view(b, t, width)  # V_1 + m (V_n - V_1)
+        v1 = v1.view_as(heads)
+        # not torch.lerp: under autocast V_1 (a bf16 projection) and V_n (SAS's identity values, the
+        # float32 stream) can differ in dtype, and lerp does not promote
+        return (v1 + m * (heads - v1)).view(b, t, width)
 
 
 class AdaptiveSourceWeights(SharedModule):

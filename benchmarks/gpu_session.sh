@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One lent-GPU call, in order of what matters most, each step under its own time limit so a slow
+# one cannot starve the rest (about 9 minutes in all):
+#   1. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference
+#   2. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes
+#   3. gpu_campaign.py mfu: the MFU table (bench_gpu.py --quick)
+#   4. gpu_campaign.py resformer: the ResFormer-82M claim (400 steps, 3 seeds)
+# Run from the repository root on the GPU machine: OUT=/some/dir bash benchmarks/gpu_session.sh
+# Logs, gpu.json and a tarball of the claim's run store (weights left out) land in $OUT.
+set -o pipefail
+export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
+OUT=${OUT:?set OUT to a folder for the results}
+RUNS=${RUNS:-/tmp/blocklab-gpu-runs}
+step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on failure
+    local name=$1 limit=$2; shift 2
+    echo "== $name (limit ${limit}s) $(date +%T)"
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "== $name: exit $? $(date +%T)"; tail -n 6 "$OUT/$name.log"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
+cat "$OUT/gpu.txt"
+step cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 tests/test_cuda.py
+step smoke 60 python3 benchmarks/gpu_campaign.py all --smoke --device cuda --out /tmp/blocklab-smoke
+step mfu 160 python3 benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$OUT/gpu.json"
+step resformer "${RESFORMER_S:-200}" python3 benchmarks/gpu_campaign.py resformer --out "$RUNS"
+tar czf "$OUT/runs.tgz" --exclude=checkpoints -C "$RUNS" . 2>/dev/null
+ls -la "$OUT"

@@ -1,0 +1,102 @@
+"""Every architecture on a CUDA device, against a float64 CPU reference.
+
+Skipped where no CUDA device is present (CI has none); run on a GPU with
+``pytest tests/test_cuda.py``. ``BLOCKLAB_TEST_DEVICE=cpu`` runs it on the CPU instead, to check
+the test itself. References: the same weights in float64 on the CPU (the forward pass, by
+‖out − ref‖ / ‖ref‖), the device's own full forward pass (decoding with the cache must reproduce
+it), and the eager model (for the per-block compiled one). Every parameter is moved away from
+its initial value first (`test_cache.perturb`): many variants are the identity at initialisation.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from blocklab.presets import BLOCK_PRESETS
+from test_cache import archs, build, decode_error, ids_of
+
+DEVICE = os.environ.get("BLOCKLAB_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
+pytestmark = pytest.mark.skipif(not DEVICE, reason="needs a CUDA device (or BLOCKLAB_TEST_DEVICE)")
+
+ARCHS = archs(BLOCK_PRESETS)
+COMPILED = ["pre-ln+standard", "sas-p+svformer", "pre-ln+resformer-dense", "shaped+bov"]
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """TF32 off, so float32 on the device is float32 (the bf16 test measures low precision)."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.detach().double().cpu(), ref.detach().double().cpu()
+    assert torch.isfinite(out).all()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def reference_and_device(arch: str, seed: int):
+    model = build(arch, seed=seed)
+    return copy.deepcopy(model).double(), model.to(DEVICE)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forward_matches_float64_reference(arch):
+    ref_model, model = reference_and_device(arch, seed=len(arch))
+    ids = ids_of(3, 17, seed=7)
+    with torch.no_grad():
+        ref = ref_model(ids)
+        assert rel_err(model(ids.to(DEVICE)), ref) < 1e-5
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bf16_autocast_matches_the_cpu_one(arch):
+    """The training precision (bf16 autocast, float32 weights): within twice the error of CPU bf16
+    autocast on the same weights. A fixed bound would not do: SAS-P without norms amplifies bf16
+    rounding tenfold (its un-normed stream grows layer by layer), so a bf16-held V_1 ends 10% off."""
+    ref_model, model = reference_and_device(arch, seed=len(arch))
+    cpu_model = copy.deepcopy(ref_model).float()
+    ids = ids_of(3, 17, seed=7)
+    with torch.no_grad():
+        ref = ref_model(ids)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cpu_err = rel_err(cpu_model(ids), ref)
+        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
+            err = rel_err(model(ids.to(DEVICE)), ref)
+    assert err <= 2 * cpu_err + 1e-2 and err < 0.2, (err, cpu_err)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_matches_full_forward_on_device(arch):
+    model = build(arch, seed=len(arch)).to(DEVICE)
+    assert decode_error(model, ids_of(2, 13, seed=1).to(DEVICE), prompt=5, chunk=3) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS[::5])
+def test_gradients_match_float64_reference(arch):
+    ref_model, model = reference_and_device(arch, seed=3)
+    ids = ids_of(2, 15, seed=2)
+    for m, x in ((ref_model, ids), (model, ids.to(DEVICE))):
+        logits = m(x[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+    pairs = [(name, p_ref.grad, p.grad) for (name, p_ref), p in
+             zip(ref_model.named_parameters(), model.parameters(), strict=True) if p_ref.grad is not None]
+    total = torch.cat([g.flatten() for _, g, _ in pairs]).norm().item()
+    for name, g_ref, g in pairs:  # a tiny gradient (a gain's, ~1e-6) is judged against the whole one
+        assert (g.double().cpu() - g_ref).norm() <= 1e-4 * g_ref.norm() + 1e-6 * total, name
+
+
+@pytest.mark.parametrize("arch", COMPILED)
+def test_compiled_blocks_match_eager(arch):
+    eager = build(arch, seed=9).to(DEVICE)
+    compiled = copy.deepcopy(eager)
+    compiled.compile_blocks()
+    ids = ids_of(2, 16, seed=5).to(DEVICE)
+    with torch.no_grad():
+        assert rel_err(compiled(ids), eager(ids)) < 1e-4
