@@ -27,6 +27,7 @@ MASKS = [
     pytest.param(7, 7, True, None, id="causal"),
     pytest.param(7, 7, True, 3, id="causal-window3"),
     pytest.param(7, 7, True, 1, id="causal-window1"),
+    pytest.param(7, 7, True, 9, id="causal-window-wider-than-context"),
     pytest.param(7, 7, False, None, id="bidirectional"),
     pytest.param(7, 7, False, 2, id="bidirectional-window2"),
     pytest.param(3, 8, True, None, id="q-shorter-causal"),

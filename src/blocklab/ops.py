@@ -99,11 +99,19 @@ def masked_mean(v: Tensor, t_q: int, causal: bool = True, window: int | None = N
     C is the attention matrix of zero query-key logits under the same mask, so C V is a running
     (prefix) mean for a causal mask, a windowed mean for a sliding window and the global mean for
     bidirectional attention. Prefix sums run in at least float32 and the result is cast back.
+
+    The scan runs with T as the innermost axis (after a transposed copy): PyTorch's cumsum over an
+    outer axis is known to be slow on CUDA (pytorch/pytorch#122170). The causal, full-context case
+    (training) is the running mean itself and skips the two gathers of the general case.
     """
     t_k = v.shape[-2]
-    lo, hi = key_bounds(t_q, t_k, causal, window, v.device)
     acc = torch.promote_types(v.dtype, torch.float32)
-    prefix = F.pad(torch.cumsum(v.to(acc), dim=-2), (0, 0, 1, 0))  # prefix[j] = sum of v[:j]
+    sums = torch.cumsum(v.to(acc).transpose(-1, -2).contiguous(), dim=-1)  # (B, H, D, T)
+    if causal and t_q == t_k and (window is None or window >= t_k):
+        count = torch.arange(1, t_k + 1, device=v.device, dtype=acc)
+        return (sums / count).transpose(-1, -2).to(v.dtype)
+    lo, hi = key_bounds(t_q, t_k, causal, window, v.device)
+    prefix = F.pad(sums, (1, 0)).transpose(-1, -2)  # prefix[j] = sum of v[:j], (B, H, T + 1, D)
     total = prefix.index_select(-2, hi + 1) - prefix.index_select(-2, lo)
     count = (hi - lo + 1).to(total.dtype)[:, None]
     return (total / count).to(v.dtype)
