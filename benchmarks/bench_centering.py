@@ -1,4 +1,4 @@
-"""Shaped attention's centering term C V (Simplifying Eq. 5) three ways, forward and backward.
+"""Shaped attention's centering term C V (Simplifying Eq. 5) five ways, forward and backward.
 
 C is the attention matrix of zero query-key logits, so for a causal mask C V is the running mean of
 the values. SAS-P trained at 0.71x pre-ln's tokens/s on an H200 (RESULTS.md, "GPU path"); the

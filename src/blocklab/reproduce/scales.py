@@ -151,9 +151,10 @@ SCALES["gpu-resformer-short"] = replace(
     description="resformer-82m (8 layers, d 512), 400 steps of 32 x 512 tokens (6.6M tokens), lr 1e-3")
 
 
-# With the paper's sinusoidal positions, all three architectures sat on the unigram plateau (validation
-# loss 6.82-6.84 from step 100 to 400) on an H200 (2026-11-26): at 400 steps the piece could judge
-# nothing. RoPE, as in our CPU sizes ("The CPU sizes' recipe", docs/design.md), leaves it in time.
+# With the paper's sinusoidal positions, Pre-LN and SAS (3 seeds each; the call ended before SAS-P's
+# runs) sat on the unigram plateau (validation loss 6.82-6.84 from step 100 to 400) on an H200
+# (2026-11-26): at 400 steps the piece could judge nothing. RoPE, as in our CPU sizes ("The CPU sizes'
+# recipe", docs/design.md), where every model leaves the plateau within 50 steps; not yet run here.
 SCALES["gpu-sas-p-short"] = replace(
     SCALES["gpu-sas-p"], steps=400, eval_every=100, model={"positions": "rope"},
     description="codeparrot-18l (18 layers, d 768) with RoPE for its sinusoidal positions, 400 steps of "
