@@ -136,11 +136,7 @@ def train_steps(size: str, batch: int, seq: int, device: torch.device, dtype: to
             opt.zero_grad(set_to_none=True)
         return step
 
-    current = ops.masked_mean
-    try:
-        return {"before": make(before_masked_mean), "ops.masked_mean": make(current)}
-    finally:
-        ops.masked_mean = current
+    return {"before": make(before_masked_mean), "ops.masked_mean": make(ops.masked_mean)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -172,25 +168,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return lambda: VARIANTS[name](inputs[name].detach().requires_grad_(True)).backward(grads[name])
 
     times = round_robin({name: pass_of(name) for name in VARIANTS}, cuda, a.warmup, a.repeats)
-    current = ops.masked_mean
-    steps = train_steps(a.train_size, a.train_batch, shape[2], device, dtype) if a.train_size else {}
-    step_times = round_robin(steps, cuda, a.warmup, a.repeats)
-    ops.masked_mean = current
-    for name, ms in step_times.items():
-        rows.append({"variant": f"SAS-P step, {name}", "rel_err": None})
-        times[rows[-1]["variant"]] = ms
+    current = ops.masked_mean  # the training steps swap it; restored whatever happens
+    try:
+        steps = train_steps(a.train_size, a.train_batch, shape[2], device, dtype) if a.train_size else {}
+        times |= {f"SAS-P step, {name}": ms for name, ms in round_robin(steps, cuda, a.warmup,
+                                                                            a.repeats).items()}
+    finally:
+        ops.masked_mean = current
+    rows += [{"variant": name, "rel_err": None} for name in times if name.startswith("SAS-P")]
     for r in rows:
         ms = times[r["variant"]]
         r.update(median_ms=statistics.median(ms), min_ms=min(ms), max_ms=max(ms))
+    median = {r["variant"]: r["median_ms"] for r in rows}
     print(f"# C V forward+backward, shape {shape}, {a.dtype}, {device}; median of {a.repeats}, "
           f"round-robin" + (f"; SAS-P training step at size {a.train_size}, batch {a.train_batch} x "
                             f"{shape[2]}" if a.train_size else ""))
     print("| variant | rel. error vs float64 | ms (min-max) | speed-up over before |")
     print("|---|---|---|---|")
     for r in rows:
-        base = next(x["median_ms"] for x in rows if x["variant"].endswith("before"))
-        if r["variant"].startswith("SAS-P"):
-            base = rows[-2]["median_ms"]
+        base = median["SAS-P step, before" if r["variant"].startswith("SAS-P") else "before"]
         err = "-" if r["rel_err"] is None else f"{r['rel_err']:.1e}"
         print(f"| {r['variant']} | {err} | {r['median_ms']:.3f} ({r['min_ms']:.3f}-"
               f"{r['max_ms']:.3f}) | {base / r['median_ms']:.2f} |")

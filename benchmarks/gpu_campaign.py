@@ -1,11 +1,11 @@
 """The GPU campaign: the papers' GPU-scale claims at short budgets and the MFU table, in pieces meant
 to fit one 10-minute call each on one H100-class GPU. Times measured on one H200 (2026-11-26):
 
-    python benchmarks/gpu_campaign.py mfu        # bench_gpu.py --quick: tokens/s, MFU, memory (~2.5 min
-                                                 # for all six archs; --budget-s caps it)
+    python benchmarks/gpu_campaign.py mfu        # bench_gpu.py --quick: tokens/s, MFU, memory (pre-ln
+                                                 # 70 s, four more archs 33 s; --budget-s caps it)
     python benchmarks/gpu_campaign.py resformer  # ResFormer-82M vs the Transformer, 3 seeds (131 s)
     python benchmarks/gpu_campaign.py sas-p      # codeparrot-18l: SAS and SAS-P vs Pre-LN, 3 seeds
-                                                 # (~6 min: 7 of 9 runs took 250 s)
+                                                 # (6 runs took 250 s; all 9, about 6 min, not yet)
     python benchmarks/gpu_campaign.py all --smoke --device cpu   # every piece at a toy size: seconds
 
 `benchmarks/gpu_session.sh` runs the CUDA tests, the smoke, the MFU table and the ResFormer piece in

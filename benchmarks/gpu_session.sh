@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One lent-GPU call, in order of what matters most, each step under its own time limit so a slow
-# one cannot starve the rest (307 s in all on an H200, 2026-11-26; the limits add up to 9 minutes):
+# one cannot starve the rest (307 s on an H200, 2026-11-26, before step 2 was added; the limits add
+# up to 10 minutes):
 #   1. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference
 #   2. bench_centering.py: shaped attention's C V before and after its scan moved innermost
 #   3. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes
 #   4. gpu_campaign.py mfu: the MFU table (bench_gpu.py --quick)
 #   5. gpu_campaign.py PIECE (default resformer: the ResFormer-82M claim, 400 steps, 3 seeds, 131 s on
-#      an H200; sas-p, the codeparrot-18l claims, needs about 6 minutes: PIECE_S=380 and a call of its own)
+#      an H200; sas-p, the codeparrot-18l claims, about 6 minutes by its first runs: PIECE_S=380 and a call of its own)
 # Run from the repository root on the GPU machine: OUT=/some/dir bash benchmarks/gpu_session.sh
 # (PIECE=sas-p PIECE_S=380 SKIP_CHECKS=1 for the SAS-P piece alone)
 # Logs, gpu.json and a tarball of the claim's run store (weights left out) land in $OUT.

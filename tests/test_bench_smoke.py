@@ -206,3 +206,20 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
     saved = json.loads((out / name / "reproduction.json").read_text())
     again = reproduce(select(claims), name, out, train=False)
     assert [r.verdict for r in again.results] == [c["verdict"] for c in saved["claims"]]
+
+
+def test_bench_centering_checks_every_variant_and_restores_masked_mean(tmp_path):
+    """Every C V variant agrees with the float64 running mean (the script's own check, read back from
+    its JSON), the SAS-P step pair is timed, and `ops.masked_mean` is the library's again after."""
+    import bench_centering
+    from blocklab import ops
+
+    library = ops.masked_mean
+    out = tmp_path / "centering.json"
+    bench_centering.main(["--shape", "2,2,24,8", "--train-size", "tiny", "--train-batch", "2",
+                          "--warmup", "0", "--repeats", "1", "--out", str(out)])
+    assert ops.masked_mean is library
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {*bench_centering.VARIANTS, "SAS-P step, before", "SAS-P step, ops.masked_mean"}
+    for name in bench_centering.VARIANTS:
+        assert rows[name]["rel_err"] < 1e-6 and rows[name]["median_ms"] > 0, name

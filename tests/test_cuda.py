@@ -55,6 +55,7 @@ def test_forward_matches_float64_reference(arch):
         ref = ref_model(ids)
         assert rel_err(model(ids.to(DEVICE)), ref) < 1e-5
 
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bf16_autocast_matches_the_cpu_one(arch):
     """The training precision (bf16 autocast, float32 weights): within twice the error of CPU bf16

@@ -207,7 +207,6 @@ def test_float64_model_has_float64_precision(arch, overrides):
         torch.testing.assert_close(model(ids), reference_logits(model, ids), rtol=0, atol=1e-10)
 
 
-
 @pytest.mark.parametrize("arch", ["sas+resformer-mix", "sas-p+resformer-mix", "pre-ln+resformer-mix"])
 def test_mixed_dtypes_under_bf16_autocast(arch):
     """Under autocast, V_1 (layer 0's bf16 projection) meets V_n in float32 where the values are
@@ -219,6 +218,7 @@ def test_mixed_dtypes_under_bf16_autocast(arch):
         out = model(ids).double()
     ref = reference_logits(model.double(), ids)
     assert ((out - ref).norm() / ref.norm()).item() < 3e-2
+
 
 # -- 2. initial values and the equivalences the papers state at initialisation -------------------
 def _share_weights(src: torch.nn.Module, dst: torch.nn.Module, allowed_missing: tuple[str, ...]) -> None:

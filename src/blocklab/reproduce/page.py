@@ -82,6 +82,11 @@ def _threads(launch: dict[str, Any] | None, info: dict[str, Any]) -> str:
         f", {plural(launch['threads'], 'thread')} each" if launch.get("threads") else "")
 
 
+def _hardware(info: dict[str, Any]) -> str:
+    """'CPU, N cores' and the GPU where one trained (campaign.jsonl lines before the GPU field have none)."""
+    return f"{info['cpu']}, {info['cores']} cores" + (f", {info['gpu']}" if info.get("gpu") else "")
+
+
 def campaign_text(root: Path | None) -> str | None:
     """What trained the runs, from OUT/<scale>/campaign.jsonl: dates, commits, machine, runs at once
     and threads, wall-clock time and runs trained; None without a log."""
@@ -90,9 +95,7 @@ def campaign_text(root: Path | None) -> str | None:
         return None
     dates = sorted(r["date"] for r in launches)
     commits = ", ".join(dict.fromkeys(str(r["commit"]) for r in launches))
-    machines = "; ".join(dict.fromkeys(
-        f"{r['cpu']}, {r['cores']} cores, {r['gpu'] + ', ' if r.get('gpu') else ''}torch {r['torch']}"
-        for r in launches))
+    machines = "; ".join(dict.fromkeys(f"{_hardware(r)}, torch {r['torch']}" for r in launches))
     shares = ", ".join(dict.fromkeys(
         plural(r["jobs"], "run") + " at once" + (f" on {plural(r['threads'], 'thread')} each"
                                                   if r.get("threads") else "")
@@ -117,8 +120,7 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
         trained_by = "No run has trained yet."  # a function of the (empty) data, not of this machine
     else:
         trained_by = campaign_text(rep.out) or (
-            f"Machine: {info['cpu']}, {info['cores']} cores, {info['gpu'] + ', ' if info.get('gpu') else ''}"
-            f"{_threads(rep.launch, info)}; "
+            f"Machine: {_hardware(info)}, {_threads(rep.launch, info)}; "
             f"torch {info['torch']}, "
             f"blocklab {info['blocklab']}{' at ' + info['commit'] if info['commit'] else ''}; "
             f"{info['date']}.")
