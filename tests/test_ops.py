@@ -282,3 +282,140 @@ def test_shaped_attention_low_precision_is_close():
     err = (out.double() - expected).abs().max().item()
     assert err < 0.05 * expected.abs().max().item()
     assert math.isfinite(err)
+
+
+# -- the fused Function (ShapedMix): outputs and gradients away from init -------------------------
+def gains_of(kind: str, n_heads: int, seed: int, trainable: bool = True):
+    """Non-trivial alpha, beta, gamma as floats, as (1,) tensors or as per-head (H,) tensors."""
+    if kind == "float":
+        return 1.3, 0.6, 0.45
+    if kind == "one":
+        g = (torch.tensor([1.3]), torch.tensor([0.6]), torch.tensor([0.45]))
+        g = tuple(x.to(F64) for x in g)
+    else:
+        g = head_gains(n_heads, seed)
+    return tuple(x.clone().requires_grad_(trainable) for x in g)
+
+
+@pytest.fixture(params=["outer", "inner"], ids=["scan-T-outer", "scan-T-innermost"])
+def scan_layout(request, monkeypatch):
+    """Both layouts of the prefix sums on the CPU: T as a strided axis, or T innermost after a
+    transposed copy (the layout CUDA takes)."""
+    monkeypatch.setitem(ops.SCAN_T_INNERMOST, "cpu", request.param == "inner")
+    return request.param
+
+
+GRAD_MASKS = [
+    pytest.param(7, 7, True, None, id="causal"),
+    pytest.param(7, 7, True, 9, id="causal-window-wider-than-context"),
+    pytest.param(7, 7, True, 3, id="causal-window3"),
+    pytest.param(7, 7, False, None, id="bidirectional"),
+    pytest.param(3, 8, True, None, id="q-shorter-causal"),
+    pytest.param(3, 8, False, 3, id="q-shorter-bidirectional-window"),
+]
+
+
+@pytest.mark.parametrize("form", ["shaped", "skipinit"])
+@pytest.mark.parametrize("n_kv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("kind", ["float", "one", "headwise"])
+@pytest.mark.parametrize("t_q,t_k,causal,window", GRAD_MASKS)
+def test_shaped_attention_gradients_match_float64_reference(t_q, t_k, causal, window, kind, n_kv, form,
+                                                           scan_layout):
+    """Output and gradients w.r.t. q, k, v, alpha, beta and gamma against the head-by-head explicit
+    matrix (alpha I + beta A - gamma C) V of the reference, with random non-trivial gains."""
+    q, k, v = (x.requires_grad_(True) for x in qkv(t_q, t_k, n_kv=n_kv, seed=21))
+    alpha, beta, gamma = gains_of(kind, 4, seed=22)
+    if form == "skipinit":
+        gamma = None
+    grad_out = rand(2, 4, t_q, 8, seed=23)
+    leaves = [x for x in (q, k, v, alpha, beta, gamma) if isinstance(x, torch.Tensor)]
+
+    out = ops.shaped_attention(q, k, v, alpha, beta, gamma, causal, window)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    allowed = R.mask_matrix(t_q, t_k, causal, window)
+    expected_out = R.multihead(q, k, v, allowed, form, alpha, beta, gamma)
+    expected = torch.autograd.grad(expected_out, leaves, grad_out)
+    assert_close(out, expected_out, **FUSED)
+    for name, g, e in zip("q k v alpha beta gamma".split(), got, expected, strict=False):
+        assert g.shape == e.shape, name
+        assert_close(g, e, **FUSED, msg=name)
+
+
+GAIN_SHAPES = {"float": None, "scalar-tensor": (), "one": (1,), "headwise": (3,)}
+
+
+@pytest.mark.parametrize("gamma_none", [False, True], ids=["shaped", "skipinit"])
+@pytest.mark.parametrize("kind", list(GAIN_SHAPES))
+def test_shaped_mix_gradcheck(kind, gamma_none, scan_layout):
+    """The hand-written backward of ops.ShapedMix against finite differences (float64)."""
+    a = rand(2, 3, 6, 4, seed=31).requires_grad_(True)
+    v = rand(2, 3, 6, 4, seed=32).add_(0.5).requires_grad_(True)
+    shape = GAIN_SHAPES[kind]
+    if shape is None:
+        gains = [1.3, 0.6, 0.45]
+    else:
+        gains = [(c + 0.3 * rand(math.prod(shape), seed=33 + i).reshape(shape)).requires_grad_(True)
+                 for i, c in enumerate((1.3, 0.6, 0.45))]
+    if gamma_none:
+        gains[2] = None
+    assert torch.autograd.gradcheck(ops.ShapedMix.apply, (a, v, *gains))
+
+
+def test_shaped_mix_matches_equation_in_bfloat16_dtypes():
+    """Result dtype as eager PyTorch promotes beta A V + alpha V - gamma C V: float gains keep
+    bfloat16, (H,) float32 gains give float32; gradients come back in each input's dtype."""
+    q, k, v = (x.requires_grad_(True) for x in qkv(16, 16, dtype=torch.bfloat16, seed=41))
+    out = ops.shaped_attention(q, k, v, 1.3, 0.6, 0.45)
+    assert out.dtype == torch.bfloat16
+    alpha, beta, gamma = (x.float().requires_grad_(True) for x in head_gains(4, seed=42))
+    out = ops.shaped_attention(q, k, v, alpha, beta, gamma)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert v.grad.dtype == q.grad.dtype == torch.bfloat16 and gamma.grad.dtype == torch.float32
+    expected = R.multihead(q.double(), k.double(), v.double(), R.mask_matrix(16, 16, True, None), "shaped",
+                           alpha.double(), beta.double(), gamma.double())
+    assert (out.double() - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def _count_cumsum(fn) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket in (torch.ops.aten.cumsum, torch.ops.aten.cumsum_):
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("window", [None, 9], ids=["no-window", "window-wider-than-context"])
+def test_causal_full_context_scans_once_each_way(window, scan_layout):
+    """Training's case takes the fused path: one prefix sum forward and one backward (no flips)."""
+    q, k, v = (x.requires_grad_(True) for x in qkv(7, 7, seed=51))
+    alpha, beta, gamma = gains_of("headwise", 4, seed=52)
+    out = ops.shaped_attention(q, k, v, alpha, beta, gamma, True, window)
+    assert _count_cumsum(lambda: ops.shaped_attention(q, k, v, alpha, beta, gamma, True, window)) == 1
+    assert _count_cumsum(lambda: out.backward(torch.ones_like(out))) == 1
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-ops", "function"])
+def test_shaped_attention_compiles_in_one_graph(plain, monkeypatch):
+    """torch.compile traces the fused path without a graph break, as plain ops (what inductor gets
+    by default) or as the autograd.Function; forward and gradients equal eager (the Function)."""
+    monkeypatch.setattr(ops, "COMPILE_PLAIN_MIX", plain)
+    q, k, v = (x.float().requires_grad_(True) for x in qkv(12, 12, seed=61))
+    alpha, beta, gamma = (x.float().requires_grad_(True) for x in head_gains(4, seed=62))
+    leaves = (q, k, v, alpha, beta, gamma)
+    compiled = torch.compile(ops.shaped_attention, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v, alpha, beta, gamma)
+    got = torch.autograd.grad(out.square().sum(), leaves)
+    expected_out = ops.shaped_attention(q, k, v, alpha, beta, gamma)
+    expected = torch.autograd.grad(expected_out.square().sum(), leaves)
+    assert_close(out, expected_out)
+    for g, e in zip(got, expected, strict=True):
+        assert_close(g, e)
