@@ -22,12 +22,21 @@ keeps and returns every visible key and value -> `attend` runs the attention thr
 -> the projection W^O.
 
 MLP (`MLP`): d -> hidden -> d with one of the usual activations, or a gated one.
+
+Fused projections. The linear maps that read one input run as one GEMM, x [W_1; ...; W_n]^T
+(`linear_maps.fused_linear`): W_Q, W_K and W_V (when the value path reads exactly x W^V,
+`ValuePath.input_value_map`) of the attention's input in every layout, and in the parallel layout
+also the MLP's first matrix W_fc, which reads the same N1(X). The maps keep their parameters (names,
+state dicts, checkpoints and HF export are unchanged); identity, reparameterised and wrapped maps run
+as themselves. `Block.fused_projections` ("auto", "on", "off"; `set_fused_projections`) says when:
+"auto" fuses outside decoding on the devices of `FUSE_DEVICES`, where it was measured to pay
+(benchmarks/bench_fused_projections.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,7 +44,7 @@ from torch import Tensor, nn
 from blocklab import ops
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.linear_maps import make_proj_map
+from blocklab.model.linear_maps import fused_linear, make_proj_map, plain_linear
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 from blocklab.model.value_paths import make_value_path
@@ -47,6 +56,27 @@ if TYPE_CHECKING:
 
 def _skip(init: float, trainable: bool) -> Gain | None:
     return Gain(init, trainable) if init != 0 else None
+
+
+FuseMode = Literal["auto", "on", "off"]
+FUSE_MODES: tuple[FuseMode, ...] = ("auto", "on", "off")
+# Where "auto" fuses the projections (outside decoding). CUDA: one bigger GEMM per input in place of
+# two to four (fewer launches, better tile use), as nanoGPT's fused QKV. Not the CPU: on an idle
+# 2-core machine a training step ran 0.97-1.00x as fast fused (`small`, d 768 x 4 layers) and the maps
+# alone 0.97-1.06x: MKL's GEMMs are already efficient at these widths and the weight copy costs about
+# what the merge saves (benchmarks/results/fused-projections-cpu.json).
+FUSE_DEVICES = frozenset({"cuda"})
+
+
+def set_fused_projections(model: nn.Module, mode: FuseMode) -> None:
+    """Set `Block.fused_projections` of every block in `model`: "auto", "on" (also while decoding with
+    a KV cache) or "off" (each map on its own, as before fusion). The results agree to rounding."""
+    if mode not in FUSE_MODES:
+        raise ValueError(f"fused projections mode {mode!r} is not allowed: choose one of "
+                         f"{', '.join(map(repr, FUSE_MODES))}.")
+    for module in model.modules():
+        if isinstance(module, Block):
+            module.fused_projections = mode
 
 
 class Block(nn.Module):
@@ -69,26 +99,52 @@ class Block(nn.Module):
         self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
+        self.fused_projections: FuseMode = "auto"  # see the module docstring
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         if self.residual is not None:  # nanochat: x <- lambda_r x + lambda_0 x0
             x = self.residual(x, carry.x0)
         if self.layout == "parallel":  # Eq. (7)
             h = self.norm1(x)
-            a, carry = self.attn(h, carry)
-            out = self.mlp_branch(self.dropout(self.mlp(h))) + self.attn_branch(self.dropout(a))
+            a, m, carry = self.parallel_branches(h, carry)
+            out = self.mlp_branch(self.dropout(m)) + self.attn_branch(self.dropout(a))
             return _add_skip(out, self.mlp_skip, x), carry
         norm2 = self.norm2
         assert norm2 is not None  # every layout but parallel has a second norm
         if self.layout == "pre-ln":  # Eq. (1)
-            a, carry = self.attn(self.norm1(x), carry)
+            a, carry = self.attend(self.norm1(x), carry)
             h = _add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
             m = self.mlp_branch(self.dropout(self.mlp(norm2(h))))
             return _add_skip(m, self.mlp_skip, h), carry
-        a, carry = self.attn(x, carry)  # post-ln
+        a, carry = self.attend(x, carry)  # post-ln
         h = self.norm1(_add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
         m = self.mlp_branch(self.dropout(self.mlp(h)))
         return norm2(_add_skip(m, self.mlp_skip, h)), carry
+
+    def fuses(self, x: Tensor, carry: Carry) -> bool:
+        """Whether this forward pass fuses the projections (`fused_projections`)."""
+        mode = self.fused_projections
+        if mode == "auto":  # while decoding the weights' copy would cost more than the GEMMs it joins
+            return carry.cache is None and x.device.type in FUSE_DEVICES
+        return mode == "on"
+
+    def attend(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        """MHA(x), with x W_Q, x W_K (and x W_V) as one GEMM when fused."""
+        maps = self.attn.projection_maps() if self.fuses(x, carry) else []
+        if len(maps) < 2:
+            return self.attn(x, carry)
+        return self.attn(x, carry, fused_linear(x, maps))
+
+    def parallel_branches(self, h: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
+        """MHA(h) and MLP(h) of Eq. (7), with x W_Q, x W_K, (x W_V) and x W_fc as one GEMM when fused."""
+        fc = plain_linear(self.mlp.fc)
+        maps = self.attn.projection_maps() if fc is not None and self.fuses(h, carry) else []
+        if not maps or fc is None:
+            a, carry = self.attn(h, carry)
+            return a, self.mlp(h), carry
+        *projected, hidden = fused_linear(h, [*maps, fc])
+        a, carry = self.attn(h, carry, projected)
+        return a, self.mlp.from_fc(hidden), carry
 
 
 def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
@@ -116,6 +172,10 @@ class Attention(nn.Module):
         self.q = nn.Linear(shape.d_model, shape.q_dim, bias=qk_bias)
         self.k = nn.Linear(shape.d_model, shape.kv_dim, bias=qk_bias) if self.values.owns_keys else None
         self.proj = make_proj_map(cfg)
+        # identity values (SAS, SAS-P) are the block's input itself: attention reads them as a contiguous
+        # (B, H, T, D) copy, so that no compiler writes the norm's output into the transposed layout of
+        # `ops.split_heads` (inductor's Triton codegen fails on that buffer, issue 37)
+        self.contiguous_values = isinstance(getattr(self.values, "w_v", None), nn.Identity)
         if self.form != "softmax":
             heads = cfg.n_heads if cfg.headwise_gains else 1
             trainable = cfg.trainable_attn_gains
@@ -156,10 +216,24 @@ class Attention(nn.Module):
             x = ops.rotary(x, positions, self.rope_base)
         return x
 
-    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA)."""
+    def projection_maps(self) -> list[nn.Linear]:
+        """The maps of this layer's input x that one GEMM may compute, in this order: W_Q, W_K (when the
+        layer owns keys), W_V (when the value path reads exactly x W^V, `ValuePath.input_value_map`).
+        Empty when W_Q or W_K is not a plain `nn.Linear` (a wrapped map runs as itself)."""
+        q, k = plain_linear(self.q), plain_linear(self.k)
+        if q is None or (self.k is not None and k is None):
+            return []
+        v = self.values.input_value_map()
+        return [m for m in (q, k, v) if m is not None]
+
+    def queries_keys(self, x: Tensor, positions: Tensor, q_x: Tensor | None = None,
+                     k_x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA).
+
+        q_x, k_x: x W_Q and x W_K when the block computed them (fused projections).
+        """
         plain = not self.qk_norm and self.rope_base is None  # nothing to apply: no calls per token
-        q = ops.split_heads(self.q(x), self.head_dim)
+        q = ops.split_heads(self.q(x) if q_x is None else q_x, self.head_dim)
         if not plain:
             q = self._position(q, positions)
         if self.logit_scale != 1.0:  # after QK-norm, which would undo it
@@ -167,16 +241,28 @@ class Attention(nn.Module):
         k_map = self.k
         if k_map is None:
             return q, None
-        k = ops.split_heads(k_map(x), self.head_dim)
+        k = ops.split_heads(k_map(x) if k_x is None else k_x, self.head_dim)
         return q, k if plain else self._position(k, positions)
 
-    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        q, k = self.queries_keys(x, carry.positions)
+    def forward(self, x: Tensor, carry: Carry,
+                projected: Sequence[Tensor] | None = None) -> tuple[Tensor, Carry]:
+        """MHA(x). projected: the outputs of `projection_maps()` on x, in its order, when the block
+        computed them in one GEMM; None: each map runs on its own."""
+        q_x = k_x = v_x = None
+        if projected is not None:
+            q_x, *rest = projected
+            if self.k is not None:
+                k_x, *rest = rest
+            v_x = rest[0] if rest else None
+        q, k = self.queries_keys(x, carry.positions, q_x, k_x)
         path = self.values
-        out, carry = path(x, q, k, carry)  # for the current tokens only
+        # for the current tokens only; x W^V goes to a path that declared it reads it (`input_value_map`)
+        out, carry = path(x, q, k, carry) if v_x is None else path(x, q, k, carry, v_x)
         cache = carry.cache
         if cache is None:
             keys, values = out.k, ops.split_heads(out.v, self.head_dim)
+            if self.contiguous_values:
+                values = values.contiguous()
             other_kv, past_sum = out.other_kv, None
         else:  # the cached past and the current tokens: every key and value these queries may see
             seen = cache.update(self.layer, out.k, out.v)
@@ -223,4 +309,8 @@ class MLP(nn.Module):
         return F.gelu(h)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(self.activation(self.fc(x)))
+        return self.from_fc(self.fc(x))
+
+    def from_fc(self, h: Tensor) -> Tensor:
+        """The MLP after its first matrix: W_out act(h) with h = x W_fc (the block may fuse W_fc)."""
+        return self.out(self.activation(h))

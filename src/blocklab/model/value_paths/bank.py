@@ -111,6 +111,7 @@ class BankOfValues(_Substitutive):
     """
 
     description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
+    fuses_values = True
     options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
     opts: BankOfValuesOptions
 
@@ -129,10 +130,11 @@ class BankOfValues(_Substitutive):
         assert table is not None, "the shared table's module fills the carry before the first block"
         return table
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
         if self.w_v is not None:
-            return LayerValues(q, k, self.w_v(x)), carry
+            return LayerValues(q, k, self.value_projection(x, projected)), carry
         return LayerValues(q, k, self.coef(F.embedding(carry.token_ids, self.table(carry)))), carry
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
@@ -174,11 +176,12 @@ class ResFormerBank(BankOfValues):
 
     description = "Bank of Values in the last third, Identity-ResFormer's (V_n + V_1) / 2 below it"
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         if self.target:
-            return super().forward(x, q, k, carry)
+            return super().forward(x, q, k, carry, projected)
         assert k is not None and self.w_v is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(first_values=v)
         assert carry.first_values is not None, "layer 0 runs first and fills the carry"
@@ -239,6 +242,7 @@ class X0Value(_Substitutive):
     """
 
     description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
+    fuses_values = True
     options: ClassVar[type[X0ValueOptions]] = X0ValueOptions
     opts: X0ValueOptions
 
@@ -254,14 +258,21 @@ class X0Value(_Substitutive):
         if self.by_id:  # v is a function of the token id: the cache keeps ids and recomputes v
             self.caches_values, self.value_layer = False, None
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
         if not self.target:
-            return LayerValues(q, k, self.w_v(x)), carry
+            return LayerValues(q, k, self.value_projection(x, projected)), carry
         x0 = carry.token_embeddings if self.opts.x0 == "embedding" else carry.x0
         assert x0 is not None
         v = self.x0_values(x0)
-        return LayerValues(q, k, self.main(self.w_v(x)) + v if self.adds else v), carry
+        if self.adds:
+            v = self.main(self.value_projection(x, projected)) + v
+        return LayerValues(q, k, v), carry
+
+    def input_value_map(self) -> nn.Linear | None:
+        """A substitutive target layer keeps W^V only for RMSNorm(x0) W^V: it reads no x W^V."""
+        return super().input_value_map() if self.adds or not self.target else None
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
         return self.coef(self.w_v(_rms(token_embeddings)))
@@ -283,6 +294,7 @@ class V1Value(_Substitutive):
     """
 
     description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
+    fuses_values = True
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -291,12 +303,13 @@ class V1Value(_Substitutive):
         if self.target:  # the cache keeps V_1 once (layer 0's values)
             self.value_layer = 0
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
         if self.w_v is None:
             assert carry.first_values is not None, "layer 0 fills V_1 in the carry"
             return LayerValues(q, k, self.coef(carry.first_values)), carry
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         return LayerValues(q, k, v), (carry.update(first_values=v) if self.layer == 0 else carry)
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
@@ -326,14 +339,16 @@ class VScale(_Substitutive):
     scale alone does from what the new value sources do."""
 
     description = "v-scale (BoV Table 1 control): v = c x W^V in the target layers"
+    fuses_values = True
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         return LayerValues(q, k, self.coef(v) if self.target else v), carry
 
 

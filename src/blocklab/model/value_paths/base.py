@@ -10,6 +10,9 @@ A value path answers, for one layer, with data rather than callbacks:
 4. its rules: option checks that need the model's sizes (`validate`; its options dataclass checks
    its own values), whether a layer owns W^V (`has_value_map`), and how its new parameters start
    from a pretrained baseline (`start_at_baseline`, `init_from_baseline`).
+5. optionally, whether its values read exactly x W^V of the block's normed input (`input_value_map`):
+   then the block may compute x W^V in one GEMM with W_Q, W_K (and the parallel layout's first MLP
+   matrix) and hand it over as `forward(..., projected=...)`; `value_projection` reads it.
 
 What the rest of blocklab reads about a value path (the titles of its learned scalars in plots, how a
 comparison grid's options read at a given depth, the options under which it starts at a pretrained
@@ -34,7 +37,7 @@ from torch import Tensor, nn
 
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
-from blocklab.model.linear_maps import make_value_map
+from blocklab.model.linear_maps import make_value_map, plain_linear
 
 if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
@@ -174,6 +177,9 @@ class ValuePath(nn.Module):
     owns_keys = True  # False: this layer has no W_K and reuses another layer's keys (CLA)
     caches_values = True  # False: the cache keeps no V for this layer
     key_sets = 1  # how many sets of T keys a query attends over (FLOPs accounting)
+    # True: wherever this path has a value map `w_v`, `forward` reads exactly w_v(x) of its input x
+    # (through `value_projection`), so the block may fuse it (`input_value_map`)
+    fuses_values: ClassVar[bool] = False
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
@@ -192,13 +198,26 @@ class ValuePath(nn.Module):
     def make_value_map(cfg: ModelFields, layer: int) -> nn.Module:
         return make_value_map(cfg.value_form_of(layer), cfg)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         """This layer's values (and Q, K) for the current tokens, and the carry for later layers.
 
         x: the normed block input (B, T, d); q, k: (B, H, T, D) heads after QK-norm and RoPE (k is
-        None in a layer that owns no keys).
+        None in a layer that owns no keys); projected: x W^V (B, T, kv_dim) computed by the block in
+        one GEMM with the other maps of x, passed only when `input_value_map` names a map.
         """
         raise NotImplementedError
+
+    def input_value_map(self) -> nn.Linear | None:
+        """The W^V whose output on the block's input x this layer's `forward` reads, when it is a plain
+        `nn.Linear` and the path declares `fuses_values`; None: nothing to fuse (no W^V in this layer,
+        identity or reparameterised W^V, values from elsewhere). A path whose forward in some layers
+        holds a W^V but does not read w_v(x) overrides this (x0-value's substitutive targets)."""
+        return plain_linear(getattr(self, "w_v", None)) if self.fuses_values else None
+
+    def value_projection(self, x: Tensor, projected: Tensor | None) -> Tensor:
+        """x W^V: the block's fused `projected` when given, else this layer's own map on x."""
+        return projected if projected is not None else value_map_of(self)(x)
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
         """This layer's values (B, T, kv_dim) at the cached positions, from what the cache holds.
@@ -270,11 +289,21 @@ def value_map(path: ValuePath) -> nn.Module | None:
     return w_v
 
 
+def value_map_of(path: ValuePath) -> nn.Module:
+    """The value projection W^V of a layer that has one."""
+    w_v = value_map(path)
+    assert w_v is not None, "only a layer with a value map computes x W^V"
+    return w_v
+
+
 class StandardValues(ValuePath):
+    fuses_values = True
+
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        return LayerValues(q, k, self.w_v(x)), carry
+        return LayerValues(q, k, self.value_projection(x, projected)), carry

@@ -38,6 +38,7 @@ class NeuTRENO(ValuePath):
     """
 
     description = "NeuTRENO: U_n = (A_n - lambda I) V_n + lambda V_1, lambda = 0.4"
+    fuses_values = True
     options: ClassVar[type[NeuTRENOOptions]] = NeuTRENOOptions
     opts: NeuTRENOOptions
 
@@ -45,9 +46,10 @@ class NeuTRENO(ValuePath):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(first_values=v)
         offset = self.opts.lambda_ * (carried(carry.first_values) - v)
@@ -80,15 +82,17 @@ class DenseFormer(ValuePath):
     """
 
     description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
+    fuses_values = True
     options: ClassVar[type[DenseFormerOptions]] = DenseFormerOptions
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
         self.w_v = self.make_value_map(cfg, layer)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        return LayerValues(q, k, self.w_v(x)), carry
+        return LayerValues(q, k, self.value_projection(x, projected)), carry
 
     @classmethod
     def make_shared(cls, cfg: ModelFields) -> SharedModule:
@@ -149,6 +153,7 @@ class CrossLayerKV(ValuePath):
     """
 
     description = "CLA: K and V shared by consecutive groups of k layers (default 2)"
+    fuses_values = True
     options: ClassVar[type[CrossLayerKVOptions]] = CrossLayerKVOptions
     opts: CrossLayerKVOptions
 
@@ -159,10 +164,11 @@ class CrossLayerKV(ValuePath):
         self.key_layer = self.value_layer = layer - layer % self.opts.group  # one cache entry per group
         self.w_v = self.make_value_map(cfg, layer) if self.leader else None
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:
             assert k is not None
-            v = self.w_v(x)
+            v = self.value_projection(x, projected)
             return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: the leader's K, V
         k, v = _given_pair(carry.path_state)
         return LayerValues(q, k, v), carry
@@ -194,6 +200,7 @@ class CrossLayerAttention(ValuePath):
     """
 
     description = "cross-layer attention (Eq. 2): attend over the concatenated K, V of layer 1"
+    fuses_values = True
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -202,9 +209,10 @@ class CrossLayerAttention(ValuePath):
         self.key_sets = 1 if layer == 0 else 2
         self.reads_layers = () if layer == 0 else (0,)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         if self.layer == 0:
             return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: layer 0's K, V
         first_k, first_v = _given_pair(carry.path_state)

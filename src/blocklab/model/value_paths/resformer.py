@@ -130,6 +130,7 @@ class ValueResidual(ValuePath):
     `ResFormerOptions`)."""
 
     description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
+    fuses_values = True
     options: ClassVar[type[ResFormerOptions]] = ResFormerOptions
     opts: ResFormerOptions
 
@@ -149,9 +150,10 @@ class ValueResidual(ValuePath):
     def source_weight(self, first: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
         return self.lambda1(first)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         on = self.opts.residual_on
         offset = None
         if self.is_source:
@@ -289,6 +291,7 @@ class DenseResFormer(ValuePath):
     """
 
     description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
+    fuses_values = True
 
     def __init__(self, cfg: ModelFields, layer: int):
         super().__init__(cfg, layer)
@@ -297,9 +300,10 @@ class DenseResFormer(ValuePath):
             init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
             self.lambdas = Gain(init, trainable=True)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         raw = (*(carry.path_state or ()), v)  # its state: the raw V of every layer so far
         carry = carry.update(path_state=raw)
         if self.layer > 0:
@@ -326,6 +330,7 @@ class SVFormer(ValuePath):
     """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values."""
 
     description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
+    fuses_values = True
     options: ClassVar[type[SVFormerOptions]] = SVFormerOptions
     opts: SVFormerOptions
 
@@ -337,10 +342,11 @@ class SVFormer(ValuePath):
         self.value_layer = max(a for a in (0, *self.opts.anchors) if a <= layer)
         self.w_v = self.make_value_map(cfg, layer) if self.projects else None
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
         if self.w_v is not None:  # a projecting layer
-            v = self.w_v(x)
+            v = self.value_projection(x, projected)
             return LayerValues(q, k, v), carry.update(first_values=v)
         return LayerValues(q, k, carried(carry.first_values)), carry
 

@@ -64,6 +64,7 @@ class ValueEmbed(ValuePath):
     """
 
     description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
+    fuses_values = True
     options: ClassVar[type[ValueEmbedOptions]] = ValueEmbedOptions
     opts: ValueEmbedOptions
 
@@ -91,9 +92,10 @@ class ValueEmbed(ValuePath):
             return self.value_table
         return carry.path_state[self.table_index]
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
+                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
-        v = self.w_v(x)
+        v = self.value_projection(x, projected)
         lam = self.opts.gate == "lambda"
         if lam:
             v = self.lambda0(v)
