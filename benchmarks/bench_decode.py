@@ -10,6 +10,9 @@ what blocklab's decode path would cost with no bookkeeping at all: the same kern
 order (Q, K and V are three matmuls as in blocklab, not one fused QKV matmul), so any gap is
 per-token Python and dispatch overhead. Before timing, its tokens are checked to equal `generate`'s.
 
+"blocklab generate" is the eager step (``generate(..., compile=False)``), whatever the device; on
+CUDA `generate` compiles the step by default, which `--compile default` times beside it.
+
 Measurement: one process, one thread (`--threads`), both contenders built from one model per size;
 for each (size, batch) cell a warm-up call each, then `--repeats` calls each, round-robin with the
 starting contender alternating. A call is a full greedy generation: the prompt's prefill, then
@@ -23,7 +26,8 @@ MLP 1024, vocab 8192) and ``gpt2`` (GPT-2 small: d 768, 12 layers, 12 heads, MLP
 ``tiny`` (d 64, 2 layers) is for the tests.
 
 `--compile MODES` adds one contender per mode (`COMPILE_MODES`), each on its own copy of the model,
-its compilation done in the warm-up and its tokens checked like the others':
+its compilation done in the warm-up and its tokens checked like the others': ``default`` is
+`generate` as a user calls it (``compile=None``: the compiled step on CUDA, eager on a CPU);
 ``blocks`` is `compile_blocks(dynamic=True)` (per-block `torch.compile`); ``step`` is
 `compile_decoding()`, the whole decoding step (embedding, every block and its cache writes, head) as
 one inductor graph; ``step-frozen`` is `compile_decoding(freeze_weights=True)`, that graph with the
@@ -33,7 +37,8 @@ kernels; ``hand-frozen`` is the hand loop with its step compiled with frozen wei
 (`FrozenHandDecoder`), the limit for the frozen step. `--compile` alone means ``blocks``.
 
     PYTHONPATH=src python benchmarks/bench_decode.py [--sizes small,gpt2] [--batches 1,8] [--repeats 7]
-        [--quick] [--compile [blocks,step,step-frozen,step-eager,hand-frozen]] [--device cuda] [--out FILE]
+        [--quick] [--compile [default,blocks,step,step-frozen,step-eager,hand-frozen]] [--device cuda]
+        [--threads N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from torch import Tensor, nn
 
 import blocklab
 from blocklab.model.compiled_step import run_frozen
+from blocklab.model.generate import generate
 
 SIZES = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
@@ -63,6 +69,7 @@ ACTIVATIONS = {"gelu": F.gelu, "gelu_tanh": lambda h: F.gelu(h, approximate="tan
 RESULTS = Path(__file__).parent / "results"
 OURS, HAND = "blocklab generate", "hand loop"
 COMPILE_MODES = {  # --compile: contender name per mode
+    "default": "blocklab generate, default step",  # compile=None: compiled on CUDA, eager on a CPU
     "blocks": "blocklab generate, compile_blocks",  # per-block torch.compile (dynamic shapes)
     "step": "blocklab generate, compile_decoding",  # the whole decoding step, one inductor graph
     "step-eager": "blocklab generate, captured step",  # the same graph, eager kernels (backend="eager")
@@ -231,9 +238,22 @@ class FrozenHandDecoder(HandDecoder):
         return run_frozen(self._compiled, ids, keys, values, at)
 
 
+class Generate:
+    """`generate` on `model` with ``compile`` fixed: False is the eager step on every device, None the
+    default (compiled on CUDA)."""
+
+    def __init__(self, model: blocklab.Transformer, compile: bool | None):
+        self.model, self.compile = model, compile
+
+    def generate(self, prompt: Tensor, new: int) -> Tensor:
+        return generate(self.model, prompt, new, compile=self.compile)
+
+
 def compiled_contender(mode: str, size: str, context: int, device: torch.device) -> Contender:
     """A copy of `make_model(size, context)` (the same seed: the same weights) compiled as `mode` says."""
     model = make_model(size, context).to(device)
+    if mode == "default":
+        return Generate(model, compile=None)
     if mode == "hand-frozen":
         return FrozenHandDecoder(model)
     if mode == "blocks":
@@ -251,7 +271,8 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_same_tokens(model: Contender, hand: HandDecoder, prompt: Tensor, new: int) -> None:
+def check_same_tokens(model: Contender | blocklab.Transformer, hand: HandDecoder, prompt: Tensor,
+                      new: int) -> None:
     ours, theirs = model.generate(prompt, new), hand.generate(prompt, new)
     if not torch.equal(ours, theirs):
         diff = (ours != theirs).nonzero()
@@ -260,10 +281,10 @@ def check_same_tokens(model: Contender, hand: HandDecoder, prompt: Tensor, new: 
 
 def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int,
                  repeats: int, compiled: dict[str, Contender] | None = None) -> dict[str, list[float]]:
-    """tokens/s of every contender per repeat, round-robin, the first contender rotating;
-    `compiled`: further contenders by name."""
+    """tokens/s of every contender per repeat, round-robin, the first contender rotating; `model` decodes
+    with its eager step; `compiled`: further contenders by name."""
     device = prompt.device
-    contenders: dict[str, Contender] = {OURS: model, HAND: hand, **(compiled or {})}
+    contenders: dict[str, Contender] = {OURS: Generate(model, compile=False), HAND: hand, **(compiled or {})}
     calls = {name: (lambda c=c: c.generate(prompt, new)) for name, c in contenders.items()}
     for call in calls.values():  # warm-up (and, compiled, the compilation)
         call()
@@ -373,7 +394,7 @@ def main(argv: list[str] | None = None) -> dict:
         for batch in batches:
             g = torch.Generator().manual_seed(batch)
             prompt = torch.randint(0, SIZES[size]["vocab_size"], (batch, args.prompt), generator=g).to(device)
-            check_same_tokens(model, hand, prompt, args.new)
+            check_same_tokens(Generate(model, compile=False), hand, prompt, args.new)
             for contender in compiled.values():
                 check_same_tokens(contender, hand, prompt, args.new)
             t0 = time.time()

@@ -8,14 +8,14 @@ has stopped or after `max_new_tokens`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from blocklab.model.cache import KVCache
-from blocklab.model.compiled_step import Step
+from blocklab.model.compiled_step import Step, default_step, wants_compiled
 from blocklab.model.config import ModelConfig
 
 
@@ -30,6 +30,7 @@ class Decoder(Protocol):
     def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor: ...
     def logits(self, x: Tensor) -> Tensor: ...
     def token_step(self) -> Step: ...
+    def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor: ...
     def eval(self) -> Decoder: ...
     def train(self, mode: bool = True) -> Decoder: ...
 
@@ -99,7 +100,8 @@ def _last_logits(model: Decoder, ids: Tensor, cache: KVCache) -> Tensor:
 def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
-             pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
+             pad_token: int | None = None, cache: KVCache | None = None,
+             compile: bool | None = None) -> Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; returns (B, T + n) ids.
 
     Runs the prompt once through a fresh KV cache (or after what `cache` already holds, which it
@@ -107,10 +109,25 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
     a row stops after its first token in `stop_tokens`, and is filled with `pad_token` (default: the
     first stop token) until every row has stopped. The model runs in eval mode (no dropout).
 
+    Which step decodes each new token (the prompt's prefill is always eager):
+
+    - a step the model was given by `compile_decoding(...)`, unless ``compile=False``;
+    - otherwise, with ``compile=True``, or with ``compile=None`` (the default) on a device type in
+      `compiled_step.COMPILED_BY_DEFAULT` (CUDA), the model's decoding step compiled as one graph
+      (`compiled_step.default_step`; compiled on the first call, seconds to a minute, then reused). If
+      dynamo or inductor cannot compile it, one warning names the error and decoding goes on eagerly;
+    - otherwise (``compile=False``; on a CPU by default, where compiling costs seconds per model) the
+      eager step `decode_step`.
+
+    The environment variable ``BLOCKLAB_COMPILE_DECODING`` (``1`` / ``0``; unset or ``auto``: by device)
+    decides when ``compile`` is None. Greedy tokens are the same on every path up to the kernels'
+    rounding (on a CPU the compiled step's are equal in the tests).
+
     The loop runs under `torch.inference_mode` (no autograd bookkeeping per op); the returned ids are
     an ordinary tensor, and a `cache` passed in stays usable outside inference mode.
     """
     _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
+    compiled = wants_compiled(input_ids.device, compile)  # checks `compile` and the environment
     b, t = input_ids.shape
     device = input_ids.device
     if cache is None:
@@ -118,40 +135,67 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     stops = torch.tensor(list(stop_tokens or ()), dtype=input_ids.dtype, device=device)
     pad = stops[0] if pad_token is None and len(stops) else pad_token
-    out = [input_ids]
     was_training = model.training
     model.eval()
     try:
         with torch.inference_mode():
-            _decode(model, input_ids, max_new_tokens, temperature, top_k, top_p, generator, stops, pad, cache,
-                    out)
+            step = _pick_step(model, compile, compiled)
+            pick = _column_sampler(temperature, top_k, top_p, generator, input_ids.dtype)
+            out = _decode(model, step, pick, input_ids, max_new_tokens, stops, pad, cache)
     finally:
         model.train(was_training)
     with torch.no_grad():  # outside inference mode: the ids can feed a later training step
-        return torch.cat(out, dim=1)
+        return torch.cat([input_ids, *out], dim=1)
 
 
-def _decode(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float, top_k: int | None,
-            top_p: float | None, generator: torch.Generator | None, stops: Tensor, pad: Tensor | int | None,
-            cache: KVCache, out: list[Tensor]) -> None:
-    """The prefill and the decoding steps of `generate`; appends each step's ids (B, 1) to `out`."""
-    b = input_ids.shape[0]
-    done = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
-    stopping = len(stops) > 0
+def _pick_step(model: Decoder, compile: bool | None, compiled: bool) -> Step:
+    """The step that decodes each new token (see `generate`): the model's own compiled step unless
+    `compile` is False, else the default compiled step if `compiled`, else the eager `decode_step`."""
+    eager = model.decode_step
+    own = model.token_step()  # `decode_step` itself unless `compile_decoding` set a compiled step
+    if compile is not False and own != eager:
+        return own
+    return default_step(cast(nn.Module, model), eager) if compiled else eager
+
+
+def _column_sampler(temperature: float, top_k: int | None, top_p: float | None,
+                    generator: torch.Generator | None, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """logits (B, vocab) -> next ids (B, 1) of `dtype`, as `sample_next` draws them; chosen once per
+    call so that a step runs no branches. Greedy: argmax with keepdim, no reshaping per step."""
+    convert = dtype != torch.long  # argmax and multinomial give int64
+
+    if temperature == 0:
+        if not convert:
+            return lambda logits: logits.argmax(dim=-1, keepdim=True)
+        return lambda logits: logits.argmax(dim=-1, keepdim=True).to(dtype)
+
+    def draw(logits: Tensor) -> Tensor:
+        ids = sample_next(logits, temperature, top_k, top_p, generator)[:, None]
+        return ids.to(dtype) if convert else ids
+
+    return draw
+
+
+def _decode(model: Decoder, step: Step, pick: Callable[[Tensor], Tensor], input_ids: Tensor,
+            max_new_tokens: int, stops: Tensor, pad: Tensor | int | None, cache: KVCache) -> list[Tensor]:
+    """The prefill and the decoding steps of `generate`; returns each step's ids (B, 1).
+
+    Per token: the step (sampled ids lie in the vocabulary: no checks), the sampler, and, only with
+    stop tokens, the stop bookkeeping and its one device read."""
     logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
-    # eager, or compiled by `compile_decoding` (then compiled again here if its frozen weights changed)
-    next_token_logits = model.token_step()
-    for step in range(max_new_tokens):
-        ids = sample_next(logits, temperature, top_k, top_p, generator)
-        if ids.dtype != input_ids.dtype:
-            ids = ids.to(input_ids.dtype)
-        if stopping:
-            assert pad is not None  # the first stop token when no pad_token is given
-            ids = torch.where(done, pad, ids)
-            done = done | torch.isin(ids, stops)
-        column = ids[:, None]
+    if len(stops) == 0:
+        out = [pick(logits)]
+        for _ in range(max_new_tokens - 1):
+            out.append(pick(step(out[-1], cache)))
+        return out
+    assert pad is not None  # the first stop token when no pad_token is given
+    done = torch.zeros(input_ids.shape[0], 1, dtype=torch.bool, device=input_ids.device)
+    out = []
+    for i in range(max_new_tokens):
+        column = torch.where(done, pad, pick(logits))
+        done = done | torch.isin(column, stops)
         out.append(column)
-        # the all-rows-stopped test reads a device value: only when there are stop tokens
-        if step + 1 == max_new_tokens or (stopping and bool(done.all())):
-            return
-        logits = next_token_logits(column, cache)  # sampled ids lie in the vocabulary: no checks
+        if i + 1 == max_new_tokens or bool(done.all()):  # reads a device value: only with stop tokens
+            return out
+        logits = step(column, cache)
+    return out
