@@ -25,6 +25,13 @@ pytestmark = pytest.mark.skipif(not DEVICE, reason="needs a CUDA device (or BLOC
 
 ARCHS = archs(BLOCK_PRESETS)
 COMPILED = ["pre-ln+standard", "sas-p+svformer", "pre-ln+resformer-dense", "shaped+bov"]
+# whole-model compile (what compile=true trains with): every block preset with the standard values, and
+# SAS / SAS-P (whose identity values crashed inductor's Triton codegen, issue 37) with a value path of each
+# family. BLOCKLAB_CUDA_COMPILE=all takes all 147 architectures (each compiles for seconds to tens of
+# seconds: a GPU call of its own).
+WHOLE = ARCHS if os.environ.get("BLOCKLAB_CUDA_COMPILE") == "all" else sorted(
+    {f"{b}+standard" for b in BLOCK_PRESETS}
+    | {f"{b}+{v}" for b in ("sas", "sas-p") for v in ("resformer", "svformer", "bov")})
 
 
 @pytest.fixture(autouse=True)
@@ -101,3 +108,23 @@ def test_compiled_blocks_match_eager(arch):
     ids = ids_of(2, 16, seed=5).to(DEVICE)
     with torch.no_grad():
         assert rel_err(compiled(ids), eager(ids)) < 1e-4
+
+
+@pytest.mark.parametrize("arch", WHOLE)
+def test_compiled_model_matches_eager(arch):
+    """`compile_model` (inductor, one graph) forward and backward against the eager model on the device,
+    in float32 and with no fallback to per-block compile (it would warn)."""
+    eager = build(arch, seed=11).to(DEVICE).train()
+    compiled = copy.deepcopy(eager)
+    compiled.compile_model()
+    ids = ids_of(2, 16, seed=6).to(DEVICE)
+    labels = torch.roll(ids, -1, dims=1)
+    for model in (eager, compiled):
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=labels).backward()
+    assert compiled._trunk is not None and compiled._trunk.fallback is None, compiled._trunk.fallback
+    with torch.no_grad():
+        assert rel_err(compiled(ids), eager(ids)) < 1e-4
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters(), strict=True):
+        if p.grad is not None:
+            assert q.grad is not None and rel_err(q.grad, p.grad) < 1e-3, name

@@ -540,11 +540,13 @@ def test_autocast_policy():
 
 def test_compiled_run_keeps_the_warm_up_out_of_tokens_per_s(corpus, tmp_path, monkeypatch):
     calls = []
-    real = blocklab.Transformer.compile_blocks
-    monkeypatch.setattr(blocklab.Transformer, "compile_blocks",
-                        lambda self, **kw: calls.append(kw) or real(self, **kw))
+    real = blocklab.Transformer.compile_model
+    # the whole forward pass as one graph (Transformer.compile_model); aot_eager: dynamo's and
+    # AOTAutograd's graphs without inductor's minute of code generation on this CPU
+    monkeypatch.setattr(blocklab.Transformer, "compile_model",
+                        lambda self, **kw: calls.append(kw) or real(self, backend="aot_eager"))
     result = train(config(corpus, tmp_path, max_steps=3, eval_every=0, compile=True))
-    assert calls == [{}]  # per-block compilation is the model's own (Transformer.compile_blocks)
+    assert calls == [{}]
     s = result.summary
     assert s["step"] == 3 and math.isfinite(s["val_loss"])
     assert s["warmup_tokens"] == 4 * 32 and 0 < s["warmup_time"] < s["train_time"]
@@ -703,7 +705,9 @@ def test_two_fsdp_processes_train_nanochats_trunk_as_one(corpus, tmp_path):
     """The trunk's model-level parts (smear, backout) sit in FSDP's root unit and the per-layer scalars
     in their blocks; with nanochat's optimiser recipe (Muon included) two processes give one's losses.
     The learned scalars are only compared loosely: AdamW with eps 1e-10 turns the float noise of a
-    near-zero gradient into a full-size step of either sign."""
+    near-zero gradient into a full-size step of either sign. backout.strength's gradient is exactly zero
+    in exact arithmetic here (float64: ~3e-19; float32: +-1e-10 of rounding, whose sign depends on the
+    summation order of the loss), so it is checked for presence only."""
     common = ["max_steps=3", "batch_size=4", "seq_len=16", "eval_every=2", "eval_batches=4", "log_every=1",
               "progress=false", "arch=pre-ln", "size=nanochat-tiny", f"data.source={corpus}",
               "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}", "model.d_model=32",
@@ -717,7 +721,8 @@ def test_two_fsdp_processes_train_nanochats_trunk_as_one(corpus, tmp_path):
     assert set(one) == set(two) == {"smear.strength", "backout.strength", *(
         f"blocks.{i}.residual.{s}_lambda" for i in range(2) for s in ("resid", "x0"))}
     for name, values in one.items():
-        assert two[name] == pytest.approx(values, abs=0.05), name
+        if name != "backout.strength":
+            assert two[name] == pytest.approx(values, abs=0.05), name
 
 
 def test_load_run_gives_the_trained_model_and_tokenizer(corpus, tmp_path):

@@ -38,15 +38,14 @@ class StepProbe:
     def __init__(self, cfg: TrainConfig, device: torch.device):
         from blocklab.model import Transformer
         from blocklab.training.optim import build_optimizers
-        from blocklab.training.step import autocast_for
+        from blocklab.training.step import autocast_for, compile_for_training
 
         run = Path(cfg.out_dir)
         self.cfg, self.device = cfg, device
         torch.manual_seed(cfg.seed)
         self.model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
         self.model.to(device).train()
-        if cfg.compile:
-            self.model.compile_blocks()
+        compile_for_training(self.model, cfg.compile)
         self.optimizers = build_optimizers(self.model, cfg.optim, cfg.batch_size * cfg.seq_len)
         self.autocast = autocast_for(cfg.precision, device)
         rows = cfg.batch_size // cfg.grad_accum

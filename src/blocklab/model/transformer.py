@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab import ops
@@ -14,6 +15,8 @@ from blocklab.model.block import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step
+from blocklab.model.compiled_trunk import CompiledTrunk
+from blocklab.model.head_loss import linear_cross_entropy, padded_rows
 from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import norm_of
@@ -53,6 +56,9 @@ class Transformer(nn.Module):
     """
 
     blocks: nn.ModuleList  # of `Block`; `block(i)` and `block_list()` hand them out typed
+    # the head's rows are padded to a multiple of this at compute time on CUDA (`head_padding`); the
+    # parameters, checkpoints and every count keep the true vocabulary. 1 turns it off.
+    vocab_pad_multiple: int = 128
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -67,6 +73,7 @@ class Transformer(nn.Module):
         self.norm = norm_of(cfg.norm_shape, None if cfg.final_norm else "none")
         self.head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self._decoding: CompiledStep | None = None  # set by `compile_decoding`
+        self._trunk: CompiledTrunk | None = None  # set by `compile_model`
         if self.tok_emb.weight.device.type != "meta":
             self.init_weights()
 
@@ -136,6 +143,23 @@ class Transformer(nn.Module):
         for block in self.blocks:
             block.compile(**compile_kwargs)
 
+    def compile_model(self, **compile_kwargs: Any) -> None:
+        """`torch.compile(**compile_kwargs)` the forward pass without a cache (embeddings, every block,
+        the final norm) as one graph: what ``compile=true`` trains and evaluates with. The head and the
+        loss stay outside it (`head_loss.linear_cross_entropy` walks the vocabulary in chunks).
+
+        If dynamo or inductor fails on this architecture, the first call warns once, naming the error,
+        and the model falls back to `compile_blocks` (one graph per block). The first call with
+        gradients also compiles the backward graph (a backward of zeros that leaves ``.grad`` alone),
+        so that a failure there falls back too instead of surfacing in ``loss.backward()``.
+        Cached decoding is not affected (`compile_decoding` compiles that).
+        """
+        self._trunk = self._compiled_trunk(compile_kwargs)
+
+    def _compiled_trunk(self, compile_kwargs: dict[str, Any]) -> CompiledTrunk:
+        return CompiledTrunk(self, lambda ids: self.norm(self.hidden_states(ids)), self.compile_blocks,
+                             compile_kwargs)
+
     def compile_decoding(self, freeze_weights: bool = False, **compile_kwargs: Any) -> None:
         """`torch.compile(**compile_kwargs)` the decoding step that `generate` runs for every new token
         (`decode_step`: the embedding, every block with its cache writes, the final norm and the head)
@@ -167,9 +191,35 @@ class Transformer(nn.Module):
         return decoding
 
     # -- the forward pass: `forward` for training and evaluation, `decode_step` for decoding -------
-    def forward(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions."""
-        return self.logits(self.hidden_states(input_ids, cache))
+    def forward(self, input_ids: Tensor, cache: KVCache | None = None,
+                labels: Tensor | None = None) -> Tensor:
+        """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions.
+
+        With `labels` (B, T) (the next token at each position, or a masked token; -100 ignored), the
+        mean cross-entropy instead, computed chunk by chunk from the final hidden states
+        (`head_loss.linear_cross_entropy`): the (B, T, vocab) float32 logits never exist.
+        """
+        if labels is None:
+            return self.head_logits(self.final_hidden(input_ids, cache))
+        if cache is not None:
+            raise ValueError("labels are for training and evaluation without a KV cache; got both")
+        if labels.shape != input_ids.shape:
+            raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got "
+                             f"{tuple(labels.shape)}")
+        h = self.final_hidden(input_ids)
+        weight = self.head_weight()
+        return linear_cross_entropy(h.flatten(0, 1), weight, labels.flatten(), softcap=self.cfg.logit_softcap,
+                                    pad_to=self.head_padding(weight))
+
+    def final_hidden(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+        """The final norm's output (B, T, d), what the head reads; the compiled graph of
+        `compile_model` when there is one and no cache."""
+        trunk = self._trunk
+        if cache is None and trunk is not None:
+            if not trunk.is_current(self):  # a deep copy: compile for this model
+                trunk = self._trunk = self._compiled_trunk(trunk.compile_kwargs)
+            return trunk(input_ids)
+        return self.norm(self.hidden_states(input_ids, cache))
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions,
@@ -253,8 +303,28 @@ class Transformer(nn.Module):
         return smear(x, previous)
 
     def logits(self, x: Tensor) -> Tensor:
-        x = self.norm(x)
-        logits = self.head(x) if self.head is not None else x @ self.tok_emb.weight.T
+        """Logits (..., vocab) of the last block's output `x` (final norm, head, softcap)."""
+        return self.head_logits(self.norm(x))
+
+    def head_weight(self) -> Tensor:
+        """The head (vocab, d): its own matrix, or the token embedding when they are tied."""
+        return self.head.weight if self.head is not None else self.tok_emb.weight
+
+    def head_padding(self, weight: Tensor) -> int:
+        """The multiple the head's rows are padded to when it runs: `vocab_pad_multiple` on CUDA, where a
+        GEMM with a vocabulary such as GPT-2's 50257 rows falls on slow kernels, and 1 (none) elsewhere."""
+        return self.vocab_pad_multiple if weight.device.type == "cuda" else 1
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """Logits (..., vocab) of final hidden states `h`: z = h W^T, then ``cap tanh(z / cap)`` with a
+        `logit_softcap`. The head runs against W padded with zero rows (`head_padding`); the padded
+        columns are cut off before anything reads them."""
+        weight = self.head_weight()
+        vocab, rows = weight.shape[0], padded_rows(weight.shape[0], self.head_padding(weight))
+        if rows == vocab:
+            logits = F.linear(h, weight)
+        else:
+            logits = F.linear(h, F.pad(weight, (0, 0, 0, rows - vocab)))[..., :vocab]
         if self.cfg.logit_softcap is not None:
             cap = self.cfg.logit_softcap
             logits = cap * torch.tanh(logits / cap)
@@ -272,12 +342,14 @@ class Transformer(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None,
                  stop_tokens: Sequence[int] | None = None, seed: int | None = None,
-                 pad_token: int | None = None, cache: KVCache | None = None) -> Tensor:
-        """Prompt + generated ids (B, T + n), decoding with a KV cache; see `blocklab.model.generate`."""
+                 pad_token: int | None = None, cache: KVCache | None = None,
+                 compile: bool | None = None) -> Tensor:
+        """Prompt + generated ids (B, T + n), decoding with a KV cache; see `blocklab.model.generate`
+        (`compile`: the compiled decoding step, by default on CUDA only)."""
         from blocklab.model.generate import generate
 
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache)
+                        stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache, compile=compile)
 
 
 def _linear(module: object) -> nn.Linear | None:

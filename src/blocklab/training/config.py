@@ -82,7 +82,9 @@ class TrainConfig(ConfigBase):
     seed: int = 0
     device: str = "auto"
     precision: str = "auto"  # auto: bf16 autocast on CUDA with bf16, float32 elsewhere (CPU bf16 is slow)
-    compile: bool = False  # torch.compile each block separately
+    # torch.compile: true or "model", the forward pass as one graph (per block if inductor fails on the
+    # architecture); "blocks", each block as its own graph; false, eager
+    compile: bool | str = False
     parallel: str = "auto"  # under torchrun: ddp, or fsdp (FSDP2 fully_shard per block)
     threads: int | None = None  # torch.set_num_threads for the run (per process); None: torch's default
     out_dir: str = "runs/run"
@@ -285,6 +287,9 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
         target[name] = value
 
 
+COMPILE_CHOICES = (False, True, "model", "blocks")
+
+
 def _validate(cfg: TrainConfig) -> None:
     for name in ("batch_size", "seq_len", "grad_accum", "keep_checkpoints", "log_every"):
         value = getattr(cfg, name)
@@ -308,6 +313,9 @@ def _validate(cfg: TrainConfig) -> None:
         cfg.fail("model", cfg.model, "it must be a mapping of ModelConfig field overrides.")
     if not isinstance(cfg.overwrite, bool):
         cfg.fail("overwrite", cfg.overwrite, "it must be true or false.")
+    if cfg.compile not in COMPILE_CHOICES:
+        cfg.fail("compile", cfg.compile, "choose true (or 'model': the whole forward pass as one graph), "
+                                         "'blocks' (one graph per block) or false.")
     if cfg.tensorboard:
         try:  # now, not after data preparation
             import tensorboard  # noqa: F401

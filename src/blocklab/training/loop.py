@@ -37,7 +37,7 @@ from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metri
 from blocklab.training.optim import build_optimizers
 from blocklab.training.progress import progress_bar, say
 from blocklab.training.schedules import lr_factor
-from blocklab.training.step import autocast_for, lm_loss, train_step
+from blocklab.training.step import autocast_for, compile_for_training, lm_loss, train_step
 
 
 @dataclass
@@ -218,8 +218,7 @@ class Trainer:
             self.model = Transformer(self.model_cfg).to(self.device)
         self.counts = count_parameters(self.model)
         self.flops_per_token = flops_per_token(self.model)
-        if cfg.compile:
-            self.model.compile_blocks()
+        compile_for_training(self.model, cfg.compile)
         self.wrapped = distributed.wrap(self.model, self.env, cfg.parallel, self.device)
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
         # after FSDP swaps in sharded params; the tokens per step scale nanochat's learning rates

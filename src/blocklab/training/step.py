@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
@@ -21,9 +20,20 @@ def autocast_for(precision: str, device: torch.device):
 
 
 def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
-    """Mean cross-entropy over the labelled positions (next tokens, or masked tokens; -100 ignored)."""
-    logits = model(batch["input_ids"])
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100)
+    """Mean cross-entropy over the labelled positions (next tokens, or masked tokens; -100 ignored),
+    from the model's final hidden states chunk by chunk (`Transformer.forward` with labels): no float32
+    logits of the whole batch."""
+    return model(batch["input_ids"], labels=batch["labels"])
+
+
+def compile_for_training(model: nn.Module, how: bool | str) -> None:
+    """`TrainConfig.compile`: True or "model" compiles the forward pass as one graph
+    (`Transformer.compile_model`, per block if inductor fails), "blocks" each block
+    (`Transformer.compile_blocks`), False nothing."""
+    if how is True or how == "model":
+        model.compile_model()  # type: ignore[operator]
+    elif how == "blocks":
+        model.compile_blocks()  # type: ignore[operator]
 
 
 def train_step(model: nn.Module, micro_batches: Iterable[dict[str, Tensor]], optimizers, *, accum: int,

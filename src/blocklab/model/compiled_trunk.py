@@ -1,0 +1,73 @@
+"""The forward pass compiled as one `torch.compile` graph (`Transformer.compile_model`), with a fallback.
+
+Whole-model compilation lets inductor fuse across blocks (norms, gains and residual adds around the
+GEMMs) and is what ``compile=true`` trains with. An inductor failure on one architecture should cost speed,
+not the run: the first call that fails with a dynamo or inductor error (not an error of the inputs, which
+eager code would raise too) warns once, naming the error, switches the model to `compile_blocks` and
+runs that call again. AOTAutograd compiles the backward graph lazily, at the first ``loss.backward()``,
+outside any `try` here; the compiled calls run with functorch's `force_non_lazy_backward_lowering`, which
+compiles it with the forward graph, so that its failure falls back too.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._functorch.config as functorch_config
+from torch import Tensor, nn
+
+
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean "the compiler failed", as opposed to an error of the model's code."""
+    import torch._dynamo.exc as dynamo_exc
+
+    # InductorError is a BackendCompilerFailed
+    return dynamo_exc.BackendCompilerFailed, dynamo_exc.InternalTorchDynamoError
+
+
+class CompiledTrunk:
+    """``trunk(input_ids)``: `eager(input_ids)` (the model's final hidden states (B, T, d) without a cache),
+    compiled; on a compiler failure it calls `fall_back(**compile_kwargs)` (the model's `compile_blocks`)
+    once and runs `eager` from then on."""
+
+    def __init__(self, model: nn.Module, eager: Callable[[Tensor], Tensor],
+                 fall_back: Callable[..., None], compile_kwargs: dict[str, Any]):
+        self.owner = id(model)
+        self.compile_kwargs = compile_kwargs
+        self._run, self._fall_back_to = eager, fall_back
+        # its own copy of the code: dynamo keeps compiled versions (at most 8) per code object, and the
+        # models of one process (a benchmark, a test suite) must not share that limit
+        method = CompiledTrunk._eager
+        code = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__)
+        self._compiled = torch.compile(types.MethodType(code, self), **compile_kwargs)
+        self.fallback: str | None = None  # the error that made the model fall back to per-block compile
+
+    def is_current(self, model: nn.Module) -> bool:
+        """False for a deep copy of the model it was compiled for (it would run the original's weights)."""
+        return self.owner == id(model)
+
+    def _eager(self, input_ids: Tensor) -> Tensor:
+        return self._run(input_ids)
+
+    def __call__(self, input_ids: Tensor) -> Tensor:
+        if self.fallback is not None:
+            return self._eager(input_ids)
+        try:
+            with functorch_config.patch(force_non_lazy_backward_lowering=True):
+                return self._compiled(input_ids)
+        except compile_errors() as err:
+            self._fall_back(err)
+            return self._eager(input_ids)
+
+    def _fall_back(self, err: BaseException) -> None:
+        cause = getattr(err, "inner_exception", None) or err  # what the backend raised, when it says
+        first_line = (str(cause).strip().splitlines() or [""])[0]
+        self.fallback = f"{type(err).__name__}, {type(cause).__name__}: {first_line}"
+        warnings.warn(f"torch.compile of the whole model failed for this architecture "
+                      f"({self.fallback[:300]}); falling back to compiling each block (compile_blocks).",
+                      RuntimeWarning, stacklevel=3)
+        self._fall_back_to(**self.compile_kwargs)
