@@ -1,33 +1,48 @@
-"""The GPU path: training tokens/s, MFU and peak memory, eager and compiled, and decode tokens/s.
+"""The GPU path: training tokens/s, MFU and peak memory, eager and compiled, against a hand-written model
+of the same shape in the same process, and decode tokens/s.
 
 For each architecture (default: pre-ln, sas, sas-p, resformer, svformer, bov) at a 124M-class size
-(GPT-2 small's shape: 12 layers, d 768, 12 heads, MLP 3072, vocab 50257, with GPT-2's block:
-LayerNorm, learned positions, GELU, biases, tied embeddings) and sequence length 1024:
+(GPT-2 small's shape: 12 layers, d 768, 12 heads, MLP 3072, vocab 50257 or `--vocab`, with GPT-2's
+block: LayerNorm, learned positions, GELU (tanh), biases, tied embeddings) and sequence length 1024:
 
-- training: bf16 autocast, a step is forward, float32 cross-entropy, backward and a fused AdamW
-  step on random tokens (batch `--batch`); modes ``eager``, ``compile`` (`model.compile_blocks()`,
-  one compiled graph per block as the trainer uses) and, when asked for, ``compile-model``
-  (`torch.compile(model)`); after `--warmup` steps (which include the compilation, reported apart
-  as ``first_step_s``), `--repeats` timed chunks of `--steps` steps: tokens/s is the median chunk
-  with the min-max. Peak memory is `torch.cuda.max_memory_allocated` over the run of that
-  configuration (parameters, gradients, AdamW state and activations).
-- MFU = `blocklab.flops_per_token(model, seq_len)` x tokens/s / peak, over two peaks: the best rate
-  of a timed large bf16 matmul on this device (``mfu_measured``) and the datasheet's dense bf16
-  rate picked by device name (``mfu_datasheet``: H100 SXM 989, H100 PCIe 756, H100 NVL 835,
-  H200 989, A100 312 TFLOP/s; none for another device).
-- decoding (eager mode only): the model cast to bf16 (on CUDA), `model.generate` greedy, prompt 64 + 128 new
-  tokens at batch 1 and 8, median of `--decode-repeats` calls; for pre-ln also the hand-written loop
-  of `bench_decode.py` on the same weights, as the no-overhead reference, and a copy of the model with
-  `compile_decoding()` (the per-token step as one graph; `--decode-compile-archs`; with
-  `--decode-freeze`, `compile_decoding(freeze_weights=True)`, the weights folded in).
+- training: bf16 autocast, a step is forward, loss, backward and a fused AdamW step on random tokens
+  (batch `--batch`, a comma-separated list such as 8,16 runs each). blocklab's loss is the trainer's
+  own, `blocklab.training.step.lm_loss(model, {"input_ids", "labels"})` (what the trainer times),
+  except in ``compile-model``, where `torch.compile(model)`'s logits go through float32
+  `F.cross_entropy` as a hand-written script would. Modes: ``eager``; ``compile``, what the trainer's
+  ``compile=true`` runs (`model.compile_model()`: the forward as one graph, falling back to per-block
+  compile with a warning, recorded in the row, if inductor fails); ``compile-blocks``
+  (`model.compile_blocks()`, one graph per block); ``compile-model`` (`torch.compile(model)`). After
+  `--warmup` steps (which include the compilation, reported apart as ``first_step_s``), `--repeats`
+  timed chunks of `--steps` steps: tokens/s is the median chunk with the min-max. Peak memory is
+  `torch.cuda.max_memory_allocated` over the run of that configuration (parameters, gradients, AdamW
+  state and activations).
+- the hand-written contender (`hand_gpt.HandGPT`: a nanoGPT-style GPT-2 of the same shape, fused QKV,
+  SDPA, tied head; float32 `F.cross_entropy` of its logits) runs first in each batch: ``eager``, and
+  ``compiled`` (`torch.compile(model)`) when a compiled mode is asked for. Every blocklab row states
+  ``vs_hand``, its tokens/s over the hand model's in the same mode (eager over hand eager, every
+  compiled mode over hand compiled; `--hand none` drops it, `--hand eager` keeps only the eager one).
+- MFU = `blocklab.flops_per_token(model, seq_len)` x tokens/s / peak (the hand model: that of the
+  blocklab pre-ln of its shape, the same function), over two peaks: the best rate of a timed large
+  bf16 matmul on this device (``mfu_measured``) and the datasheet's dense bf16 rate picked by device
+  name (``mfu_datasheet``: H100 SXM 989, H100 PCIe 756, H100 NVL 835, H200 989, A100 312 TFLOP/s;
+  none for another device).
+- decoding (blocklab, eager mode only): the model cast to bf16 (on CUDA), `model.generate` greedy,
+  prompt 64 + 128 new tokens at batch 1 and 8, median of `--decode-repeats` calls; for pre-ln also the
+  hand-written loop of `bench_decode.py` on the same weights, as the no-overhead reference, and a copy
+  of the model with `compile_decoding()` (the per-token step as one graph; `--decode-compile-archs`;
+  with `--decode-freeze`, `compile_decoding(freeze_weights=True)`, the weights folded in).
 
 The run starts no configuration once `--budget-s` seconds have passed since the process started, nor
-one expected to end after that (1.2 x the time the previous one of its mode took); the default 540
-keeps the run within one 10-minute call. Skipped configurations are listed as such. Rows are
-written to the JSON after every configuration, so an interrupted run keeps what it measured.
+one expected to end after that (1.2 x the time the previous eager, or compiled, configuration took);
+the default 540 keeps the run within one 10-minute call. Skipped configurations are listed as such.
+Rows are written to the JSON after every configuration, so an interrupted run keeps what it measured.
 
     python benchmarks/bench_gpu.py                      # CUDA: writes benchmarks/results/gpu.json
     python benchmarks/bench_gpu.py --quick              # fewer steps, compile for pre-ln only
+    python benchmarks/bench_gpu.py --archs pre-ln,sas-p,sas --modes eager,compile --decode-batches none \
+        --budget-s 265                                  # the hand comparison of gpu_session.sh
+    python benchmarks/bench_gpu.py --batch 16 --vocab 50304   # the vocabulary padded by hand
     python benchmarks/bench_gpu.py --device cpu --smoke # tiny sizes, 2 steps, eager: seconds on a CPU;
                                                         # writes a smoke file in a temporary folder
 """
@@ -42,6 +57,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 STARTED = time.perf_counter()  # the --budget-s clock: from the start of the process, imports included
@@ -52,9 +68,13 @@ import torch.nn.functional as F  # noqa: E402
 import blocklab  # noqa: E402
 from _measure import machine_info  # noqa: E402
 from bench_decode import GPT2_BLOCK, SIZES, HandDecoder  # noqa: E402
+from hand_gpt import HandGPT  # noqa: E402
 
 ARCHS = ("pre-ln", "sas", "sas-p", "resformer", "svformer", "bov")
-MODES = ("eager", "compile", "compile-model")
+MODES = ("eager", "compile", "compile-blocks", "compile-model")
+HAND = "hand"  # the hand-written contender's name in the rows; its modes are eager and compiled
+HAND_CHOICES = {"same": ("eager", "compiled"), "eager": ("eager",), "none": ()}
+BLOCK = {**GPT2_BLOCK, "mlp_act": "gelu_tanh"}  # GPT-2's block with its tanh GELU, as the hand model's
 # dense bf16 tensor-core TFLOP/s from the vendor datasheets; the first name found in the device's wins
 DATASHEET_BF16_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0),
                          ("A100", 312.0))
@@ -92,7 +112,18 @@ def measured_peak_tflops(device: torch.device, n: int, iters: int = 10, tries: i
 
 def make_cfg(arch: str, dims: dict, seq_len: int) -> blocklab.ModelConfig:
     """`arch` at the given dims with GPT-2's block (the pre-ln of `bench_decode.HandDecoder`)."""
-    return blocklab.ModelConfig.from_preset(arch, "small", **dims, **GPT2_BLOCK, context_length=seq_len)
+    return blocklab.ModelConfig.from_preset(arch, "small", **dims, **BLOCK, context_length=seq_len)
+
+
+def make_hand(cfg: blocklab.ModelConfig) -> HandGPT:
+    """The hand-written GPT-2 of a pre-ln config's shape."""
+    return HandGPT(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.context_length,
+                   cfg.mlp_hidden, eps=cfg.norm_eps or 1e-5)
+
+
+def hand_mode(mode: str) -> str:
+    """The hand model's mode a blocklab mode is compared with: eager with eager, any compile with compiled."""
+    return "eager" if mode == "eager" else "compiled"
 
 
 def free(device: torch.device) -> None:
@@ -111,26 +142,30 @@ def memory_peak_gib(device: torch.device) -> float | None:
 
 
 # -- training ----------------------------------------------------------------------------------------
-def train(arch: str, mode: str, opts: argparse.Namespace, dims: dict, device: torch.device,
+def train(arch: str, mode: str, batch: int, opts: argparse.Namespace, dims: dict, device: torch.device,
           peaks: dict) -> dict:
-    """Tokens/s, MFU and peak memory of training `arch` in `mode` (eager, compile, compile-model), and
-    in eager mode the decoding speed of the trained model."""
+    """Tokens/s, MFU and peak memory of training `arch` (or the hand model, arch "hand") in `mode`, and in
+    eager mode the decoding speed of the trained blocklab model."""
     if mode != "eager":
         torch._dynamo.reset()  # a fresh compile cache for each model
     free(device)
     memory_reset(device)
     torch.manual_seed(0)
-    model = blocklab.Transformer(make_cfg(arch, dims, opts.seq_len)).to(device).train()
-    flops = blocklab.flops_per_token(model, opts.seq_len)
-    row = dict(arch=arch, mode=mode, params=blocklab.count_parameters(model).total, flops_per_token=flops,
-               batch=opts.batch, seq_len=opts.seq_len, **timed_training(model, mode, opts, device))
+    cfg = make_cfg("pre-ln" if arch == HAND else arch, dims, opts.seq_len)
+    with torch.device("meta"):  # the hand model computes the function of blocklab's pre-ln: its FLOPs
+        flops = blocklab.flops_per_token(blocklab.Transformer(cfg), opts.seq_len)
+    model = (make_hand(cfg) if arch == HAND else blocklab.Transformer(cfg)).to(device).train()
+    params = (sum(p.numel() for p in model.parameters()) if arch == HAND
+              else blocklab.count_parameters(model).total)
+    row = dict(arch=arch, mode=mode, params=params, flops_per_token=flops, batch=batch, seq_len=opts.seq_len,
+               **timed_training(model, mode, batch, opts, device))
     rate = row["tokens_per_s"]
-    row.update(step_ms=1000 * opts.batch * opts.seq_len / rate, model_tflops=flops * rate / 1e12,
+    row.update(step_ms=1000 * batch * opts.seq_len / rate, model_tflops=flops * rate / 1e12,
                mfu_measured=flops * rate / (peaks["measured_tflops"] * 1e12),
                mfu_datasheet=(flops * rate / (peaks["datasheet_tflops"] * 1e12)
                               if peaks["datasheet_tflops"] else None),
                peak_memory_gib=memory_peak_gib(device))
-    if mode == "eager" and opts.decode_batches:
+    if arch != HAND and mode == "eager" and opts.decode_batches:
         model.eval()
         if device.type == "cuda":  # bf16 weights and cache; a CPU decodes in float32 (its bf16 is slow)
             model.to(torch.bfloat16)
@@ -141,32 +176,61 @@ def train(arch: str, mode: str, opts: argparse.Namespace, dims: dict, device: to
     return row
 
 
-def timed_training(model: blocklab.Transformer, mode: str, opts: argparse.Namespace,
+def prepare(model: torch.nn.Module, mode: str, opts: argparse.Namespace) -> tuple[torch.nn.Module, str]:
+    """Compile `model` for `mode`: (the module to call for logits, how it was compiled)."""
+    kwargs = {"backend": opts.compile_backend} if opts.compile_backend else {}
+    if mode in ("compiled", "compile-model"):
+        return torch.compile(model, **kwargs), "torch.compile(model)"
+    if mode == "compile-blocks":
+        model.compile_blocks(**kwargs)
+        return model, "compile_blocks()"
+    if mode == "compile":  # the trainer's compile=true
+        if hasattr(model, "compile_model"):
+            model.compile_model(**kwargs)
+            return model, "compile_model()"
+        model.compile_blocks(**kwargs)
+        return model, "compile_blocks() (this blocklab has no compile_model)"
+    return model, "eager"
+
+
+def timed_training(model: torch.nn.Module, mode: str, batch: int, opts: argparse.Namespace,
                    device: torch.device) -> dict:
-    """first_step_s (compilation included), tokens_per_s (median chunk) and runs (every chunk)."""
-    forward = model
-    if mode == "compile":
-        model.compile_blocks()
-    elif mode == "compile-model":
-        forward = torch.compile(model)
+    """first_step_s (compilation included), tokens_per_s (median chunk), runs (every chunk), the loss
+    used, how the model was compiled and the warnings of the first step (a compile fallback names its
+    error there)."""
+    from blocklab.training.step import lm_loss
+
+    forward, compiled = prepare(model, mode, opts)
+    # the trainer's loss for blocklab; float32 cross-entropy of the logits for the hand model and for
+    # torch.compile(model), whose compiled forward returns logits
+    trainer_loss = isinstance(model, blocklab.Transformer) and mode != "compile-model"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    batch = torch.randint(0, model.cfg.vocab_size, (opts.batch, opts.seq_len + 1), device=device)
-    inputs, targets = batch[:, :-1], batch[:, 1:].reshape(-1)
+    vocab = model.cfg.vocab_size if isinstance(model, blocklab.Transformer) else model.wte.num_embeddings
+    tokens = torch.randint(0, vocab, (batch, opts.seq_len + 1), device=device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def step() -> None:
-        with autocast:
-            logits = forward(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets)
+        if trainer_loss:
+            with autocast:  # as train_step calls it
+                loss = lm_loss(model, {"input_ids": inputs, "labels": targets})
+        else:
+            with autocast:
+                logits = forward(inputs)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     sync(device)
     start = time.perf_counter()
-    step()  # the first step: compilation for the compiled modes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step()  # the first step: compilation for the compiled modes
     sync(device)
     first = time.perf_counter() - start
+    for w in caught:  # shown as usual too
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     for _ in range(opts.warmup - 1):
         step()
     rates = []
@@ -176,8 +240,11 @@ def timed_training(model: blocklab.Transformer, mode: str, opts: argparse.Namesp
         for _ in range(opts.steps):
             step()
         sync(device)
-        rates.append(opts.steps * opts.batch * opts.seq_len / (time.perf_counter() - start))
-    return dict(first_step_s=first, tokens_per_s=statistics.median(rates), runs=rates)
+        rates.append(opts.steps * batch * opts.seq_len / (time.perf_counter() - start))
+    messages = list(dict.fromkeys(f"{w.category.__name__}: {str(w.message)[:300]}" for w in caught))
+    return dict(first_step_s=first, tokens_per_s=statistics.median(rates), runs=rates,
+                loss="lm_loss" if trainer_loss else "F.cross_entropy(logits.float())", compiled=compiled,
+                first_step_warnings=messages)
 
 
 # -- decoding ----------------------------------------------------------------------------------------
@@ -231,18 +298,31 @@ def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+def add_hand_ratios(rows: list[dict]) -> None:
+    """``vs_hand`` of every measured row: its tokens/s over the hand model's of the same batch in the same
+    mode (`hand_mode`; 1 for the hand rows); None where that hand row is missing or was skipped."""
+    hand = {(r["batch"], r["mode"]): r["tokens_per_s"] for r in rows
+            if r["arch"] == HAND and "skipped" not in r}
+    for r in rows:
+        if "skipped" not in r:
+            ref = hand.get((r["batch"], r["mode"] if r["arch"] == HAND else hand_mode(r["mode"])))
+            r["vs_hand"] = r["tokens_per_s"] / ref if ref else None
+
+
 def table(rows: list[dict], decode_batches: list[int]) -> str:
-    header = ["arch", "mode", "params", "tokens/s (min-max)", "step ms", "first step s", "model TFLOP/s",
-              "MFU measured", "MFU datasheet", "peak GiB"]
+    header = ["arch", "mode", "batch", "params", "tokens/s (min-max)", "x hand, same mode", "step ms",
+              "first step s", "model TFLOP/s", "MFU measured", "MFU datasheet", "peak GiB"]
     header += [f"decode tok/s b{b}" for b in decode_batches]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         if "skipped" in r:
-            gap = " |" * (len(header) - 3)
-            lines.append(f"| {r['arch']} | {r['mode']} | skipped: {r['skipped']} |" + gap)
+            gap = " |" * (len(header) - 4)
+            lines.append(f"| {r['arch']} | {r['mode']} | {r['batch']} | skipped: {r['skipped']} |" + gap)
             continue
-        cells = [r["arch"], r["mode"], f"{r['params'] / 1e6:.1f}M",
-                 f"{r['tokens_per_s']:,.0f} ({min(r['runs']):,.0f}-{max(r['runs']):,.0f})",
+        mode = r["mode"] if r["arch"] == HAND or r["mode"] == "eager" else f"{r['mode']}: {r['compiled']}"
+        ratio = "1.00 (reference)" if r["arch"] == HAND else fmt(r.get("vs_hand"), ".2f")
+        cells = [r["arch"], mode, str(r["batch"]), f"{r['params'] / 1e6:.1f}M",
+                 f"{r['tokens_per_s']:,.0f} ({min(r['runs']):,.0f}-{max(r['runs']):,.0f})", ratio,
                  f"{r['step_ms']:.1f}", f"{r['first_step_s']:.1f}", f"{r['model_tflops']:.1f}",
                  f"{100 * r['mfu_measured']:.1f}%",
                  "-" if r["mfu_datasheet"] is None else f"{100 * r['mfu_datasheet']:.1f}%",
@@ -270,7 +350,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                  "eager,compile; eager with --smoke)")
     p.add_argument("--compile-archs", default=None,
                    help="archs that also run the compiled modes (default: all; pre-ln with --quick)")
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 8; 2 with --smoke)")
+    p.add_argument("--hand", choices=list(HAND_CHOICES), default="same",
+                   help="the hand-written model's modes: same (eager, and compiled when a compiled mode "
+                        "runs; default), eager, or none")
+    p.add_argument("--compile-backend", default=None,
+                   help="torch.compile backend of every compiled mode (default inductor; eager: dynamo only)")
+    p.add_argument("--batch", default=None,
+                   help="sequences per step, comma-separated: each runs (8,16; default 8; 2 with --smoke)")
+    p.add_argument("--vocab", type=int, default=None,
+                   help="vocabulary size of every contender (default 50257, GPT-2's; 50304 is it padded to "
+                        "a multiple of 128 by hand; 256 with --smoke)")
     p.add_argument("--seq-len", type=int, default=None, help="default 1024; 32 with --smoke")
     p.add_argument("--steps", type=int, default=None, help="steps per timed chunk (default 10)")
     p.add_argument("--repeats", type=int, default=None, help="timed chunks (default 3)")
@@ -288,7 +377,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch CPU threads (default: 1 on a CPU, where more only wait on a shared machine)")
     p.add_argument("--budget-s", type=float, default=540.0,
                    help="seconds from the start of the process after which no configuration starts, nor "
-                        "one expected to end later than that (1.2 x the last of its mode; default 540)")
+                        "one expected to end later than that (1.2 x the last eager, or compiled, one; "
+                        "default 540)")
     p.add_argument("--quick", action="store_true", help="5 steps x 2 chunks, decode at batch 1, compile "
                                                          "for pre-ln only")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 2 steps, eager, no file under "
@@ -307,7 +397,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--modes {','.join(bad)} is not allowed: choose from {', '.join(MODES)}")
     a.archs = a.archs.split(",")
     a.compile_archs = pick(a.compile_archs, ",".join(a.archs), "pre-ln", ",".join(a.archs)).split(",")
-    a.batch = pick(a.batch, 8, 8, 2)
+    a.hand = HAND_CHOICES[a.hand]
+    batches = pick(a.batch, "8", "8", "2").split(",")
+    if not all(b.isdigit() and int(b) > 0 for b in batches):
+        p.error(f"--batch {','.join(batches)} is not allowed: give positive integers, comma-separated")
+    a.batch = [int(b) for b in batches]
+    if a.vocab is not None and a.vocab < 2:
+        p.error(f"--vocab {a.vocab} is not allowed: give a vocabulary size of at least 2")
     a.seq_len = pick(a.seq_len, 1024, 1024, 32)
     a.steps = pick(a.steps, 10, 5, 2)
     a.repeats = pick(a.repeats, 3, 2, 1)
@@ -319,9 +415,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a.new = pick(a.new, 128, 128, 8)
     a.decode_repeats = pick(a.decode_repeats, 3, 2, 1)
     a.peak_n = pick(a.peak_n, 8192, 8192, 256)
-    if a.prompt + a.new > a.seq_len:
+    if a.decode_batches and a.prompt + a.new > a.seq_len:
         p.error(f"--prompt {a.prompt} + --new {a.new} exceed --seq-len {a.seq_len}, the model's context")
     return a
+
+
+def configurations(opts: argparse.Namespace) -> list[tuple[int, str, str]]:
+    """(batch, arch, mode) in run order: per batch and mode, the hand model in the matching mode first
+    (once per batch), then blocklab's archs."""
+    out: list[tuple[int, str, str]] = []
+    for batch in opts.batch:
+        for mode in opts.modes:
+            archs = [a for a in opts.archs if mode == "eager" or a in opts.compile_archs]
+            hand = (batch, HAND, hand_mode(mode))
+            if archs and hand_mode(mode) in opts.hand and hand not in out:
+                out.append(hand)
+            out += [(batch, arch, mode) for arch in archs]
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -333,42 +443,46 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_float32_matmul_precision("high")
     if opts.threads or device.type == "cpu":
         torch.set_num_threads(opts.threads or 1)
-    dims = SMOKE_DIMS if opts.smoke else SIZES["gpt2"]
+    dims = dict(SMOKE_DIMS if opts.smoke else SIZES["gpt2"])
+    if opts.vocab is not None:
+        dims["vocab_size"] = opts.vocab
     info = machine_info(opts.device, torch.get_num_threads())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else info["cpu"]
     sheet = datasheet_peak(name) if device.type == "cuda" else None
     peaks = dict(device_name=name, measured_tflops=measured_peak_tflops(device, opts.peak_n),
                  measured_matmul_n=opts.peak_n, datasheet_entry=sheet[0] if sheet else None,
                  datasheet_tflops=sheet[1] if sheet else None)
-    print(f"# bench_gpu on {name}: archs {opts.archs}, modes {opts.modes}, batch {opts.batch} x "
-          f"{opts.seq_len}, {opts.repeats} x {opts.steps} timed steps after {opts.warmup}; measured bf16 "
-          f"peak {peaks['measured_tflops']:.1f} TFLOP/s; datasheet {sheet or 'none for this device'}",
-          flush=True)
+    print(f"# bench_gpu on {name}: archs {opts.archs}, modes {opts.modes}, hand {list(opts.hand)}, batch "
+          f"{opts.batch} x {opts.seq_len}, vocab {dims['vocab_size']}, {opts.repeats} x {opts.steps} timed "
+          f"steps after {opts.warmup}; measured bf16 peak {peaks['measured_tflops']:.1f} TFLOP/s; "
+          f"datasheet {sheet or 'none for this device'}", flush=True)
     out = opts.out or (Path(tempfile.gettempdir()) / "bench_gpu-smoke.json" if opts.smoke
                        else RESULTS / "gpu.json")
-    configs = [(a, m) for m in opts.modes for a in opts.archs if m == "eager" or a in opts.compile_archs]
     start = time.perf_counter()
-    last: dict[str, float] = {}  # seconds the latest configuration of each mode took
+    last: dict[str, float] = {}  # seconds the latest eager, and compiled, configuration took
     rows: list[dict] = []
     result = dict(machine=info, command=" ".join(["python", *sys.argv]) if argv is None else argv,
-                  smoke=opts.smoke, dims=dims, gpt2_block=GPT2_BLOCK, peaks=peaks,
+                  smoke=opts.smoke, dims=dims, gpt2_block=BLOCK, peaks=peaks,
                   options={k: v for k, v in vars(opts).items() if k != "out"}, elapsed_s=0.0, rows=rows)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for arch, mode in configs:
+    for batch, arch, mode in configurations(opts):
+        kind = "eager" if mode == "eager" else "compiled"
         elapsed = time.perf_counter() - STARTED  # the imports and the peak measurement count too
-        expected = elapsed + 1.2 * last.get(mode, 0.0)
+        expected = elapsed + 1.2 * last.get(kind, 0.0)
         if expected > opts.budget_s:
             why = f"time budget: {elapsed:.0f} s gone, ~{expected:.0f} s after it > {opts.budget_s:g} s"
-            rows.append(dict(arch=arch, mode=mode, skipped=why))
+            rows.append(dict(arch=arch, mode=mode, batch=batch, skipped=why))
             continue
         t0 = time.perf_counter()
         try:
-            rows.append(train(arch, mode, opts, dims, device, peaks))
+            rows.append(train(arch, mode, batch, opts, dims, device, peaks))
         except Exception as e:  # one failing configuration must not lose the others' results
-            rows.append(dict(arch=arch, mode=mode, skipped=f"{type(e).__name__}: {str(e)[:200]}"))
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(dict(arch=arch, mode=mode, batch=batch, skipped=why))
             free(device)
-        last[mode] = time.perf_counter() - t0
-        print(f"  {arch} {mode}: {last[mode]:.0f} s", flush=True)
+        last[kind] = time.perf_counter() - t0
+        print(f"  {arch} {mode} batch {batch}: {last[kind]:.0f} s", flush=True)
+        add_hand_ratios(rows)
         result["elapsed_s"] = time.perf_counter() - start
         out.write_text(json.dumps(result, indent=1, default=str))  # kept if a later configuration hangs
     text = table(rows, opts.decode_batches)

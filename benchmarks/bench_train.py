@@ -1,29 +1,46 @@
-"""Training throughput of blocklab's Pre-LN against Hugging Face GPT-2 of the same shape (issue 4).
+"""Training throughput of blocklab against a hand-written GPT-2 and Hugging Face GPT-2 of the same shape
+(issues 4 and 37).
 
-Both models are built from one `transformers.GPT2Config`: HF's `GPT2LMHeadModel` directly, blocklab's
+Every model is built from one `transformers.GPT2Config`: HF's `GPT2LMHeadModel` directly, blocklab's
 `Transformer` from `blocklab.interop.config_from_hf` of it (pre-LN, learned positions, LayerNorm,
-GELU_tanh MLP, biases, tied embeddings, no dropout), so they have the same parameters and compute the
-same function (checked before timing: `from_hf` of a perturbed HF model gives HF's logits). Sizes:
+GELU_tanh MLP, biases, tied embeddings, no dropout), and the hand-written model (`hand_gpt.HandGPT`: a
+nanoGPT-style GPT-2, fused QKV, SDPA, tied head, the plain-PyTorch reference) of its shape, so they
+have the same parameters and compute the same function (checked before timing, on perturbed weights:
+`from_hf` of an HF model gives HF's logits, and blocklab built from the hand model's weights, through
+that HF layout, gives the hand model's logits). "blocklab sas-p" is blocklab's `sas-p` block preset
+applied to the same config (the GPT-2 shape and block fields, SAS-P's own fields on top): fewer
+parameters and FLOPs per token (`blocklab.flops_per_token`), so each size with it reports SAS-P's
+tokens/s over Pre-LN's next to the inverse of its FLOPs ratio, the speed its FLOPs promise. Sizes:
 
     tiny        4 layers, d 128, 4 heads, context 128, vocab 4096 (blocklab's `tiny` shape)
+    small       6 layers, d 256, 4 heads, MLP 1024, context 256, vocab 8192 (blocklab's `small` preset's
+                dims, with GPT-2's block in place of its RoPE / RMSNorm / ReLU)
+    d768x4      4 layers, d 768, 12 heads, MLP 3072, context 128, vocab 50257 (GPT-2 small's width and
+                vocabulary, 4 layers)
     gpt2-small  12 layers, d 768, 12 heads, context 1024, vocab 50257 (GPT-2 small, 124M parameters)
 
-A training step is the same in every child: logits = model(ids), mean cross-entropy, backward,
-`torch.optim.AdamW` step, zero_grad(set_to_none=True); HF is called with `use_cache=False` and its
-logits go through the same loss code. Each model runs in its own child process with
-`torch.set_num_threads(1)` (default `--threads`); warm-up, then repeats interleaved round-robin
-(`_measure.bench_training`). The children are blocklab, a second identical blocklab child ("blocklab
-(control)", whose ratio to "blocklab" shows what noise alone does), HF with
-attn_implementation="sdpa" (the reference of the ratios) and HF "eager" (`--no-eager` drops it).
-On CPU, GPT-2 small runs at sequence 256 (batch 1): one step at sequence 1024 takes ~27 s on one
-thread, too long to repeat.
+Contenders per size: tiny and gpt2-small (issue 4) time blocklab, a second identical blocklab child
+("blocklab (control)", whose ratio to "blocklab" shows what noise alone does), HF with
+attn_implementation="sdpa", HF "eager" (`--no-eager` drops it) and the hand model, with HF sdpa the
+reference of the ratios; small and d768x4 (issue 37) time the hand model (the reference), blocklab,
+its control and blocklab sas-p. `--reference hand` or `hf-sdpa` sets the reference of every size (HF
+sdpa joins a size that lacks it). A training step is the same in every child: logits = model(ids),
+mean float32 cross-entropy, backward, `torch.optim.AdamW` step, zero_grad(set_to_none=True); HF is
+called with `use_cache=False`; blocklab's loss is the trainer's own
+(`blocklab.training.step.lm_loss(model, {"input_ids", "labels"})`; `--blocklab-loss logits` gives it
+the logits loss of the others). Each model runs in its own child process with
+`torch.set_num_threads(--threads)` (default 1); warm-up, then repeats interleaved round-robin
+(`_measure.bench_training`). On CPU, GPT-2 small runs at sequence 256 (batch 1): one step at
+sequence 1024 takes ~27 s on one thread, too long to repeat; small runs batch 4 x 256 and d768x4
+batch 1 x 128 (about 2 s and 2.7 s a step on one thread of this project's 2-core CPU under a load
+of ~6, so about a second each on 2 threads).
 
 The blocklab Trainer (`blocklab.training.train`) is also timed at the tiny shape, on a byte
 tokenizer over a small corpus written to a temporary directory (Python standard-library sources),
 next to the raw step loop in the same child, to show what the trainer adds (data loading, gradient
 clipping, loss sync, logging, validation, checkpoint).
 
-GPU (`--device cuda`): bf16 autocast and per-block `torch.compile` (both models), GPT-2 small at
+GPU (`--device cuda`): bf16 autocast and per-block `torch.compile` (every model), GPT-2 small at
 batch 16 x 1024, and model FLOPs utilisation
 
     MFU = flops_per_token x tokens/s / peak,
@@ -35,6 +52,7 @@ threads (`measured_peak_tflops`). `--peak-tflops` overrides it (989 is the H100 
 dense bf16 rate, which the table also reports MFU against on CUDA).
 
     PYTHONPATH=src python benchmarks/bench_train.py [--quick] [--sizes tiny,gpt2-small] [--no-eager]
+    PYTHONPATH=src python benchmarks/bench_train.py --sizes small,d768x4 --threads 2 --no-trainer
     PYTHONPATH=src python benchmarks/bench_train.py --device cuda [--peak-tflops 989]
 """
 
@@ -59,22 +77,33 @@ import blocklab
 from _measure import _worker, bench_training, in_child, machine_info, memory_mark, memory_unit, prime, table
 from _measure import train_steps as timed_steps
 from blocklab.interop import config_from_hf, from_hf
+from blocklab.presets import BLOCK_PRESETS
 from blocklab.training import train
 from blocklab.training.metrics import read_metrics
+from blocklab.training.step import lm_loss
+from hand_gpt import HandGPT, hf_state_dict
 
 SHAPES = {
     "tiny": dict(n_layer=4, n_embd=128, n_head=4, n_positions=128, vocab_size=4096),
+    "small": dict(n_layer=6, n_embd=256, n_head=4, n_positions=256, vocab_size=8192),
+    "d768x4": dict(n_layer=4, n_embd=768, n_head=12, n_positions=128, vocab_size=50257),
     "gpt2-small": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024, vocab_size=50257),
 }
-# (batch, sequence) per device; GPT-2 small at T = 1024 on one CPU thread takes ~27 s a step
-SHAPE_RUN = {"cpu": {"tiny": (8, 128), "gpt2-small": (1, 256)},
-             "cuda": {"tiny": (64, 128), "gpt2-small": (16, 1024)}}
-STEPS = {"cpu": {"tiny": 4, "gpt2-small": 1}, "cuda": {"tiny": 10, "gpt2-small": 10}}  # per timed chunk
-REPEATS = {"cpu": {"tiny": 9, "gpt2-small": 9}, "cuda": {"tiny": 5, "gpt2-small": 5}}
+# (batch, sequence) per device; on one thread of this project's shared 2-core CPU (load ~6) a step of small
+# took ~2 s, of d768x4 ~2.7 s (its 50257-row head is 56% of its FLOPs), and of GPT-2 small at T = 1024 ~27 s
+SHAPE_RUN = {"cpu": {"tiny": (8, 128), "small": (4, 256), "d768x4": (1, 128), "gpt2-small": (1, 256)},
+             "cuda": {"tiny": (64, 128), "small": (64, 256), "d768x4": (64, 128), "gpt2-small": (16, 1024)}}
+STEPS = {"cpu": {"tiny": 4, "small": 1, "d768x4": 1, "gpt2-small": 1},  # per timed chunk
+         "cuda": {"tiny": 10, "small": 10, "d768x4": 10, "gpt2-small": 10}}
+REPEATS = {"cpu": {"tiny": 9, "small": 7, "d768x4": 7, "gpt2-small": 9},
+           "cuda": {"tiny": 5, "small": 5, "d768x4": 5, "gpt2-small": 5}}
 WARMUP = {"cpu": 2, "cuda": 5}  # steps; on CUDA they include the compilation
 H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 SXM datasheet, dense bf16 tensor core
-REFERENCE, OURS, CONTROL = "HF sdpa", "blocklab", "blocklab (control)"
-KINDS = {OURS: "blocklab", CONTROL: "blocklab", REFERENCE: "hf-sdpa", "HF eager": "hf-eager"}
+HF_SDPA, OURS, CONTROL, HAND, SAS_P = "HF sdpa", "blocklab", "blocklab (control)", "hand", "blocklab sas-p"
+KINDS = {OURS: "blocklab", CONTROL: "blocklab", HF_SDPA: "hf-sdpa", "HF eager": "hf-eager", HAND: "hand",
+         SAS_P: "blocklab-sas-p"}
+HF_SIZES = ("tiny", "gpt2-small")  # issue 4's sizes: against HF; the others against the hand model
+REFERENCES = {"hand": HAND, "hf-sdpa": HF_SDPA}
 TRAINER_STEPS = 30
 
 
@@ -88,10 +117,40 @@ def hf_config(shape: dict, attn: str = "sdpa"):
                       eos_token_id=last, attn_implementation=attn)
 
 
+def blocklab_config(kind: str, shape: dict) -> blocklab.ModelConfig:
+    """blocklab's config of a GPT-2 shape: pre-ln (`config_from_hf`), or for kind blocklab-sas-p the
+    sas-p block preset's fields applied on top of it (everything else, the shape and GPT-2's block, kept)."""
+    cfg = config_from_hf(hf_config(shape))
+    if kind != "blocklab-sas-p":
+        return cfg
+    block = BLOCK_PRESETS["sas-p"].fields
+    return blocklab.ModelConfig.from_preset("sas-p", **{k: v for k, v in cfg.to_dict().items()
+                                                        if k not in block})
+
+
+def make_hand(shape: dict) -> HandGPT:
+    """The hand-written GPT-2 of a GPT2Config shape."""
+    return HandGPT(shape["vocab_size"], shape["n_embd"], shape["n_layer"], shape["n_head"],
+                   shape["n_positions"])
+
+
+def blocklab_from_hand(hand: HandGPT, shape: dict) -> blocklab.Transformer:
+    """blocklab's pre-ln with the hand model's weights: through HF's GPT-2 layout and `from_hf`."""
+    from transformers import GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(hf_config(shape)).to(hand.wte.weight.dtype)
+    hf.load_state_dict(hf_state_dict(hand))  # strict: every weight of the layout filled
+    return from_hf(hf)
+
+
 def build(kind: str, shape: dict):
-    """(model, forward: ids -> logits, its repeated blocks) for kind blocklab, hf-sdpa or hf-eager."""
-    if kind == "blocklab":
-        model = blocklab.Transformer(config_from_hf(hf_config(shape)))
+    """(model, forward: ids -> logits, its repeated blocks) for kind blocklab, blocklab-sas-p, hand,
+    hf-sdpa or hf-eager."""
+    if kind.startswith("blocklab"):
+        model = blocklab.Transformer(blocklab_config(kind, shape))
+        return model, model, model.blocks
+    if kind == "hand":
+        model = make_hand(shape)
         return model, model, model.blocks
     from transformers import GPT2LMHeadModel
 
@@ -109,28 +168,43 @@ def prime_kind(kind: str, dev: torch.device) -> None:
     torch.optim.AdamW(model.parameters()).step()
 
 
-def model_flops(size: str, seq_len: int) -> int:
-    """Analytic training FLOPs per token of the GPT-2 shape (the same for both libraries)."""
+def model_flops(kind: str, size: str, seq_len: int) -> int:
+    """Analytic training FLOPs per token of a kind at a GPT-2 shape: blocklab's config of it (pre-ln for
+    the hand model and HF, which compute the same function)."""
     with torch.device("meta"):
-        model = blocklab.Transformer(config_from_hf(hf_config(SHAPES[size])))
+        model = blocklab.Transformer(blocklab_config(kind, SHAPES[size]))
     return blocklab.flops_per_token(model, seq_len)
 
 
+def perturb(model: torch.nn.Module, scale: float = 0.02) -> None:
+    """Move every parameter off its init: biases 0 and LayerNorm gains 1 would hide errors."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn_like(p))
+
+
 def check_same_model(size: str) -> dict:
-    """blocklab's import of a perturbed HF model gives HF's logits: the two are one shape and function."""
+    """The contenders are one shape and function: blocklab's import of a perturbed HF model gives HF's
+    logits, and blocklab built from a perturbed hand model's weights gives the hand model's logits."""
     torch.manual_seed(0)
-    hf, _, _ = build("hf-sdpa", SHAPES[size])
-    with torch.no_grad():
-        for p in hf.parameters():  # away from init: biases 0 and LayerNorm gains 1 would hide errors
-            p.add_(0.02 * torch.randn_like(p))
-    ours = from_hf(hf)
-    ids = torch.randint(0, SHAPES[size]["vocab_size"], (2, 16))
-    with torch.no_grad():
-        diff = (ours(ids) - hf(input_ids=ids, use_cache=False).logits).abs().max().item()
-    counts = [sum(p.numel() for p in m.parameters()) for m in (ours, hf)]
-    if diff > 1e-4 or counts[0] != counts[1]:
-        raise RuntimeError(f"{size}: blocklab and HF differ (max |logit diff| {diff:.2e}, params {counts})")
-    return dict(max_abs_logit_diff=diff, params=counts[0])
+    shape = SHAPES[size]
+    ids = torch.randint(0, shape["vocab_size"], (2, 16))
+    hf, _, _ = build("hf-sdpa", shape)
+    hand = make_hand(shape)
+    perturb(hf)
+    perturb(hand)
+    pairs = {"hf": (from_hf(hf), lambda i: hf(input_ids=i, use_cache=False).logits, hf),
+             "hand": (blocklab_from_hand(hand, shape), hand, hand)}
+    out = {}
+    for name, (ours, theirs, model) in pairs.items():
+        with torch.no_grad():
+            diff = (ours(ids) - theirs(ids)).abs().max().item()
+        counts = [sum(p.numel() for p in m.parameters()) for m in (ours, model)]
+        if diff > 1e-4 or counts[0] != counts[1]:
+            raise RuntimeError(f"{size}: blocklab and {name} differ (max |logit diff| {diff:.2e}, "
+                               f"params {counts})")
+        out[name] = dict(max_abs_logit_diff=diff, params=counts[0])
+    return out
 
 
 def setup_child(opts: dict, kind: str, size: str, device: str, threads: int) -> None:
@@ -148,19 +222,23 @@ def setup_child(opts: dict, kind: str, size: str, device: str, threads: int) -> 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch_size, seq_len = opts["batch"][size]
     batch = torch.randint(0, SHAPES[size]["vocab_size"], (batch_size, seq_len + 1), device=dev)
+    inputs, labels = batch[:, :-1], batch[:, 1:]
     autocast = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=opts["bf16"])
+    trainer_loss = kind.startswith("blocklab") and opts["blocklab_loss"] == "lm_loss"
 
     def step() -> None:
         with autocast:
-            logits = forward(batch[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+            if trainer_loss:  # the trainer's own loss (train_step calls it under autocast)
+                loss = lm_loss(model, {"input_ids": inputs, "labels": labels})
+            else:
+                loss = F.cross_entropy(forward(inputs).flatten(0, 1).float(), labels.flatten())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     _worker.update(step=step, device=dev, tokens=batch_size * seq_len, base=memory_mark(dev),
                    params=dict(total=sum(p.numel() for p in model.parameters())),
-                   flops=model_flops(size, seq_len))
+                   flops=model_flops(kind, size, seq_len))
 
 
 # -- the trainer against the raw step loop ---------------------------------------------------------
@@ -233,27 +311,56 @@ def measured_peak_tflops(device: str, threads: int, bf16: bool) -> float:
 
 
 # -- the run -------------------------------------------------------------------------------------
+def contenders(size: str, opts: dict) -> tuple[dict[str, str], str]:
+    """label -> kind of the children measured at `size`, and the label of the reference of its ratios."""
+    if size in HF_SIZES:
+        labels = [OURS, CONTROL, HF_SDPA, *(["HF eager"] if opts["eager"] else []), HAND]
+    else:
+        labels = [HAND, OURS, CONTROL, SAS_P]
+    choice = opts["reference"]
+    ref = REFERENCES[choice] if choice != "auto" else HF_SDPA if size in HF_SIZES else HAND
+    if ref not in labels:
+        labels.append(ref)
+    return {label: KINDS[label] for label in labels}, ref
+
+
 def bench_size(size: str, opts: dict, device: str, threads: int, warmup: int, repeats: int,
                steps: int) -> list[dict]:
-    labels = {label: kind for label, kind in KINDS.items() if opts["eager"] or kind != "hf-eager"}
+    labels, ref_label = contenders(size, opts)
     results = bench_training(labels, size, device, threads, warmup, repeats, steps,
                              setup=partial(setup_child, opts))
-    ref = results[REFERENCE]
+    ref = results[ref_label]
     rows = []
     for label, r in results.items():
         paired = [a / b for a, b in zip(r["runs"], ref["runs"], strict=True)]  # the same repeat
-        rows.append(dict(size=size, label=label, kind=labels[label], batch=opts["batch"][size], **r,
-                         vs_hf_sdpa=r["tokens_per_s"] / ref["tokens_per_s"],
-                         vs_hf_sdpa_paired=statistics.median(paired),
+        rows.append(dict(size=size, label=label, kind=labels[label], reference=ref_label,
+                         batch=opts["batch"][size], **r, vs_reference=r["tokens_per_s"] / ref["tokens_per_s"],
+                         vs_reference_paired=statistics.median(paired),
                          model_flops_per_s=r["flops_per_token"] * r["tokens_per_s"]))
     for row in rows:
         row["mfu"] = row["model_flops_per_s"] / (opts["peak_tflops"] * 1e12)
         if device == "cuda":
             row["mfu_datasheet"] = row["model_flops_per_s"] / (H100_SXM_BF16_TFLOPS * 1e12)
-    params = {row["params"]["total"] for row in rows}
+    params = {row["params"]["total"] for row in rows if row["kind"] != "blocklab-sas-p"}
     if len(params) != 1:
-        raise RuntimeError(f"{size}: the children have different parameter counts {params}")
+        raise RuntimeError(f"{size}: the GPT-2-shaped children have different parameter counts {params}")
     return rows
+
+
+def sas_p_summary(rows: list[dict]) -> dict | None:
+    """SAS-P's tokens/s over Pre-LN's (ratio of medians, and the median of the per-repeat ratios) next to
+    the inverse of its FLOPs ratio, FLOPs(pre-ln) / FLOPs(sas-p) per token: the speed-up its FLOPs promise.
+    None for a size without SAS-P."""
+    by = {r["label"]: r for r in rows}
+    if SAS_P not in by:
+        return None
+    pre, sas = by[OURS], by[SAS_P]
+    paired = [a / b for a, b in zip(sas["runs"], pre["runs"], strict=True)]
+    return dict(size=pre["size"], speed=sas["tokens_per_s"] / pre["tokens_per_s"],
+                speed_paired=statistics.median(paired),
+                inverse_flops_ratio=pre["flops_per_token"] / sas["flops_per_token"],
+                flops_per_token=dict(pre_ln=pre["flops_per_token"], sas_p=sas["flops_per_token"]),
+                params=dict(pre_ln=pre["params"]["total"], sas_p=sas["params"]["total"]))
 
 
 class LoadSampler:
@@ -278,16 +385,29 @@ class LoadSampler:
 
 
 def throughput_table(rows: list[dict], device: str) -> str:
-    header = ["size", "model", "batch x seq", "params", "tokens/s", "(min-max)", "x HF sdpa",
-              "x HF sdpa (paired)", "model GFLOP/s", f"memory ({memory_unit(device)})", "MFU"]
+    """One markdown table per size, its ratios to that size's reference."""
     out = []
-    for r in rows:
-        line = [r["size"], r["label"], "{} x {}".format(*r["batch"]), f"{r['params']['total'] / 1e6:.2f}M",
-                f"{r['tokens_per_s']:,.0f}", f"({min(r['runs']):,.0f}-{max(r['runs']):,.0f})",
-                f"{r['vs_hf_sdpa']:.2f}", f"{r['vs_hf_sdpa_paired']:.2f}",
-                f"{r['model_flops_per_s'] / 1e9:.1f}", f"{r['peak_mib']:.0f}"]
-        out.append(line + [f"{100 * r['mfu']:.1f}%"])
-    return table(header, out)
+    for size in dict.fromkeys(r["size"] for r in rows):
+        group = [r for r in rows if r["size"] == size]
+        ref = group[0]["reference"]
+        header = ["size", "model", "batch x seq", "params", "GFLOP/token", "tokens/s", "(min-max)",
+                  f"x {ref}", f"x {ref} (paired)", "model GFLOP/s", f"memory ({memory_unit(device)})", "MFU"]
+        lines = [[r["size"], r["label"], "{} x {}".format(*r["batch"]), f"{r['params']['total'] / 1e6:.2f}M",
+                  f"{r['flops_per_token'] / 1e9:.3f}", f"{r['tokens_per_s']:,.0f}",
+                  f"({min(r['runs']):,.0f}-{max(r['runs']):,.0f})", f"{r['vs_reference']:.2f}",
+                  f"{r['vs_reference_paired']:.2f}", f"{r['model_flops_per_s'] / 1e9:.1f}",
+                  f"{r['peak_mib']:.0f}", f"{100 * r['mfu']:.1f}%"] for r in group]
+        out.append(table(header, lines))
+    return "\n\n".join(out)
+
+
+def sas_p_table(summaries: list[dict]) -> str:
+    header = ["size", "SAS-P / Pre-LN tokens/s", "(paired)", "Pre-LN / SAS-P FLOPs per token (the promise)",
+              "params Pre-LN / SAS-P"]
+    return table(header, [[s["size"], f"{s['speed']:.2f}", f"{s['speed_paired']:.2f}",
+                           f"{s['inverse_flops_ratio']:.2f}",
+                           f"{s['params']['pre_ln'] / 1e6:.2f}M / {s['params']['sas_p'] / 1e6:.2f}M"]
+                          for s in summaries])
 
 
 def trainer_table(t: dict) -> str:
@@ -302,13 +422,19 @@ def trainer_table(t: dict) -> str:
                  [[name, f"{rate:,.0f}", f"{rate / raw:.2f}"] for name, rate in figures.items()])
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--sizes", help="comma-separated, from tiny, gpt2-small (default: both on CPU, "
+    ap.add_argument("--sizes", help=f"comma-separated, from {', '.join(SHAPES)} (default: all on CPU, "
                                     "gpt2-small on CUDA)")
     ap.add_argument("--quick", action="store_true", help="one repeat of one step (smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in every child")
+    ap.add_argument("--reference", choices=["auto", *REFERENCES], default="auto",
+                    help="the reference of the ratios: hand (the hand-written model), hf-sdpa, or auto "
+                         f"(default: HF sdpa at {' and '.join(HF_SIZES)}, the hand model at the others)")
+    ap.add_argument("--blocklab-loss", choices=["lm_loss", "logits"], default="lm_loss",
+                    help="blocklab's loss: the trainer's lm_loss (default) or float32 cross-entropy of its "
+                         "logits, as the other contenders")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction,
                     help="bf16 autocast (default: on for CUDA, off for CPU)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction,
@@ -321,20 +447,25 @@ def main() -> None:
                     help="peak TFLOP/s for MFU (default: measured with a timed matmul in the run's dtype; "
                          f"{H100_SXM_BF16_TFLOPS:g} is the H100 SXM datasheet's dense bf16)")
     ap.add_argument("--out", type=Path, help="JSON results (default benchmarks/results/train-<device>.json)")
-    args = ap.parse_args()
-    cuda = args.device == "cuda"
-    if cuda and not torch.cuda.is_available():
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda is not allowed here: torch.cuda.is_available() is False")
-    sizes = (args.sizes or ("gpt2-small" if cuda else "tiny,gpt2-small")).split(",")
-    unknown = [s for s in sizes if s not in SHAPES]
+    args.sizes = (args.sizes or ("gpt2-small" if args.device == "cuda" else ",".join(SHAPES))).split(",")
+    unknown = [s for s in args.sizes if s not in SHAPES]
     if unknown:
         ap.error(f"--sizes {','.join(unknown)} is not allowed: choose from {', '.join(SHAPES)}")
     if args.threads < 1:
         ap.error(f"--threads {args.threads} is not allowed: give a positive integer")
-    opts = dict(batch=SHAPE_RUN[args.device], eager=args.eager,
-                bf16=cuda if args.bf16 is None else args.bf16,
-                compile=cuda if args.compile is None else args.compile,
-                peak_tflops=args.peak_tflops)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    cuda = args.device == "cuda"
+    sizes = args.sizes
+    opts = dict(batch=SHAPE_RUN[args.device], eager=args.eager, reference=args.reference,
+                blocklab_loss=args.blocklab_loss, bf16=cuda if args.bf16 is None else args.bf16,
+                compile=cuda if args.compile is None else args.compile, peak_tflops=args.peak_tflops)
     out = args.out or Path(__file__).parent / "results" / f"train-{args.device}.json"
     warmup = 1 if args.quick else WARMUP[args.device]
 
@@ -350,37 +481,51 @@ def main() -> None:
     load, start = LoadSampler(), time.perf_counter()
     # in a child: the parent must stay small, since a spawned child's ru_maxrss starts at the parent's RSS
     checks = {size: in_child(check_same_model, size) for size in sizes}
-    print(f"same model (from_hf of a perturbed HF model): {checks}\n", flush=True)
-    rows, seconds = [], {}
+    print(f"same model (perturbed weights: from_hf of HF, and blocklab from the hand model): {checks}\n",
+          flush=True)
+    rows: list[dict] = []
+    seconds: dict[str, float] = {}
+    summaries: list[dict] = []
     repeats = {s: 1 if args.quick else REPEATS[args.device][s] for s in sizes}
     steps = {s: 1 if args.quick else STEPS[args.device][s] for s in sizes}
+    result = dict(machine=info, command=" ".join(["python", *sys.argv]) if argv is None else argv,
+                  seconds=seconds, args=dict(quick=args.quick, sizes=sizes, warmup=warmup, repeats=repeats,
+                                             steps=steps, **opts),
+                  same_model_check=checks, rows=rows, sas_p_vs_pre_ln=summaries, trainer=None)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for size in sizes:
         t0 = time.perf_counter()
-        rows += bench_size(size, opts, args.device, args.threads, warmup, repeats[size], steps[size])
+        size_rows = bench_size(size, opts, args.device, args.threads, warmup, repeats[size], steps[size])
+        rows += size_rows
+        summaries += [s for s in [sas_p_summary(size_rows)] if s]
         seconds[size] = time.perf_counter() - t0
         print(f"{size}: {seconds[size]:.0f} s", flush=True)
+        out.write_text(json.dumps(result, indent=2))  # kept if a later size is cut off
     trainer = None
-    if args.trainer:
+    if args.trainer and "tiny" in sizes:
         t0 = time.perf_counter()
         n_steps = 3 if args.quick else TRAINER_STEPS
         trainer = in_child(trainer_vs_raw, opts, args.device, args.threads, n_steps)
         seconds["trainer"] = time.perf_counter() - t0
     total = time.perf_counter() - start
 
-    print(f"\n## Training step, blocklab vs HF GPT2LMHeadModel of the same shape ({total:.0f} s)\n")
+    print(f"\n## Training step: blocklab against the hand-written model and HF GPT2LMHeadModel of the same "
+          f"shape ({total:.0f} s)\n")
     print(throughput_table(rows, args.device) + "\n")
+    if summaries:
+        print("## SAS-P against Pre-LN: tokens/s and the inverse FLOPs ratio\n")
+        print(sas_p_table(summaries) + "\n")
     if trainer:
         print(f"## Trainer vs raw step loop ({seconds['trainer']:.0f} s)\n")
         print(trainer_table(trainer) + "\n")
     info["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     info["load_1min_during_run"] = load.stop()
     print(f"load average (1 min) during the run: {info['load_1min_during_run']}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(
-        machine=info, command=" ".join(["python", *sys.argv]), seconds=dict(seconds, total=total),
-        args=dict(quick=args.quick, sizes=sizes, warmup=warmup, repeats=repeats, steps=steps, **opts),
-        same_model_check=checks, rows=rows, trainer=trainer), indent=2))
+    seconds["total"] = total
+    result["trainer"] = trainer
+    out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
+    return result
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 """The GPU campaign: the papers' GPU-scale claims at short budgets and the MFU table, in pieces meant
 to fit one 10-minute call each on one H100-class GPU. Times measured on one H200 (2026-11-26):
 
-    python benchmarks/gpu_campaign.py mfu        # bench_gpu.py --quick: tokens/s, MFU, memory (pre-ln
-                                                 # 70 s, four more archs 33 s; --budget-s caps it)
+    python benchmarks/gpu_campaign.py mfu        # bench_gpu.py --quick: tokens/s, MFU, memory, decoding
+                                                 # (pre-ln 70 s, four more archs 33 s, measured before the
+                                                 # hand-written contender joined it: its eager and compiled
+                                                 # rows add an estimated ~50 s; --budget-s caps it)
     python benchmarks/gpu_campaign.py resformer  # ResFormer-82M vs the Transformer, 3 seeds (131 s)
     python benchmarks/gpu_campaign.py sas-p      # codeparrot-18l: SAS and SAS-P vs Pre-LN, 3 seeds
                                                  # (6 runs took 250 s; all 9, about 6 min, not yet)
     python benchmarks/gpu_campaign.py all --smoke --device cpu   # every piece at a toy size: seconds
 
-`benchmarks/gpu_session.sh` runs the CUDA tests, the smoke, the MFU table and the ResFormer piece in
-one call, each under its own time limit. The claims' runs go to `--out` (default
-benchmarks/reproduction-data, the committed run store) as
+`benchmarks/gpu_session.sh` runs bench_gpu.py against the hand-written model, the CUDA tests, the smoke
+and the ResFormer piece in one call (the MFU table with MFU=1), each under its own time limit. The
+claims' runs go to `--out` (default benchmarks/reproduction-data, the committed run store) as
 `blocklab reproduce --scale gpu-resformer-short|gpu-sas-p-short` lays them out, so `blocklab reproduce
 --scale ... --no-train` rebuilds their reports; the weights are deleted when a piece ends (only the
 small files are results). The MFU table goes to `--results` (default benchmarks/results/gpu.json).

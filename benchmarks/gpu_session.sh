@@ -1,33 +1,62 @@
 #!/usr/bin/env bash
-# One lent-GPU call, in order of what matters most, each step under its own time limit so a slow
-# one cannot starve the rest (307 s on an H200, 2026-11-26, before step 2 was added; the limits add
-# up to 10 minutes):
-#   1. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference
-#   2. bench_centering.py: shaped attention's C V before and after its scan moved innermost
-#   3. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes
-#   4. gpu_campaign.py mfu: the MFU table (bench_gpu.py --quick)
-#   5. gpu_campaign.py PIECE (default resformer: the ResFormer-82M claim, 400 steps, 3 seeds, 131 s on
-#      an H200; sas-p, the codeparrot-18l claims, about 6 minutes by its first runs: PIECE_S=380 and a call of its own)
+# One lent-GPU call (the device tool allows 10 minutes a command), in order of what matters most, each
+# step under its own time limit and none past TOTAL_S (default 570 s) from the start, so a slow step
+# cannot starve the rest or the call. Seconds are estimates unless marked measured:
+#   1. bench_gpu.py against the hand-written model (hand_gpt.py) in one process: hand, pre-ln, sas-p and
+#      sas, eager, then compiled (the hand model under torch.compile; blocklab's "compile", the
+#      trainer's compile=true: compile_model(), per-block if inductor fails), GPT-2 small's shape,
+#      batch 8 x 1024, vocab 50257, no decoding: ~250 s (four compiles of ~40-60 s each, by the
+#      compile-time figures of 2026-11-26; eager rows ~5 s each), limit 290 s, its --budget-s 265
+#      stops starting configurations in time; table in hand-vs-blocklab.log, rows in gpu-vs-hand.json.
+#      BATCH=16 or VOCAB=50304 change its batch (comma-separated runs each, in more time) or vocabulary.
+#   2. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference (limit 130 s),
+#      then its whole-model compile tests apart (14 inductor compiles, ~10-15 s each: limit 200 s)
+#   3. bench_loss.py: the chunked linear + cross-entropy against float32 logits, time and peak memory,
+#      head padded to 128 rows or not (a few seconds; limit 45 s); bench_fused_projections.py: a Pre-LN
+#      and a SAS-P step with the projections fused and not (FUSE_DEVICES says CUDA fuses; limit 45 s)
+#   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s)
+#   5. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes (60 s)
+#   6. with MFU=1 only: gpu_campaign.py mfu, the MFU and decoding table (bench_gpu.py --quick; 160 s)
+#   7. gpu_campaign.py PIECE with what is left (default resformer: the ResFormer-82M claim, 400 steps,
+#      3 seeds, 131 s measured on an H200, so it may be cut short after steps 1-4; sas-p, the
+#      codeparrot-18l claims, about 6 minutes by its first runs: a call of its own, below)
+# Steps 2, 4, 5 and 7 took 307 s measured on an H200 (2026-11-26) with the MFU table and without step 3.
 # Run from the repository root on the GPU machine: OUT=/some/dir bash benchmarks/gpu_session.sh
-# (PIECE=sas-p PIECE_S=380 SKIP_CHECKS=1 for the SAS-P piece alone)
-# Logs, gpu.json and a tarball of the claim's run store (weights left out) land in $OUT.
+# (PIECE=sas-p PIECE_S=380 SKIP_CHECKS=1 SKIP_BENCH=1 for the SAS-P piece alone)
+# Logs, the JSON results and a tarball of the claim's run store (weights left out) land in $OUT.
 set -o pipefail
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
 OUT=${OUT:?set OUT to a folder for the results}
 RUNS=${RUNS:-/tmp/blocklab-gpu-runs}
-step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on failure
+TOTAL_S=${TOTAL_S:-570}
+START=$SECONDS
+step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, within what is left of TOTAL_S; keep going
     local name=$1 limit=$2; shift 2
+    local left=$((TOTAL_S - (SECONDS - START)))
+    if [ "$left" -lt 20 ]; then echo "== $name: skipped, ${left}s left of ${TOTAL_S}s"; return; fi
+    [ "$limit" -gt "$left" ] && limit=$left
     echo "== $name (limit ${limit}s) $(date +%T)"
     timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
     echo "== $name: exit $? $(date +%T)"; tail -n 6 "$OUT/$name.log"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-[ -n "${SKIP_CHECKS:-}" ] || step cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 tests/test_cuda.py
+[ -n "${SKIP_BENCH:-}" ] || step hand-vs-blocklab 290 python3 benchmarks/bench_gpu.py --archs pre-ln,sas-p,sas \
+    --modes eager,compile --batch "${BATCH:-8}" --vocab "${VOCAB:-50257}" --decode-batches none \
+    --budget-s 265 --out "$OUT/gpu-vs-hand.json"
+[ -n "${SKIP_BENCH:-}" ] || grep '^|' "$OUT/hand-vs-blocklab.log"
+[ -n "${SKIP_CHECKS:-}" ] || step cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 tests/test_cuda.py \
+    -k "not compiled_model"
+[ -n "${SKIP_CHECKS:-}" ] || step cuda-compile 200 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 \
+    tests/test_cuda.py -k compiled_model
+[ -n "${SKIP_CHECKS:-}" ] || step loss 45 python3 benchmarks/bench_loss.py --device cuda --out "$OUT/loss-cuda.json"
+[ -n "${SKIP_CHECKS:-}" ] || step fused 45 python3 benchmarks/bench_fused_projections.py --device cuda \
+    --out "$OUT/fused-projections-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step centering 60 python3 benchmarks/bench_centering.py --device cuda \
     --dtype bfloat16 --train-size codeparrot-18l --train-batch 8 --out "$OUT/centering-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step smoke 60 python3 benchmarks/gpu_campaign.py all --smoke --device cuda --out /tmp/blocklab-smoke
-[ -n "${SKIP_CHECKS:-}" ] || step mfu 160 python3 benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$OUT/gpu.json"
+[ -z "${MFU:-}" ] || step mfu 160 python3 benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$OUT/gpu.json"
 step "${PIECE:-resformer}" "${PIECE_S:-200}" python3 benchmarks/gpu_campaign.py "${PIECE:-resformer}" --out "$RUNS"
 tar czf "$OUT/runs.tgz" --exclude=checkpoints -C "$RUNS" . 2>/dev/null
+echo "== session: $((SECONDS - START)) s"
 ls -la "$OUT"

@@ -1,5 +1,6 @@
-"""The benchmark scripts run: bench_gpu.py's CPU smoke mode end to end, and bench_decode.py's
-hand-written decoding loop gives the tokens of `Transformer.generate` on the same weights."""
+"""The benchmark scripts run: bench_gpu.py's CPU smoke mode end to end with the hand-written GPT-2
+contender, bench_train.py's contenders compute one function, and bench_decode.py's hand-written decoding
+loop gives the tokens of `Transformer.generate` on the same weights."""
 
 from __future__ import annotations
 
@@ -35,19 +36,30 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
            "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
-    header = "| arch | mode | params | tokens/s (min-max) | step ms |"
+    header = "| arch | mode | batch | params | tokens/s (min-max) | x hand, same mode | step ms |"
     assert header in run.stdout
-    assert "| pre-ln | eager |" in run.stdout and "| bov | eager |" in run.stdout
+    assert "| hand | eager | 2 |" in run.stdout and "| pre-ln | eager | 2 |" in run.stdout
+    assert "| bov | eager | 2 |" in run.stdout
     result = json.loads(out.read_text())
     assert result["smoke"] is True and result["table"] in run.stdout
     peaks = result["peaks"]
     assert peaks["measured_tflops"] > 0 and peaks["datasheet_tflops"] is None  # a CPU has no table entry
+    assert [r["arch"] for r in result["rows"]] == ["hand", "pre-ln", "bov"]  # the hand model first
     rows = {r["arch"]: r for r in result["rows"]}
-    assert set(rows) == {"pre-ln", "bov"} and all(r["mode"] == "eager" for r in rows.values())
+    assert all(r["mode"] == "eager" for r in rows.values())
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and len(r["runs"]) == 1 and r["batch"] == 2 and r["seq_len"] == 32
         assert r["flops_per_token"] > 0 and 0 < r["mfu_measured"] and r["mfu_datasheet"] is None
         assert r["peak_memory_gib"] is None  # CUDA only
+    hand_row = rows["hand"]
+    assert hand_row["params"] == rows["pre-ln"]["params"]  # the same shape, tied head
+    assert hand_row["flops_per_token"] == rows["pre-ln"]["flops_per_token"]
+    assert hand_row["loss"] == "F.cross_entropy(logits.float())" and "decode" not in hand_row
+    assert hand_row["vs_hand"] == 1.0
+    for arch in ("pre-ln", "bov"):
+        r = rows[arch]
+        assert r["vs_hand"] == pytest.approx(r["tokens_per_s"] / hand_row["tokens_per_s"])
+        assert r["loss"] == "lm_loss"  # the trainer's loss
         assert set(r["decode"]) == {"1", "2"} and r["decode"]["1"]["blocklab_tokens_per_s"] > 0
     hand = rows["pre-ln"]["decode"]["1"]  # the hand-written loop covers plain pre-ln only
     assert hand["same_tokens"] is True and hand["hand_tokens_per_s"] > 0
@@ -57,17 +69,43 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
     assert not (BENCH / "results" / "bench_gpu-smoke.json").exists()
 
 
+def test_bench_gpu_compares_each_mode_with_the_hand_model_in_its_mode(tmp_path):
+    """Every compiled mode is compared with the hand model under torch.compile, eager with eager, per batch;
+    dynamo's eager backend keeps it fast (the same code paths as inductor, without code generation)."""
+    result = bench_gpu.main(["--device", "cpu", "--smoke", "--archs", "pre-ln", "--modes",
+                             "eager,compile,compile-blocks,compile-model", "--compile-backend", "eager",
+                             "--decode-batches", "none", "--batch", "2,3", "--vocab", "300",
+                             "--out", str(tmp_path / "modes.json")])
+    rows = result["rows"]
+    assert [(r["batch"], r["arch"], r["mode"]) for r in rows] == [
+        (b, arch, mode) for b in (2, 3) for arch, mode in [
+            ("hand", "eager"), ("pre-ln", "eager"), ("hand", "compiled"), ("pre-ln", "compile"),
+            ("pre-ln", "compile-blocks"), ("pre-ln", "compile-model")]]
+    assert all("skipped" not in r for r in rows) and result["dims"]["vocab_size"] == 300
+    hand = {(r["batch"], r["mode"]): r["tokens_per_s"] for r in rows if r["arch"] == "hand"}
+    for r in rows:
+        if r["arch"] != "hand":
+            ref = hand[(r["batch"], "eager" if r["mode"] == "eager" else "compiled")]
+            assert r["vs_hand"] == pytest.approx(r["tokens_per_s"] / ref)
+    how = {(r["arch"], r["mode"]): (r["compiled"], r["loss"]) for r in rows if r["batch"] == 2}
+    assert how[("hand", "compiled")] == ("torch.compile(model)", "F.cross_entropy(logits.float())")
+    assert how[("pre-ln", "compile-model")] == ("torch.compile(model)", "F.cross_entropy(logits.float())")
+    assert how[("pre-ln", "compile-blocks")] == ("compile_blocks()", "lm_loss")
+    expected = "compile_model()" if hasattr(blocklab.Transformer, "compile_model") else "compile_blocks()"
+    assert how[("pre-ln", "compile")][0].startswith(expected) and how[("pre-ln", "compile")][1] == "lm_loss"
+
+
 def test_bench_gpu_smoke_decodes_with_frozen_weights(tmp_path):
     """`--decode-freeze`: the compiled decoding copy runs `compile_decoding(freeze_weights=True)` end to
     end (inductor on this CPU) and gives eager decoding's tokens."""
     out = tmp_path / "gpu-frozen.json"
     cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln",
-           "--decode-batches", "1", "--decode-freeze", "--out", str(out)]
+           "--decode-batches", "1", "--decode-freeze", "--hand", "none", "--out", str(out)]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["options"]["decode_freeze"] is True
-    (row,) = result["rows"]
+    (row,) = result["rows"]  # --hand none: blocklab's row alone
     decoded = row["decode"]["1"]
     assert decoded["compiled_same_tokens"] is True and decoded["compiled_tokens_per_s"] > 0
 
@@ -85,8 +123,118 @@ def test_bench_gpu_budget_skips_configurations(tmp_path):
     out = tmp_path / "skipped.json"
     result = bench_gpu.main(["--device", "cpu", "--smoke", "--archs", "pre-ln,sas", "--budget-s", "0",
                              "--out", str(out)])
-    assert [r["skipped"].startswith("time budget") for r in result["rows"]] == [True, True]
+    assert [r["arch"] for r in result["rows"]] == ["hand", "pre-ln", "sas"]
+    assert [r["skipped"].startswith("time budget") for r in result["rows"]] == [True, True, True]
     assert json.loads(out.read_text())["rows"] == result["rows"]
+
+
+def test_bench_gpu_refuses_bad_batches_and_vocabularies():
+    for bad in (["--batch", "8,x"], ["--batch", "0"], ["--vocab", "1"], ["--hand", "always"]):
+        with pytest.raises(SystemExit):
+            bench_gpu.parse_args(["--device", "cpu", *bad])
+
+
+def test_hand_gpt_computes_the_logits_of_hf_gpt2_and_blocklab_pre_ln():
+    """bench_train's equivalence check for the hand-written contender, in float64 on perturbed weights:
+    HF's GPT2LMHeadModel loaded with `hand_gpt.hf_state_dict` and blocklab's pre-ln built from that HF
+    model (`blocklab.interop.from_hf`, the GPT2Config's shape) give the hand model's logits."""
+    pytest.importorskip("transformers")
+    import bench_train
+
+    shape = dict(n_layer=2, n_embd=48, n_head=3, n_positions=24, vocab_size=97)
+    torch.manual_seed(0)
+    hand = perturbed(bench_train.make_hand(shape)).double()
+    ours = bench_train.blocklab_from_hand(hand, shape)
+    assert isinstance(ours, blocklab.Transformer)
+    assert ours.cfg.n_heads == 3 and ours.cfg.mlp_act == "gelu_tanh"
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hand.parameters())
+    ids = torch.randint(0, 97, (3, 24))
+    with torch.no_grad():
+        expected = hand(ids)
+        assert expected.shape == (3, 24, 97) and expected.dtype == torch.float64
+        torch.testing.assert_close(ours(ids), expected, rtol=0, atol=1e-10)
+    # a blocklab model whose weights were not copied differs: the check can fail
+    other = blocklab.Transformer(ours.cfg).double()
+    with torch.no_grad():
+        assert (other(ids) - expected).abs().max() > 1e-3
+
+
+def test_hand_gpt_init_is_gpt2s():
+    """N(0, 0.02) weights, N(0, 0.02 / sqrt(2 L)) residual projections, zero biases, the head tied."""
+    from hand_gpt import HandGPT
+
+    torch.manual_seed(0)
+    model = HandGPT(vocab_size=1000, d_model=128, n_layers=8, n_heads=4, context_length=64)
+    block = model.blocks[3]
+    assert block.c_attn.weight.shape == (3 * 128, 128) and block.c_fc.weight.shape == (512, 128)
+    assert block.c_attn.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.mlp_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert block.c_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert not block.c_fc.bias.any() and torch.equal(block.ln_1.weight, torch.ones(128))
+    per_block = 12 * 128**2 + 13 * 128  # QKV, output, MLP in and out (weights and biases), two norms
+    assert sum(p.numel() for p in model.parameters()) == (1000 + 64) * 128 + 8 * per_block + 2 * 128
+
+
+def test_bench_train_sas_p_is_the_preset_at_the_gpt2_shape():
+    """The sas-p contender: the GPT-2 config with SAS-P's block fields on top; fewer FLOPs per token."""
+    pytest.importorskip("transformers")
+    import bench_train
+    from blocklab.presets import BLOCK_PRESETS
+
+    shape = bench_train.SHAPES["small"]
+    pre, sas = (bench_train.blocklab_config(k, shape) for k in ("blocklab", "blocklab-sas-p"))
+    for field, value in BLOCK_PRESETS["sas-p"].fields.items():
+        assert getattr(sas, field) == value, field
+    for field in ("d_model", "n_layers", "n_heads", "mlp_hidden", "vocab_size", "context_length", "norm",
+                  "positions", "mlp_act", "bias", "tie_embeddings"):
+        assert getattr(sas, field) == getattr(pre, field), field
+    assert pre.block_layout == "pre-ln" and pre.attn_matrix == "softmax"
+    flops = {k: bench_train.model_flops(k, "small", 256) for k in ("hand", "blocklab", "blocklab-sas-p")}
+    assert flops["hand"] == flops["blocklab"] > flops["blocklab-sas-p"]
+
+
+def test_bench_train_reference_and_sas_p_summary():
+    import bench_train
+
+    opts = dict(eager=True, reference="auto")
+    assert bench_train.contenders("small", opts) == (
+        {"hand": "hand", "blocklab": "blocklab", "blocklab (control)": "blocklab",
+         "blocklab sas-p": "blocklab-sas-p"}, "hand")
+    labels, ref = bench_train.contenders("tiny", opts)
+    assert ref == "HF sdpa" and "hand" in labels and "HF eager" in labels
+    labels, ref = bench_train.contenders("d768x4", dict(opts, reference="hf-sdpa"))
+    assert ref == "HF sdpa" and labels["HF sdpa"] == "hf-sdpa"
+    rows = [dict(size="small", label="blocklab", runs=[100.0, 80.0, 90.0], tokens_per_s=90.0,
+                 flops_per_token=120, params=dict(total=10)),
+            dict(size="small", label="blocklab sas-p", runs=[110.0, 100.0, 90.0], tokens_per_s=100.0,
+                 flops_per_token=100, params=dict(total=9))]
+    summary = bench_train.sas_p_summary(rows)
+    assert summary["speed"] == pytest.approx(100 / 90)
+    assert summary["inverse_flops_ratio"] == pytest.approx(1.2)
+    assert summary["speed_paired"] == pytest.approx(1.1)  # the median of 1.1, 1.25, 1.0
+    assert bench_train.sas_p_summary(rows[:1]) is None
+
+
+@pytest.mark.slow
+def test_bench_train_quick_run_measures_the_hand_model(tmp_path):
+    """bench_train.py --sizes small --quick: the four children (hand, blocklab, its control, sas-p) run
+    side by side, the hand model is the reference and SAS-P's ratio sits beside its inverse FLOPs ratio."""
+    pytest.importorskip("transformers")
+    import bench_train
+
+    out = tmp_path / "train.json"
+    result = bench_train.main(["--sizes", "small", "--quick", "--no-trainer", "--peak-tflops", "1",
+                               "--out", str(out)])
+    saved = json.loads(out.read_text())["rows"]
+    assert [(r["label"], r["tokens_per_s"]) for r in saved] == [
+        (r["label"], r["tokens_per_s"]) for r in result["rows"]]
+    rows = {r["label"]: r for r in result["rows"]}
+    assert set(rows) == {"hand", "blocklab", "blocklab (control)", "blocklab sas-p"}
+    assert rows["hand"]["vs_reference"] == 1.0 and all(r["reference"] == "hand" for r in rows.values())
+    assert rows["blocklab"]["params"] == rows["hand"]["params"]
+    assert result["same_model_check"]["small"]["hand"]["max_abs_logit_diff"] < 1e-4
+    (summary,) = result["sas_p_vs_pre_ln"]
+    assert summary["size"] == "small" and summary["inverse_flops_ratio"] > 1
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -208,18 +356,52 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
     assert [r.verdict for r in again.results] == [c["verdict"] for c in saved["claims"]]
 
 
-def test_bench_centering_checks_every_variant_and_restores_masked_mean(tmp_path):
-    """Every C V variant agrees with the float64 running mean (the script's own check, read back from
-    its JSON), the SAS-P step pair is timed, and `ops.masked_mean` is the library's again after."""
+def test_bench_centering_checks_every_variant_and_restores_shaped_attention(tmp_path):
+    """Every C V and shaped-attention variant agrees with float64 (the script's own checks, read back
+    from its JSON: outputs and gradients), the SAS-P step pair is timed and its ops counted, and
+    `ops.shaped_attention` and `ops.SCAN_T_INNERMOST` are the library's again after."""
     import bench_centering
     from blocklab import ops
 
-    library = ops.masked_mean
+    library, scan = ops.shaped_attention, dict(ops.SCAN_T_INNERMOST)
     out = tmp_path / "centering.json"
     bench_centering.main(["--shape", "2,2,24,8", "--train-size", "tiny", "--train-batch", "2",
                           "--warmup", "0", "--repeats", "1", "--out", str(out)])
-    assert ops.masked_mean is library
+    assert ops.shaped_attention is library and ops.SCAN_T_INNERMOST == scan
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
-    assert set(rows) == {*bench_centering.VARIANTS, "SAS-P step, before", "SAS-P step, ops.masked_mean"}
-    for name in bench_centering.VARIANTS:
+    shaped = bench_centering.shaped_variants()
+    assert set(rows) == {*bench_centering.VARIANTS, *shaped, "SAS-P step, before",
+                         "SAS-P step, ops.shaped_attention"}
+    for name in [*bench_centering.VARIANTS, *shaped]:
         assert rows[name]["rel_err"] < 1e-6 and rows[name]["median_ms"] > 0, name
+    for name in shaped:
+        assert max(rows[name]["grad_rel_err"].values()) < 1e-5, name
+    for before, now in [("shaped, before", "shaped, ops"), ("mix, before", "mix, ops"),
+                        ("SAS-P step, before", "SAS-P step, ops.shaped_attention")]:
+        assert rows[now]["ops"]["forward"] < rows[before]["ops"]["forward"], now
+        assert rows[now]["ops"]["backward"] < rows[before]["ops"]["backward"], now
+
+
+def test_bench_loss_smoke_agrees_with_the_reference(tmp_path):
+    """The chunked loss and the float32-logits reference, timed and measured, agree (the script's own
+    check of loss and gradients, read back from its JSON)."""
+    out = tmp_path / "loss.json"
+    done = subprocess.run([sys.executable, str(BENCH / "bench_loss.py"), "--smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| chunked |" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["smoke"] is True
+    chunked = [r for r in result["rows"] if r["method"] == "chunked"]
+    assert chunked
+    for row in chunked:
+        assert row["dx_rel"] < 1e-5 and row["dw_rel"] < 1e-5 and row["loss_diff"] < 1e-5, row
+
+
+def test_bench_fused_projections_quick_run_times_both_modes(tmp_path):
+    out = tmp_path / "fused.json"
+    done = subprocess.run([sys.executable, str(BENCH / "bench_fused_projections.py"), "--quick", "--shapes",
+                           "small", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and all(r["speedup_paired"] > 0 and r["fused_ms"] > 0 for r in rows), rows
