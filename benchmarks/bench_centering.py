@@ -43,7 +43,6 @@ import json
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -54,7 +53,7 @@ from blocklab import ops
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _measure import machine_info  # noqa: E402
+from _measure import event_timed_ms, machine_info  # noqa: E402
 
 
 def running_mean(sums: torch.Tensor) -> torch.Tensor:
@@ -107,26 +106,12 @@ def reference(v: torch.Tensor) -> torch.Tensor:
     return v.cumsum(-2) / torch.arange(1, v.shape[-2] + 1, dtype=torch.float64)[:, None]
 
 
-def timed(fn, cuda: bool) -> float:
-    """Milliseconds of one call of fn: CUDA events on a GPU, the host clock on a CPU."""
-    if not cuda:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 def round_robin(steps: dict, cuda: bool, warmup: int, repeats: int) -> dict[str, list[float]]:
     """Each step once per round, in turn, so that a noisy machine slows them all alike."""
     times: dict[str, list[float]] = {name: [] for name in steps}
     for i in range(warmup + repeats):
         for name, step in steps.items():
-            ms = timed(step, cuda)
+            ms = event_timed_ms(step, cuda)
             if i >= warmup:
                 times[name].append(ms)
     return times

@@ -31,7 +31,6 @@ import contextlib
 import resource
 import statistics
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -43,7 +42,7 @@ from blocklab.model.head_loss import default_chunk_size, linear_cross_entropy, p
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _measure import machine_info, table, write_result  # noqa: E402
+from _measure import event_timed_ms, machine_info, table, write_result  # noqa: E402
 
 DEFAULTS = {  # device -> shapes N x d x V, dtype, pads, chunk sizes (0: the op's default), repeats
     "cpu": ("1024x128x4096,1024x768x50257", "float32", "1", "0", 3),
@@ -137,19 +136,6 @@ def cuda_peak(one) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def timed_ms(fn, cuda: bool) -> float:
-    if not cuda:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e3
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
@@ -190,7 +176,7 @@ def measure_shape(shape, device: str, dtype: torch.dtype, pads, chunks, warmup: 
     times: dict[tuple, list[float]] = {c: [] for c in todo}
     for r in range(repeats):  # round-robin, starting one contender later each round
         for c in todo[r % len(todo):] + todo[:r % len(todo)]:
-            times[c].append(timed_ms(passes[c], cuda))
+            times[c].append(event_timed_ms(passes[c], cuda))
     rows = []
     n, d, v = shape
     for c in todo:

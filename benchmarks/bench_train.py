@@ -93,9 +93,9 @@ SHAPES = {
 # took ~2 s, of d768x4 ~2.7 s (its 50257-row head is 56% of its FLOPs), and of GPT-2 small at T = 1024 ~27 s
 SHAPE_RUN = {"cpu": {"tiny": (8, 128), "small": (4, 256), "d768x4": (1, 128), "gpt2-small": (1, 256)},
              "cuda": {"tiny": (64, 128), "small": (64, 256), "d768x4": (64, 128), "gpt2-small": (16, 1024)}}
-STEPS = {"cpu": {"tiny": 4, "small": 1, "d768x4": 1, "gpt2-small": 1},  # per timed chunk
+STEPS = {"cpu": {"tiny": 4, "small": 2, "d768x4": 2, "gpt2-small": 1},  # per timed chunk
          "cuda": {"tiny": 10, "small": 10, "d768x4": 10, "gpt2-small": 10}}
-REPEATS = {"cpu": {"tiny": 9, "small": 7, "d768x4": 7, "gpt2-small": 9},
+REPEATS = {"cpu": {"tiny": 9, "small": 11, "d768x4": 11, "gpt2-small": 9},
            "cuda": {"tiny": 5, "small": 5, "d768x4": 5, "gpt2-small": 5}}
 WARMUP = {"cpu": 2, "cuda": 5}  # steps; on CUDA they include the compilation
 H100_SXM_BF16_TFLOPS = 989.0  # NVIDIA H100 SXM datasheet, dense bf16 tensor core

@@ -9,11 +9,12 @@
 #      compile-time figures of 2026-11-26; eager rows ~5 s each), limit 290 s, its --budget-s 265
 #      stops starting configurations in time; table in hand-vs-blocklab.log, rows in gpu-vs-hand.json.
 #      BATCH=16 or VOCAB=50304 change its batch (comma-separated runs each, in more time) or vocabulary.
-#   2. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference (limit 130 s),
-#      then its whole-model compile tests apart (14 inductor compiles, ~10-15 s each: limit 200 s)
+#   2. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference (limit 130 s)
 #   3. bench_loss.py: the chunked linear + cross-entropy against float32 logits, time and peak memory,
-#      head padded to 128 rows or not (a few seconds; limit 45 s); bench_fused_projections.py: a Pre-LN
-#      and a SAS-P step with the projections fused and not (FUSE_DEVICES says CUDA fuses; limit 45 s)
+#      head padded to 128 rows or not (a few seconds; limit 45 s); then test_cuda.py's whole-model
+#      compile tests (14 inductor compiles, ~10-15 s each, estimated: limit 200 s, cut to what is left);
+#      bench_fused_projections.py: a Pre-LN and a SAS-P step with the projections fused and not
+#      (FUSE_DEVICES says CUDA fuses; limit 45 s)
 #   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s)
 #   5. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes (60 s)
 #   6. with MFU=1 only: gpu_campaign.py mfu, the MFU and decoding table (bench_gpu.py --quick; 160 s)
@@ -47,9 +48,9 @@ cat "$OUT/gpu.txt"
 [ -n "${SKIP_BENCH:-}" ] || grep '^|' "$OUT/hand-vs-blocklab.log"
 [ -n "${SKIP_CHECKS:-}" ] || step cuda-tests 130 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 tests/test_cuda.py \
     -k "not compiled_model"
+[ -n "${SKIP_CHECKS:-}" ] || step loss 45 python3 benchmarks/bench_loss.py --device cuda --out "$OUT/loss-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step cuda-compile 200 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 \
     tests/test_cuda.py -k compiled_model
-[ -n "${SKIP_CHECKS:-}" ] || step loss 45 python3 benchmarks/bench_loss.py --device cuda --out "$OUT/loss-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step fused 45 python3 benchmarks/bench_fused_projections.py --device cuda \
     --out "$OUT/fused-projections-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step centering 60 python3 benchmarks/bench_centering.py --device cuda \

@@ -69,6 +69,7 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
     assert not (BENCH / "results" / "bench_gpu-smoke.json").exists()
 
 
+@pytest.mark.slow  # in CI's slow tier: the default suite keeps to about 10 minutes
 def test_bench_gpu_compares_each_mode_with_the_hand_model_in_its_mode(tmp_path):
     """Every compiled mode is compared with the hand model under torch.compile, eager with eager, per batch;
     dynamo's eager backend keeps it fast (the same code paths as inductor, without code generation)."""
@@ -382,6 +383,7 @@ def test_bench_centering_checks_every_variant_and_restores_shaped_attention(tmp_
         assert rows[now]["ops"]["backward"] < rows[before]["ops"]["backward"], now
 
 
+@pytest.mark.slow  # in CI's slow tier: the default suite keeps to about 10 minutes
 def test_bench_loss_smoke_agrees_with_the_reference(tmp_path):
     """The chunked loss and the float32-logits reference, timed and measured, agree (the script's own
     check of loss and gradients, read back from its JSON)."""
@@ -398,6 +400,7 @@ def test_bench_loss_smoke_agrees_with_the_reference(tmp_path):
         assert row["dx_rel"] < 1e-5 and row["dw_rel"] < 1e-5 and row["loss_diff"] < 1e-5, row
 
 
+@pytest.mark.slow  # in CI's slow tier: the default suite keeps to about 10 minutes
 def test_bench_fused_projections_quick_run_times_both_modes(tmp_path):
     out = tmp_path / "fused.json"
     done = subprocess.run([sys.executable, str(BENCH / "bench_fused_projections.py"), "--quick", "--shapes",

@@ -18,17 +18,7 @@ from blocklab.model import compiled_step
 from blocklab.model.compiled_step import COMPILE_ENV, FallbackStep, wants_compiled
 from blocklab.model.generate import generate, sample_next
 from test_cache import build, greedy_by_full_forward, ids_of
-
-
-class CountingBackend:
-    """A dynamo backend that runs the captured graph as it is and counts the graphs it was given."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG002
-        self.graphs += 1
-        return gm.forward
+from test_compile_decoding import CountingBackend
 
 
 class FailingBackend:
