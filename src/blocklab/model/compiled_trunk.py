@@ -11,6 +11,8 @@ compiles it with the forward graph, so that its failure falls back too.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import types
 import warnings
 from collections.abc import Callable
@@ -27,6 +29,18 @@ def compile_errors() -> tuple[type[BaseException], ...]:
 
     # InductorError is a BackendCompilerFailed
     return dynamo_exc.BackendCompilerFailed, dynamo_exc.InternalTorchDynamoError
+
+
+@functools.cache
+def _has_backward_switch() -> bool:
+    return "force_non_lazy_backward_lowering" in functorch_config.get_config_copy()
+
+
+def _backward_with_forward() -> contextlib.AbstractContextManager:
+    """AOTAutograd compiling the backward graph with the forward one, where this torch has the switch."""
+    if not _has_backward_switch():
+        return contextlib.nullcontext()
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)
 
 
 class CompiledTrunk:
@@ -57,7 +71,7 @@ class CompiledTrunk:
         if self.fallback is not None:
             return self._eager(input_ids)
         try:
-            with functorch_config.patch(force_non_lazy_backward_lowering=True):
+            with _backward_with_forward():
                 return self._compiled(input_ids)
         except compile_errors() as err:
             self._fall_back(err)
