@@ -1,0 +1,50 @@
+"""Weights saved before issue 37 (blocklab at 13306be) load into today's model and give the logits they
+gave then: the padded head, fused projections, the chunked loss and the one-Function shaped attention
+change how the model computes, not what (tests/data/pre-issue37/: tiny perturbed models, their configs and
+the logits the old code computed on fixed ids, written by that commit's code)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from blocklab import ModelConfig, Transformer
+from blocklab.model.block import set_fused_projections
+
+DATA = Path(__file__).parent / "data" / "pre-issue37"
+NAMES = sorted(p.name.removesuffix(".json") for p in DATA.glob("*.json"))
+
+
+def load_old(name: str) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
+    model = Transformer(ModelConfig.from_dict(json.loads((DATA / f"{name}.json").read_text())))
+    model.load_state_dict(load_file(DATA / f"{name}.safetensors"), strict=True)
+    saved = load_file(DATA / f"{name}.logits.safetensors")
+    return model.eval(), saved["ids"], saved["logits"]
+
+
+def test_every_saved_model_is_here():
+    assert NAMES == ["parallel_resformer", "pre-ln", "pre-ln_bov", "sas-p", "sas_svformer"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("fused", ["off", "on"])
+def test_old_weights_give_the_old_logits(name, fused):
+    model, ids, logits = load_old(name)
+    set_fused_projections(model, fused)
+    with torch.no_grad():
+        assert torch.allclose(model(ids), logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_old_weights_give_the_old_loss(name):
+    model, ids, logits = load_old(name)
+    labels = torch.roll(ids, -1, dims=1)
+    with torch.no_grad():
+        loss = model(ids, labels=labels)
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert torch.allclose(loss, expected, rtol=1e-5, atol=1e-6)
