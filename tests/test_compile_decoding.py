@@ -76,6 +76,7 @@ def test_a_deep_copy_decodes_with_its_own_weights():
     assert not torch.equal(twin.generate(prompt, 8), model.generate(prompt, 8))
 
 
+@pytest.mark.slow  # about a minute of compiles: CI's slow tier
 def test_models_of_many_shapes_each_compile_their_own_step():
     """More models than dynamo's recompile limit (8 per code object): each still compiles one graph
     of its own, which a step shared by all of them would not."""
@@ -115,6 +116,7 @@ def _next_logits(step, model, prompt, max_len):
         return step(prompt[:, -1:].clone(), cache)  # an inference tensor, as generate's ids
 
 
+@pytest.mark.slow  # about a minute of compiles: CI's slow tier
 def test_frozen_step_is_compiled_again_once_the_weights_change():
     """Folded weights do not follow in-place updates (the old step gives the old logits); `generate`
     sees the change and compiles the step again, for an optimiser step and for `load_state_dict`."""

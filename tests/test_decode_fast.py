@@ -1,9 +1,8 @@
 """The lean decoding loop and the choice of decoding step (model/generate.py, model/compiled_step.py).
 
 References: argmax decoding by repeated full forward passes in float64 (greedy tokens), a sampling
-loop written here from `sample_next` and full forward passes (seeded sampling and stop tokens), the
-cache's general write path (its short path for plain layers must give the same tensors), and
-counting backends that record whether the compiled step ran. The CUDA default is tested on the CPU
+loop written here from `sample_next` and full forward passes (seeded sampling and stop tokens),
+and counting backends that record whether the compiled step ran. The CUDA default is tested on the CPU
 by adding "cpu" to the device types that compile by default (`COMPILED_BY_DEFAULT`).
 """
 
@@ -206,33 +205,6 @@ def test_sampling_with_stop_tokens_equals_the_plain_loop():
     out = generate(model, prompt, 14, temperature=1.3, top_k=20, seed=5, stop_tokens=stops, pad_token=0)
     assert torch.equal(out, sample_by_full_forward(model, prompt, 14, 1.3, 20, 5, stops, 0))
     assert out.shape[1] < free.shape[1] or (out[:, 4:] == 0).any()
-
-
-# -- the cache's short path for plain layers -----------------------------------------------------
-@pytest.mark.parametrize(("arch", "overrides", "plain"), [
-    ("pre-ln", {}, [True] * 4),
-    ("sas-p", {}, [True] * 4),  # running value sums ride along
-    ("pre-ln+cla", {}, [True, False, True, False]),  # followers read their leader's keys and values
-    ("pre-ln", dict(window_size=3, window_pattern="SL"), [False, True, False, True]),  # rings
-    ("pre-ln+svformer", {}, [True, False, False, False]),  # later layers read V_1
-])
-def test_the_short_path_gives_the_general_paths_logits(arch, overrides, plain):
-    model = build(arch, seed=35, **overrides)
-    ids = ids_of(2, 11, seed=36)
-    outs = []
-    for short in (True, False):
-        cache = model.new_cache(2, 11)
-        assert list(cache._plain) == plain
-        if not short:
-            cache._plain = (False,) * len(plain)
-        with torch.no_grad():
-            pieces = [model(ids[:, :4], cache=cache), model(ids[:, 4:6], cache=cache)]
-            pieces += [model(ids[:, i:i + 1], cache=cache) for i in range(6, 11)]
-        outs.append(torch.cat(pieces, dim=1))
-        assert cache.length == 11
-    assert torch.equal(outs[0], outs[1])
-    with torch.no_grad():
-        assert torch.allclose(outs[0], model(ids), atol=1e-4)
 
 
 # -- on a GPU (skipped without CUDA) ----------------------------------------------------------------

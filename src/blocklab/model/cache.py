@@ -263,11 +263,6 @@ class KVCache:
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
-        # layers that store and read only their own keys and values, every position: `update` takes
-        # the short way for them (the same writes and views as `_write`, fewer calls per token)
-        self._plain = tuple(routes == (i, i, ()) and self.layout.windows[i] is None
-                            and self.layout.key_spans[i] is None and self.layout.value_spans[i] is None
-                            for i, routes in enumerate(self.layout.routes))
 
     # -- memory --------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
@@ -347,9 +342,6 @@ class KVCache:
         """Store layer `layer`'s new keys (B, H_kv, T, D) and values (B, T, kv_dim) as the layout says,
         and return what its queries may see (`Seen`): every visible key, the cached source of its
         values, another layer's keys and values it reads, and its running value sum."""
-        if self._plain[layer] and k is not None and k.dtype == v.dtype == self.dtype and not (
-                k.requires_grad or v.requires_grad):
-            return self._update_plain(layer, k, v)
         key_layer, value_layer, reads = self.layout.routes[layer]
         start = _first_position(self.length, self.layout.windows[layer])
         if key_layer == layer:  # its own keys: what it stores is what it reads
@@ -368,20 +360,6 @@ class KVCache:
             other = (self._read("keys", reads[0], first).transpose(1, 2),
                      ops.split_heads(self._read("values", reads[0], first), self.head_dim))
         return Seen(keys, source, other, self._add_to_sum(layer, v) if self.value_sums else None)
-
-    def _update_plain(self, layer: int, k: Tensor, v: Tensor) -> Seen:
-        """`update` for a layer that keeps its own keys and values at every position, with no graph
-        and no dtype to convert: what `_write` does, written out (decoding calls it per layer and token)."""
-        past = self.length
-        end = past + v.shape[1]
-        key_data, value_data = self.keys[layer].data, self.values[layer].data
-        key_data[:, past:end] = k.transpose(1, 2)
-        value_data[:, past:end] = v
-        keys, source = key_data[:, :end], value_data[:, :end]
-        self._present["keys", layer] = (0, keys)
-        self._present["values", layer] = (0, source)
-        value_sum = self._add_to_sum(layer, v) if self.value_sums else None
-        return Seen(keys.transpose(1, 2), source, None, value_sum)
 
     def _chunk_length(self) -> int:
         assert self._chunk is not None, "update() and end() run after begin()"
