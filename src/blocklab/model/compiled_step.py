@@ -159,9 +159,9 @@ class FallbackStep:
             if cache.progress() != before:  # ran part-way: the eager step cannot take over
                 raise
             self.error = error
-            warnings.warn(f"compiling the decoding step failed ({_describe(error)}); decoding eagerly from "
-                          f"now on. Pass compile=False to generate (or set {COMPILE_ENV}=0) to skip "
-                          "compiling.", RuntimeWarning, stacklevel=4)
+            warnings.warn(f"compiling the decoding step failed ({describe_compile_error(error)}); decoding "
+                          f"eagerly from now on. Pass compile=False to generate (or set {COMPILE_ENV}=0) "
+                          "to skip compiling.", RuntimeWarning, stacklevel=4)
             return self.eager(input_ids, cache)
 
 
@@ -169,7 +169,7 @@ def _nothing() -> None:
     return None
 
 
-def _describe(error: BaseException) -> str:
+def describe_compile_error(error: BaseException) -> str:
     """The error and the one that caused it (a backend's own error inside BackendCompilerFailed), each
     with the first line of its message."""
     inner = getattr(error, "inner_exception", None) or error.__cause__

@@ -1,12 +1,14 @@
 """The forward pass compiled as one `torch.compile` graph (`Transformer.compile_model`), with a fallback.
 
 Whole-model compilation lets inductor fuse across blocks (norms, gains and residual adds around the
-GEMMs) and is what ``compile=true`` trains with. An inductor failure on one architecture should cost speed,
-not the run: the first call that fails with a dynamo or inductor error (not an error of the inputs, which
-eager code would raise too) warns once, naming the error, switches the model to `compile_blocks` and
-runs that call again. AOTAutograd compiles the backward graph lazily, at the first ``loss.backward()``,
-outside any `try` here; the compiled calls run with functorch's `force_non_lazy_backward_lowering`, which
-compiles it with the forward graph, so that its failure falls back too.
+GEMMs) and is what ``compile=true`` trains with. An inductor failure on one architecture should cost
+speed, not the run: the first call that fails with a dynamo or inductor error
+(`compiled_step.compile_errors`; an error that the inputs cause at run time, such as an id past the
+vocabulary, keeps its own type) warns once, naming the error, switches the model to `compile_blocks`
+and runs that call again. AOTAutograd compiles the backward graph lazily, at the first
+``loss.backward()``, outside any `try` here; the compiled calls run with functorch's
+`force_non_lazy_backward_lowering`, which compiles it with the forward graph, so that its failure
+falls back too.
 """
 
 from __future__ import annotations
@@ -22,13 +24,7 @@ import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
-
-def compile_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that mean "the compiler failed", as opposed to an error of the model's code."""
-    import torch._dynamo.exc as dynamo_exc
-
-    # InductorError is a BackendCompilerFailed
-    return dynamo_exc.BackendCompilerFailed, dynamo_exc.InternalTorchDynamoError
+from blocklab.model.compiled_step import compile_errors, describe_compile_error
 
 
 @functools.cache
@@ -78,9 +74,7 @@ class CompiledTrunk:
             return self._eager(input_ids)
 
     def _fall_back(self, err: BaseException) -> None:
-        cause = getattr(err, "inner_exception", None) or err  # what the backend raised, when it says
-        first_line = (str(cause).strip().splitlines() or [""])[0]
-        self.fallback = f"{type(err).__name__}, {type(cause).__name__}: {first_line}"
+        self.fallback = describe_compile_error(err)
         warnings.warn(f"torch.compile of the whole model failed for this architecture "
                       f"({self.fallback[:300]}); falling back to compiling each block (compile_blocks).",
                       RuntimeWarning, stacklevel=3)
