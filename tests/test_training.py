@@ -653,7 +653,7 @@ def test_cli_train(corpus, tmp_path):
 
 
 # -- multi-process --------------------------------------------------------------------------------------
-def _torchrun(n: int, args: list[str], cwd: Path) -> str:
+def _torchrun(n: int, args: list[str], cwd: Path, stderr: bool = False) -> str:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
            "-m", "blocklab.cli", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -662,7 +662,7 @@ def _torchrun(n: int, args: list[str], cwd: Path) -> str:
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"torchrun with {n} processes hung: {(err.stderr or b'')[-2000:]!r}") from None
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stdout + proc.stderr if stderr else proc.stdout
 
 
 @pytest.mark.parametrize("arch, parallel", [("pre-ln", "ddp"), ("pre-ln", "fsdp"), ("sas-p", "ddp"),
@@ -921,3 +921,24 @@ def test_train_progress_and_data_messages_in_a_log_file(corpus, tmp_path, capsys
     train(config(corpus, tmp_path / "b", max_steps=1, eval_every=0, progress=False, data=data))
     train(config(corpus, tmp_path / "c", max_steps=1, eval_every=0, progress=True, data=data))
     assert "token" not in capsys.readouterr().err  # quiet, then cached: nothing to say about the data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_match_one_with_the_model_compiled(corpus, tmp_path, parallel):
+    """compile=true (the forward pass as one inductor graph) under torchrun, for SAS-P (learned gains):
+    two processes give one's losses and gains, and neither falls back to per-block compile."""
+    common = ["max_steps=3", "batch_size=4", "seq_len=16", "eval_every=2", "eval_batches=4", "log_every=1",
+              "progress=false", "arch=sas-p", "compile=true",
+              f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+              "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "optim.warmup_fraction=0",
+              f"parallel={parallel}"]
+    outputs = [_torchrun(n, [*common, f"out_dir={tmp_path / name}"], tmp_path, stderr=True)
+               for n, name in ((1, "one"), (2, "two"))]
+    assert not any("falling back to compiling each block" in out for out in outputs), outputs
+    assert train_losses(tmp_path / "two") == pytest.approx(train_losses(tmp_path / "one"), abs=2e-5)
+    one, two = (read_metrics(tmp_path / name / "metrics.jsonl", "train")[-1]["scalars"]
+                for name in ("one", "two"))
+    assert one and one.keys() == two.keys()
+    for name, values in one.items():
+        assert two[name] == pytest.approx(values, abs=1e-4), name

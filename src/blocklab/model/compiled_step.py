@@ -4,7 +4,7 @@ Two facts of dynamo and inductor shape it:
 
 - dynamo keeps compiled code, and its recompile limit (8), per code object. One `decode_step` code
   object shared by every model would let the ninth model of another shape in a process fail to
-  compile, so each step compiles its own copy of the code (`_own_code`).
+  compile, so each step compiles its own copy of the code (`own_code`).
 - inductor's weight freezing (``torch._inductor.config.freezing``) folds the parameters into the
   compiled code as constants (on CPU, linear weights prepacked for MKL), which is what lets the
   compiled step pass a hand-written eager loop (benchmarks/RESULTS.md). Dynamo reads the flag when it
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 Step = Callable[[Tensor, "KVCache"], Tensor]
 
 
-def _own_code(method: Step) -> types.MethodType:
+def own_code(method: Callable[..., Any]) -> types.MethodType:
     """`method` (a bound method) with its own copy of the function's code object."""
     assert isinstance(method, types.MethodType)
     fn = method.__func__
@@ -71,7 +71,7 @@ class CompiledStep:
         self.owner = id(model)
         self.freeze_weights = freeze_weights
         self.compile_kwargs = compile_kwargs
-        self._step = torch.compile(_own_code(step), **compile_kwargs)
+        self._step = torch.compile(own_code(step), **compile_kwargs)
         self._folded = weights_state(model) if freeze_weights else None
 
     def is_current(self, model: nn.Module) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,7 @@ import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
-from blocklab.model.compiled_step import compile_errors, describe_compile_error
+from blocklab.model.compiled_step import compile_errors, describe_compile_error, own_code
 
 
 @functools.cache
@@ -51,9 +50,7 @@ class CompiledTrunk:
         self._run, self._fall_back_to = eager, fall_back
         # its own copy of the code: dynamo keeps compiled versions (at most 8) per code object, and the
         # models of one process (a benchmark, a test suite) must not share that limit
-        method = CompiledTrunk._eager
-        code = types.FunctionType(method.__code__.replace(), method.__globals__, method.__name__)
-        self._compiled = torch.compile(types.MethodType(code, self), **compile_kwargs)
+        self._compiled = torch.compile(own_code(self._eager), **compile_kwargs)
         self.fallback: str | None = None  # the error that made the model fall back to per-block compile
 
     def is_current(self, model: nn.Module) -> bool:
