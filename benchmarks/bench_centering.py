@@ -118,30 +118,14 @@ def round_robin(steps: dict, cuda: bool, warmup: int, repeats: int) -> dict[str,
 
 
 # -- part 2: the whole shaped attention ---------------------------------------------------------
-def before_masked_mean_innermost(v: torch.Tensor, t_q: int, causal: bool = True,
-                                 window: int | None = None) -> torch.Tensor:
-    """`ops.masked_mean` as it was on 2026-11-26/27 (T innermost), which `before_shaped_attention`
-    used."""
-    t_k = v.shape[-2]
-    acc = torch.promote_types(v.dtype, torch.float32)
-    sums = torch.cumsum(v.to(acc).transpose(-1, -2).contiguous(), dim=-1)  # (B, H, D, T)
-    if causal and t_q == t_k and (window is None or window >= t_k):
-        count = torch.arange(1, t_k + 1, device=v.device, dtype=acc)
-        return (sums / count).transpose(-1, -2).to(v.dtype)
-    return ops.masked_mean(v, t_q, causal, window)
-
-
 def before_shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=None, scale=None,
                             past_sum=None):
     """`ops.shaped_attention` as it was until 2026-11-27, kept here to measure against."""
     n_heads, t_q = q.shape[-3], q.shape[-2]
     out = ops._per_head(beta) * ops.attention(q, k, v, causal, window, scale)
     out = out + ops._per_head(alpha) * ops.expand_kv(v[..., -t_q:, :], n_heads)
-    if gamma is not None:
-        if past_sum is None and t_q == v.shape[-2]:
-            mean = before_masked_mean_innermost(v, t_q, causal, window)
-        else:
-            mean = ops.centered_values(v, t_q, causal, window, past_sum)
+    if gamma is not None:  # C V as it still is in the library: `ops.centered_values`, `ops.masked_mean`
+        mean = ops.centered_values(v, t_q, causal, window, past_sum)
         out = out - ops._per_head(gamma) * ops.expand_kv(mean, n_heads)
     return out
 
@@ -149,7 +133,7 @@ def before_shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=Non
 def before_mix(a, v, alpha, beta, gamma):
     """What `before_shaped_attention` does after SDPA: beta a + alpha v - gamma C V in plain ops."""
     out = ops._per_head(beta) * a + ops._per_head(alpha) * v
-    return out - ops._per_head(gamma) * before_masked_mean_innermost(v, v.shape[-2])
+    return out - ops._per_head(gamma) * ops.masked_mean(v, v.shape[-2])
 
 
 @contextlib.contextmanager

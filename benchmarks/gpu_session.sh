@@ -12,7 +12,8 @@
 #   2. tests/test_cuda.py: every architecture on CUDA against a float64 CPU reference (limit 130 s)
 #   3. bench_loss.py: the chunked linear + cross-entropy against float32 logits, time and peak memory,
 #      head padded to 128 rows or not (a few seconds; limit 45 s); then test_cuda.py's whole-model
-#      compile tests (14 inductor compiles, ~10-15 s each, estimated: limit 200 s, cut to what is left);
+#      compile tests (14 inductor compiles, ~10-15 s each, estimated), the chunked loss under bf16 with
+#      the padded head and the default compiled decoding step on CUDA (limit 200 s, cut to what is left);
 #      bench_fused_projections.py: a Pre-LN and a SAS-P step with the projections fused and not
 #      (FUSE_DEVICES says CUDA fuses; limit 45 s)
 #   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s)
@@ -50,7 +51,7 @@ cat "$OUT/gpu.txt"
     -k "not compiled_model"
 [ -n "${SKIP_CHECKS:-}" ] || step loss 45 python3 benchmarks/bench_loss.py --device cuda --out "$OUT/loss-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step cuda-compile 200 python3 -m pytest -q -p no:cacheprovider -rf --durations=5 \
-    tests/test_cuda.py -k compiled_model
+    tests/test_cuda.py tests/test_head_loss.py tests/test_decode_fast.py -k "compiled_model or on_the_device or on_cuda"
 [ -n "${SKIP_CHECKS:-}" ] || step fused 45 python3 benchmarks/bench_fused_projections.py --device cuda \
     --out "$OUT/fused-projections-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step centering 60 python3 benchmarks/bench_centering.py --device cuda \

@@ -69,11 +69,18 @@ def test_loss_from_labels_is_cross_entropy_of_the_logits(arch, overrides):
         assert torch.allclose(g[name], g_ref, rtol=1e-8, atol=1e-10), name
 
 
-def test_lm_loss_is_the_models_loss():
+def test_lm_loss_is_the_cross_entropy_of_the_labelled_positions():
+    """The trainer's loss against a hand-computed one: minus the mean log-softmax of the labelled
+    tokens, from the model's own float64 logits (masked-LM style labels: most positions ignored)."""
     model = make_model("sas")
     ids = tokens(seed=4)
-    batch = {"input_ids": ids, "labels": labels_of(ids)}
-    assert lm_loss(model, batch).item() == model(ids, labels=batch["labels"]).item()
+    labels = labels_of(ids, ignore_every=2)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids), dim=-1)
+    kept = labels != -100
+    expected = -logp[kept].gather(1, labels[kept][:, None]).mean()
+    loss = lm_loss(model, {"input_ids": ids, "labels": labels})
+    assert torch.allclose(loss, expected, rtol=1e-10, atol=1e-12)
 
 
 def test_labels_are_checked():
