@@ -43,6 +43,20 @@ def attention_mask(t_q: int, t_k: int, causal: bool, window: int | None,
     return (keys >= lo[:, None]) & (keys <= hi[:, None])
 
 
+def padded_mask(valid: Tensor, t_q: int, causal: bool, window: int | None) -> Tensor:
+    """Boolean (B, 1, T_q, T_k): `attention_mask` restricted to the real keys of each row, ``valid``
+    (B, T_k) (False at padding), and every query's own key, so that a padding query with no real key
+    to see (left padding) attends to itself: its output stays finite, and no real query reads it.
+    The queries are the last T_q keys."""
+    t_k = valid.shape[-1]
+    mask = valid[:, None, None, :]
+    base = attention_mask(t_q, t_k, causal, window, valid.device)
+    if base is not None:
+        mask = mask & base
+    own = torch.eye(t_k, dtype=torch.bool, device=valid.device)[t_k - t_q:]
+    return mask | own
+
+
 def sees_every_key(t_q: int, t_k: int, window: int | None) -> bool:
     """True when a single query, the last of the T_k positions (a decoding step), may attend to every
     key it is given: under a causal mask it sits after them all, and a window of `window` keys reaches
@@ -55,14 +69,18 @@ WINDOW_BLOCK = 256
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, window: int | None = None,
-              scale: float | None = None) -> Tensor:
+              scale: float | None = None, valid: Tensor | None = None) -> Tensor:
     """Softmax attention A V with A = softmax(q k^T / sqrt(d) + M) (Simplifying, Eq. 2).
 
     Runs on PyTorch's fused SDPA; K and V may have fewer heads than Q (grouped-query attention).
     A sliding window never builds a T_q x T_k mask: `windowed_attention` works block by block.
+    `valid` (B, T_k), False at padding: M also hides each row's padding keys (`padded_mask`).
     """
     t_q, t_k = q.shape[-2], k.shape[-2]
     gqa = k.shape[-3] != q.shape[-3]
+    if valid is not None:  # a padded batch: each row's own mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=padded_mask(valid, t_q, causal, window),
+                                              scale=scale, enable_gqa=gqa)
     if causal and window is None and t_q == t_k:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     if sees_every_key(t_q, t_k, window):  # a decoding step: one query, every key visible, no mask
@@ -357,12 +375,17 @@ class ShapedMix(torch.autograd.Function):
 
 
 def cross_layer_attention(q: Tensor, k: Tensor, v: Tensor, other_k: Tensor, other_v: Tensor,
-                          causal: bool = True, window: int | None = None) -> Tensor:
+                          causal: bool = True, window: int | None = None,
+                          valid: Tensor | None = None) -> Tensor:
     """softmax(Q [K; K_m]^T / sqrt(d)) [V; V_m]: attention over the keys and values of this layer and
-    of another layer m at the same positions, each half under the same mask (Value Residual Eq. 2).
+    of another layer m at the same positions, each half under the same mask (Value Residual Eq. 2;
+    `valid` (B, T_k): a padded batch's real keys, see `padded_mask`).
     """
     t_q, t_k = q.shape[-2], k.shape[-2]
-    mask = attention_mask(t_q, t_k, causal, window, q.device)
+    if valid is None:
+        mask = attention_mask(t_q, t_k, causal, window, q.device)
+    else:
+        mask = padded_mask(valid, t_q, causal, window)
     if mask is not None:
         mask = torch.cat((mask, mask), dim=-1)
     keys, values = torch.cat((k, other_k), dim=-2), torch.cat((v, other_v), dim=-2)
@@ -383,21 +406,33 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 def attention_probs(q: Tensor, k: Tensor, causal: bool = True, window: int | None = None,
-                    scale: float | None = None) -> Tensor:
-    """The explicit softmax matrix A of Eq. (2), shape (B, H, T_q, T_k); O(T^2) memory."""
+                    scale: float | None = None, valid: Tensor | None = None) -> Tensor:
+    """The explicit softmax matrix A of Eq. (2), shape (B, H, T_q, T_k); O(T^2) memory. `valid`
+    (B, T_k): the real keys of a padded batch (`padded_mask`)."""
     k = expand_kv(k, q.shape[-3])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     logits = (q @ k.transpose(-1, -2)) * scale
-    mask = attention_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    mask = _mask(q.shape[-2], k.shape[-2], causal, window, q.device, valid)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     return torch.softmax(logits, dim=-1)
 
 
+def _mask(t_q: int, t_k: int, causal: bool, window: int | None, device: torch.device | None,
+          valid: Tensor | None) -> Tensor | None:
+    """`attention_mask`, or `padded_mask` for a padded batch."""
+    if valid is None:
+        return attention_mask(t_q, t_k, causal, window, device)
+    return padded_mask(valid, t_q, causal, window)
+
+
 def centering_matrix(t_q: int, t_k: int, causal: bool = True, window: int | None = None,
-                     device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-    """C of Eq. (5): the attention matrix when all query-key logits are zero, under the mask."""
-    mask = attention_mask(t_q, t_k, causal, window, device)
+                     device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+                     valid: Tensor | None = None) -> Tensor:
+    """C of Eq. (5): the attention matrix when all query-key logits are zero, under the mask (with
+    `valid` (B, T_k), the padded mask: the mean of each query's real keys), (T_q, T_k) or
+    (B, 1, T_q, T_k)."""
+    mask = _mask(t_q, t_k, causal, window, device, valid)
     if mask is None:
         return torch.full((t_q, t_k), 1.0 / t_k, device=device, dtype=dtype)
     mask = mask.to(dtype)
@@ -406,37 +441,43 @@ def centering_matrix(t_q: int, t_k: int, causal: bool = True, window: int | None
 
 def shaped_attention_matrix(q: Tensor, k: Tensor, alpha: Tensor | float, beta: Tensor | float,
                             gamma: Tensor | float | None, causal: bool = True,
-                            window: int | None = None, scale: float | None = None) -> Tensor:
-    """The explicit matrix alpha I + beta A - gamma C (B, H, T_q, T_k), for diagnostics.
+                            window: int | None = None, scale: float | None = None,
+                            valid: Tensor | None = None) -> Tensor:
+    """The explicit matrix alpha I + beta A - gamma C (B, H, T_q, T_k), for diagnostics and for
+    padded batches (`valid` (B, T_k): A and C see each row's real keys only, `padded_mask`).
 
     I is offset like the mask: query i is the key at position T_k - T_q + i.
     """
     t_q, t_k = q.shape[-2], k.shape[-2]
-    probs = attention_probs(q, k, causal, window, scale)
+    probs = attention_probs(q, k, causal, window, scale, valid)
     eye = torch.eye(t_k, device=q.device, dtype=probs.dtype)[t_k - t_q:]
     out = _per_head(beta) * probs + _per_head(alpha) * eye
     if gamma is not None:
-        c = centering_matrix(t_q, t_k, causal, window, q.device, probs.dtype)
+        c = centering_matrix(t_q, t_k, causal, window, q.device, probs.dtype, valid)
         out = out - _per_head(gamma) * c
     return out
 
 
 def _angles(positions: Tensor, half: int, base: float, dtype: torch.dtype) -> Tensor:
-    """position * base^(-i/half) for i < half, in `dtype` (at least float32: positions reach 1e5)."""
+    """position * base^(-i/half) for i < half, in `dtype` (at least float32: positions reach 1e5);
+    positions (T,) or (B, T) give (T, half) or (B, T, half)."""
     inv_freq = base ** (-torch.arange(half, device=positions.device, dtype=dtype) / half)
-    return positions.to(dtype)[:, None] * inv_freq[None, :]
+    return positions.to(dtype)[..., None] * inv_freq
 
 
 def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-    """Rotary position embedding (Su et al., 2021) on the last dim of x (B, H, T, D), half-split."""
+    """Rotary position embedding (Su et al., 2021) on the last dim of x (B, H, T, D), half-split;
+    `positions` (T,), or (B, T) where each row has its own (a padded batch)."""
     half = x.shape[-1] // 2
     angles = _angles(positions, half, base, torch.promote_types(x.dtype, torch.float32))
+    if angles.dim() == 3:  # per row: broadcast over the heads
+        angles = angles[:, None]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
 def sinusoidal_positions(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Fixed sine/cosine position encodings (Vaswani et al., 2017), shape (T, dim)."""
+    """Fixed sine/cosine position encodings (Vaswani et al., 2017), shape (T, dim) (or (B, T, dim))."""
     angles = _angles(positions, dim // 2, 10000.0, torch.promote_types(dtype, torch.float32))
     return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)

@@ -188,26 +188,29 @@ class Attention(nn.Module):
         return self.alpha.value, self.beta.value, gamma
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, other_kv: tuple[Tensor, Tensor] | None = None,
-               past_sum: Tensor | None = None) -> Tensor:
+               past_sum: Tensor | None = None, valid: Tensor | None = None) -> Tensor:
         """This layer's attention over (B, H, T, D) heads; the queries are the last T_q positions.
 
         other_kv: keys and values of another layer attended alongside (cross-layer attention);
-        past_sum: the cache's running sum of earlier values, for shaped attention's C V.
+        past_sum: the cache's running sum of earlier values, for shaped attention's C V;
+        valid: (B, T_k) False at the padding of a padded batch (`ops.padded_mask`): softmax attention
+        masks it in SDPA, shaped attention builds its matrix, whose A and C see real keys only.
         """
         if other_kv is not None:
-            return ops.cross_layer_attention(q, k, v, *other_kv, self.causal, self.window)
-        if self.explicit:
-            return self.attention_matrix(q, k) @ ops.expand_kv(v, self.n_heads)
+            return ops.cross_layer_attention(q, k, v, *other_kv, self.causal, self.window, valid)
+        if self.explicit or (valid is not None and self.form != "softmax"):
+            return self.attention_matrix(q, k, valid) @ ops.expand_kv(v, self.n_heads)
         if self.form == "softmax":
-            return ops.attention(q, k, v, self.causal, self.window)
+            return ops.attention(q, k, v, self.causal, self.window, valid=valid)
         return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window,
                                     past_sum=past_sum)
 
-    def attention_matrix(self, q: Tensor, k: Tensor) -> Tensor:
-        """The full (B, H, T_q, T_k) matrix this layer applies to its values."""
+    def attention_matrix(self, q: Tensor, k: Tensor, valid: Tensor | None = None) -> Tensor:
+        """The full (B, H, T_q, T_k) matrix this layer applies to its values (`valid`: see `attend`)."""
         if self.form == "softmax":
-            return ops.attention_probs(q, k, self.causal, self.window)
-        return ops.shaped_attention_matrix(q, k, *self.matrix_gains(), self.causal, self.window)
+            return ops.attention_probs(q, k, self.causal, self.window, valid=valid)
+        return ops.shaped_attention_matrix(q, k, *self.matrix_gains(), self.causal, self.window,
+                                           valid=valid)
 
     def _position(self, x: Tensor, positions: Tensor) -> Tensor:
         if self.qk_norm:
@@ -268,7 +271,10 @@ class Attention(nn.Module):
             seen = cache.update(self.layer, out.k, out.v)
             values = ops.split_heads(path.values_from_cache(seen.value_source, carry), self.head_dim)
             keys, other_kv, past_sum = seen.keys, seen.other_kv, seen.value_sum
-        y = self.attend(out.q, keys, values, other_kv, past_sum)
+        valid = carry.key_valid
+        if valid is not None:  # this layer's keys are the last T_k positions
+            valid = valid[:, valid.shape[1] - keys.shape[-2]:]
+        y = self.attend(out.q, keys, values, other_kv, past_sum, valid)
         if out.offset is not None:
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
         return self.proj(ops.merge_heads(y)), carry

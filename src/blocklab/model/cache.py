@@ -51,6 +51,7 @@ from torch import Tensor
 from blocklab import ops
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Seen
+from blocklab.model.padding import PaddingState
 from blocklab.model.value_paths import (
     SharedModule,
     ValuePath,
@@ -260,6 +261,9 @@ class KVCache:
         # the last token of every row, cached and pending (nanochat's smear reads the previous token)
         self._last_ids = (torch.zeros(2, batch_size, 1, dtype=TOKEN_ID_DTYPE, device=device)
                           if cfg.smear else None)
+        # a padded batch (model/padding.py): which positions are real, set at the first padded pass
+        self.padding: PaddingState | None = None
+        self._real: Tensor | None = None  # (B, max_len) bool, False at padding
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
@@ -273,6 +277,8 @@ class KVCache:
         if self.token_ids is not None:
             out["token_ids"] = self.token_ids.data
         out.update({f"value_sums.{j}": t for j, t in self.value_sums.items()})
+        if self._real is not None:  # a padded batch's flags: one byte per position
+            out["real_positions"] = self._real
         return out
 
     @property
@@ -289,8 +295,9 @@ class KVCache:
                    for s in stores)
 
     # -- one forward pass ----------------------------------------------------------------------
-    def begin(self, token_ids: Tensor) -> Tensor:
-        """Start a forward pass over `token_ids` (B, T); returns their absolute positions (T,)."""
+    def begin(self, token_ids: Tensor, real: Tensor | None = None) -> Tensor:
+        """Start a forward pass over `token_ids` (B, T); returns their absolute positions (T,), or with
+        padding (`real` (B, T), False at padding, in this pass or an earlier one) each row's own (B, T)."""
         if self._broken:
             raise RuntimeError("this KV cache was left incomplete by a failed forward pass; make a new one "
                                "with model.new_cache(...).")
@@ -309,10 +316,33 @@ class KVCache:
             self._write("token_ids", None, self.token_ids, token_ids)
         if self._last_ids is not None:
             self._last_ids[1].copy_(token_ids[:, -1:])
+        if real is not None or self.padding is not None:
+            return self._padded_positions(token_ids, real)
         positions = self._positions
         if positions.device != token_ids.device:
             return torch.arange(self.length, self.length + t, device=token_ids.device)
         return positions[self.length:self.length + t]
+
+    def _padded_positions(self, token_ids: Tensor, real: Tensor | None) -> Tensor:
+        """Record which new positions are real and return each row's positions (model/padding.py)."""
+        b, t = token_ids.shape
+        device = token_ids.device
+        if self.padding is None:  # the first padded pass: every cached position was real
+            self.padding = PaddingState(b, device)
+            self.padding.real += self.length
+            self._real = torch.zeros(b, self.max_len, dtype=torch.bool, device=device)
+            self._real[:, :self.length] = True
+        assert self._real is not None
+        positions = self.padding.advance(real, t)
+        self._real[:, self.length:self.length + t] = True if real is None else real
+        return positions
+
+    def key_valid(self) -> Tensor | None:
+        """(B, P) False at padding, for every position up to the newest of the pass in progress (a
+        layer's keys are the last T_k of them); None when no pass over this cache had padding."""
+        if self._real is None:
+            return None
+        return self._real[:, :self.length + self._chunk_length()]
 
     def end(self) -> None:
         """Finish the forward pass: the new positions count as cached."""

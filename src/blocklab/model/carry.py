@@ -40,11 +40,15 @@ class Carry:
 
     # -- set by the Transformer before the first block ---------------------------------------------
     token_ids: Tensor  # (B, T) ids of the tokens in this forward pass
-    positions: Tensor  # (T,) absolute positions of those tokens
+    positions: Tensor  # (T,) absolute positions of those tokens, or (B, T) in a padded batch
     x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0, x0-value)
     token_embeddings: Tensor | None = None  # (B, T, d) raw token embeddings (Bank of Values' x0)
     embedding_table: Tensor | None = None  # (vocab, d) the token embedding (x0-value maps cached ids)
     cache: LayerCache | None = None  # set while decoding with a KV cache (model/cache.py)
+    # a padded batch: (B, P) False at padding, for every position up to the newest token (the cached
+    # ones too), so a layer's keys, the last T_k positions, are masked by its last T_k columns; then
+    # `positions` is (B, T), each row counting its own real tokens. None: no padding
+    key_valid: Tensor | None = None
     # -- set by a layer for the layers after it ---------------------------------------------------
     # V of the source layer (V_1), (B, T, kv_dim): ResFormer, SVFormer, NeuTRENO, v1-value, bov-resformer
     first_values: Tensor | None = None

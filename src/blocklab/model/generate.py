@@ -1,8 +1,9 @@
 """Autoregressive generation with the KV cache: greedy, temperature, top-k and top-p (nucleus) sampling.
 
-Every row of a batch shares the prompt length (no padding masks). A row stops at its first stop
-token, which is kept; later positions of that row hold `pad_token`. Generation ends when every row
-has stopped or after `max_new_tokens`.
+Prompts of different lengths share a batch through an `attention_mask` (1: real token, 0: padding),
+padded on the left or on the right: each row gives the tokens of its prompt generated alone
+(model/padding.py). A row stops at its first stop token, which is kept; later positions of that row
+hold `pad_token`. Generation ends when every row has stopped or after `max_new_tokens`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Protocol, cast
 import torch
 from torch import Tensor, nn
 
+from blocklab.model import padding
 from blocklab.model.cache import KVCache
 from blocklab.model.compiled_step import Step, default_step, wants_compiled
 from blocklab.model.config import ModelConfig
@@ -27,7 +29,8 @@ class Decoder(Protocol):
     training: bool
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache: ...
-    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor: ...
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None, checked: bool = True,
+                      attention_mask: Tensor | None = None) -> Tensor: ...
     def logits(self, x: Tensor) -> Tensor: ...
     def token_step(self) -> Step: ...
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor: ...
@@ -91,23 +94,43 @@ def _check(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: 
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Decoder, ids: Tensor, cache: KVCache) -> Tensor:
+def _last_logits(model: Decoder, ids: Tensor, cache: KVCache, real: Tensor | None) -> Tensor:
     """Next-token logits (B, vocab) after the prompt, checking its ids and the cache: the head runs on
-    the last position only."""
-    return model.logits(model.hidden_states(ids, cache)[:, -1])
+    the last position only (`real`: the prompt's real tokens, padded on the left)."""
+    return model.logits(model.hidden_states(ids, cache, attention_mask=real)[:, -1])
+
+
+def left_padded(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """The prompts with every row's real tokens moved to its end (left padding), and their flags (None
+    when nothing is padded): new tokens then follow each prompt's last real token. A row must hold at
+    least one real token, and padding may not split its real tokens (model/padding.py)."""
+    real = padding.real_tokens(attention_mask, input_ids)
+    if real is None or bool(real.all()):
+        return input_ids, None
+    padding.check_rows(real)
+    empty = ~real.any(dim=1)
+    if bool(empty.any()):
+        raise ValueError(f"attention_mask row {int(empty.nonzero()[0])} has no real token: every prompt "
+                         "needs at least one to continue.")
+    order = torch.sort(real.to(torch.uint8), dim=1, stable=True).indices  # padding first, tokens in order
+    return input_ids.gather(1, order), real.gather(1, order)
 
 
 def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None,
              stop_tokens: Sequence[int] | None = None, seed: int | None = None,
              pad_token: int | None = None, cache: KVCache | None = None,
-             compile: bool | None = None) -> Tensor:
-    """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; returns (B, T + n) ids.
+             compile: bool | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    """Continue `input_ids` (B, T) by up to `max_new_tokens` tokens; returns (B, T + n) ids: the
+    prompts as given, then the new tokens.
 
     Runs the prompt once through a fresh KV cache (or after what `cache` already holds, which it
-    extends), then one token per step. `seed` makes sampling reproducible (a private generator);
-    a row stops after its first token in `stop_tokens`, and is filled with `pad_token` (default: the
-    first stop token) until every row has stopped. The model runs in eval mode (no dropout).
+    extends), then one token per step. `attention_mask` (B, T), 1 at real tokens and 0 at padding,
+    batches prompts of different lengths, padded on either side: a row gives the tokens of its prompt
+    generated alone (the prompts run left-padded, so that new tokens follow each one's last token).
+    `seed` makes sampling reproducible (a private generator); a row stops after its first token in
+    `stop_tokens`, and is filled with `pad_token` (default: the first stop token) until every row has
+    stopped. The model runs in eval mode (no dropout).
 
     Which step decodes each new token (the prompt's prefill is always eager):
 
@@ -127,6 +150,7 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
     an ordinary tensor, and a `cache` passed in stays usable outside inference mode.
     """
     _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
+    prompts, real = left_padded(input_ids, attention_mask)
     compiled = wants_compiled(input_ids.device, compile)  # checks `compile` and the environment
     b, t = input_ids.shape
     device = input_ids.device
@@ -141,7 +165,7 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
         with torch.inference_mode():
             step = _pick_step(model, compile, compiled)
             pick = _column_sampler(temperature, top_k, top_p, generator, input_ids.dtype)
-            out = _decode(model, step, pick, input_ids, max_new_tokens, stops, pad, cache)
+            out = _decode(model, step, pick, prompts, real, max_new_tokens, stops, pad, cache)
     finally:
         model.train(was_training)
     with torch.no_grad():  # outside inference mode: the ids can feed a later training step
@@ -177,12 +201,13 @@ def _column_sampler(temperature: float, top_k: int | None, top_p: float | None,
 
 
 def _decode(model: Decoder, step: Step, pick: Callable[[Tensor], Tensor], input_ids: Tensor,
-            max_new_tokens: int, stops: Tensor, pad: Tensor | int | None, cache: KVCache) -> list[Tensor]:
+            real: Tensor | None, max_new_tokens: int, stops: Tensor, pad: Tensor | int | None,
+            cache: KVCache) -> list[Tensor]:
     """The prefill and the decoding steps of `generate`; returns each step's ids (B, 1).
 
     Per token: the step (sampled ids lie in the vocabulary: no checks), the sampler, and, only with
     stop tokens, the stop bookkeeping and its one device read."""
-    logits = _last_logits(model, input_ids, cache)  # checks the prompt's ids and the cache once
+    logits = _last_logits(model, input_ids, cache, real)  # checks the prompt's ids and the cache once
     if len(stops) == 0:
         out = [pick(logits)]
         for _ in range(max_new_tokens - 1):

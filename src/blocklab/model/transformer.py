@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from blocklab import ops
+from blocklab.model import padding
 from blocklab.model.block import Block
 from blocklab.model.cache import KVCache
 from blocklab.model.carry import Carry
@@ -191,35 +192,37 @@ class Transformer(nn.Module):
         return decoding
 
     # -- the forward pass: `forward` for training and evaluation, `decode_step` for decoding -------
-    def forward(self, input_ids: Tensor, cache: KVCache | None = None,
-                labels: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: KVCache | None = None, labels: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
         """Logits (B, T, vocab); with a `cache`, of tokens placed after the cached positions.
 
         With `labels` (B, T) (the next token at each position, or a masked token; -100 ignored), the
         mean cross-entropy instead, computed chunk by chunk from the final hidden states
         (`head_loss.linear_cross_entropy`): the (B, T, vocab) float32 logits never exist.
+        `attention_mask`: 1 at real tokens, 0 at padding (a padded batch, model/padding.py).
         """
         if labels is None:
-            return self.head_logits(self.final_hidden(input_ids, cache))
+            return self.head_logits(self.final_hidden(input_ids, cache, attention_mask))
         if cache is not None:
             raise ValueError("labels are for training and evaluation without a KV cache; got both")
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels must have the shape of input_ids {tuple(input_ids.shape)}; got "
                              f"{tuple(labels.shape)}")
-        h = self.final_hidden(input_ids)
+        h = self.final_hidden(input_ids, attention_mask=attention_mask)
         weight = self.head_weight()
         return linear_cross_entropy(h.flatten(0, 1), weight, labels.flatten(), softcap=self.cfg.logit_softcap,
                                     pad_to=self.head_padding(weight))
 
-    def final_hidden(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
+    def final_hidden(self, input_ids: Tensor, cache: KVCache | None = None,
+                     attention_mask: Tensor | None = None) -> Tensor:
         """The final norm's output (B, T, d), what the head reads; the compiled graph of
-        `compile_model` when there is one and no cache."""
+        `compile_model` when there is one, no cache and no padding mask."""
         trunk = self._trunk
-        if cache is None and trunk is not None:
+        if cache is None and trunk is not None and attention_mask is None:
             if not trunk.is_current(self):  # a deep copy: compile for this model
                 trunk = self._trunk = self._compiled_trunk(trunk.compile_kwargs)
             return trunk(input_ids)
-        return self.norm(self.hidden_states(input_ids, cache))
+        return self.norm(self.hidden_states(input_ids, cache, attention_mask=attention_mask))
 
     def decode_step(self, input_ids: Tensor, cache: KVCache) -> Tensor:
         """Next-token logits (B, vocab) after `input_ids` (B, T) placed after the cached positions,
@@ -228,20 +231,31 @@ class Transformer(nn.Module):
         (`generate` checks the prompt). The cache still checks the batch size and its room."""
         return self.logits(self.hidden_states(input_ids, cache, checked=False)[:, -1])
 
-    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None, checked: bool = True) -> Tensor:
-        """The last block's output (B, T, d), less the backout if any, before the final norm and head."""
+    def hidden_states(self, input_ids: Tensor, cache: KVCache | None = None, checked: bool = True,
+                      attention_mask: Tensor | None = None) -> Tensor:
+        """The last block's output (B, T, d), less the backout if any, before the final norm and head.
+
+        `attention_mask` (B, T), or (B, cached + T) as Hugging Face passes it: 1 at real tokens, 0 at
+        padding; each row then computes what it would alone (model/padding.py)."""
         if checked:
             self._check_inputs(input_ids, cache)
-        if cache is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        real = padding.real_tokens(attention_mask, input_ids, 0 if cache is None else cache.length)
+        if real is not None and cache is None and bool(real.all()):
+            real = None  # nothing padded: the unmasked kernels
+        if cache is not None:
+            positions = cache.begin(input_ids, real)  # after the cached ones; per row when padded
+            key_valid = cache.key_valid()
+        elif real is not None:
+            padding.check_rows(real)
+            positions, key_valid = padding.row_positions(real), real
         else:
-            positions = cache.begin(input_ids)  # the positions after the cached ones
+            positions, key_valid = torch.arange(input_ids.shape[1], device=input_ids.device), None
         tokens = self.tok_emb(input_ids)
         x = self.embed(tokens, positions)
         if self.smear is not None:
-            x = self._smear(self.smear, x, positions, cache)
+            x = self._smear(self.smear, x, positions, cache, key_valid)
         carry = Carry(token_ids=input_ids, positions=positions, x0=x, token_embeddings=tokens,
-                      embedding_table=self.tok_emb.weight, cache=cache)
+                      embedding_table=self.tok_emb.weight, cache=cache, key_valid=key_valid)
         shared = self.value_shared
         if shared is not None:
             carry = shared.before_blocks(carry)
@@ -294,13 +308,16 @@ class Transformer(nn.Module):
             x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
         return x if self.embed_norm is None else self.embed_norm(x)
 
-    def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None) -> Tensor:
-        """The smear over the new tokens; while decoding its first token mixes in the cached last one."""
+    def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: KVCache | None,
+               key_valid: Tensor | None) -> Tensor:
+        """The smear over the new tokens; while decoding its first token mixes in the cached last one.
+        In a padded batch a token mixes in its predecessor only when that is a real token."""
         previous = None
         if cache is not None and cache.length > 0:
-            last = positions[:1] - 1
+            last = (positions[..., :1] - 1).clamp(min=0)
             previous = self.embed(self.tok_emb(cache.last_token_ids()), last)
-        return smear(x, previous)
+        keep = None if key_valid is None else padding.previous_is_real(key_valid, x.shape[1])
+        return smear(x, previous, keep)
 
     def logits(self, x: Tensor) -> Tensor:
         """Logits (..., vocab) of the last block's output `x` (final norm, head, softcap)."""
@@ -343,13 +360,15 @@ class Transformer(nn.Module):
                  top_k: int | None = None, top_p: float | None = None,
                  stop_tokens: Sequence[int] | None = None, seed: int | None = None,
                  pad_token: int | None = None, cache: KVCache | None = None,
-                 compile: bool | None = None) -> Tensor:
+                 compile: bool | None = None, attention_mask: Tensor | None = None) -> Tensor:
         """Prompt + generated ids (B, T + n), decoding with a KV cache; see `blocklab.model.generate`
-        (`compile`: the compiled decoding step, by default on CUDA only)."""
+        (`compile`: the compiled decoding step, by default on CUDA only; `attention_mask`: prompts of
+        different lengths, padded)."""
         from blocklab.model.generate import generate
 
         return generate(self, input_ids, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache, compile=compile)
+                        stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache, compile=compile,
+                        attention_mask=attention_mask)
 
 
 def _linear(module: object) -> nn.Linear | None:

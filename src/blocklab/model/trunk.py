@@ -35,8 +35,11 @@ class Smear(nn.Module):
         self.gate = nn.Linear(SMEAR_CHANNELS, 1, bias=False)
         self.strength = Gain(0.0, trainable=True)  # lambda_s
 
-    def forward(self, x: Tensor, previous: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, previous: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
+        """keep: (B, T) bool, False where the previous token is padding (a padded batch): no mixing."""
         gate = self.strength(torch.sigmoid(self.gate(x[..., :SMEAR_CHANNELS])))  # (B, T, 1)
+        if keep is not None:
+            gate = gate * keep[..., None]
         if previous is None:  # the first position has no predecessor
             return torch.cat((x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]), dim=1)
         return x + gate * torch.cat((previous, x[:, :-1]), dim=1)
