@@ -11,7 +11,7 @@ import textwrap
 import traceback
 from importlib import metadata
 
-from blocklab import __version__
+from blocklab import __version__, import_hf_cli
 from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
@@ -453,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_diagnose(sub)
     _add_export(sub)
+    import_hf_cli.add_parsers(sub)
     _add_generate(sub)
     finetune_cli.add_parsers(sub)
     eval_cli.add_parsers(sub)

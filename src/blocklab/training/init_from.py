@@ -11,24 +11,29 @@ from blocklab.training.config import TrainConfig
 
 
 def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
-    """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory or a
-    `blocklab.interop.save_pretrained` export), retrofitted with the value path `cfg.retrofit`
+    """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory, a
+    `blocklab.interop.save_pretrained` export, or a Hugging Face GPT-2 / Llama checkpoint folder, read
+    as `blocklab import-hf` reads it), retrofitted with the value path `cfg.retrofit`
     (`blocklab.interop.retrofit`: ResFormer's mix starts at the baseline where the formula allows,
     a low-cost use of value residuals per Value Residual Learning), and the source's tokenizer.json
     (None when an export has none)."""
     from blocklab.interop import load_pretrained, retrofit
+    from blocklab.interop.import_hf import is_hf_checkpoint, load_hf_checkpoint
     from blocklab.training.runs import load_run
 
+    assert cfg.init_from is not None, "load_init is called for a run that sets init_from"
     src = Path(cfg.init_from)
     try:
         if (src / "model_config.json").is_file():
             model = load_run(src).model
+        elif is_hf_checkpoint(src):
+            model = load_hf_checkpoint(src)
         elif (src / "config.json").is_file():
             model = load_pretrained(src)
         else:
             raise FileNotFoundError(f"TrainConfig.init_from = {cfg.init_from!r} is not allowed: it is "
                                     "neither a run directory (model_config.json) nor a save_pretrained "
-                                    "export (config.json).")
+                                    "export or Hugging Face checkpoint (config.json).")
     except FileNotFoundError as err:  # a usage error, reported without a traceback
         raise ConfigError(str(err)) from None
     model = model.float().train()
@@ -50,14 +55,26 @@ def check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, to
                               "or give that file.")
     elif cfg.data.tokenizer == "bpe":
         raise ConfigError(f"{where} has no tokenizer.json: set data.tokenizer to the model's tokenizer "
-                          "(byte or a tokenizer.json path) rather than training a new BPE.")
+                          "(byte or a tokenizer.json path) rather than training a new BPE (blocklab "
+                          "import-hf converts a Hugging Face tokenizer that has none).")
     m = model.cfg
-    if tokenizer.vocab_size > m.vocab_size:
+    beyond = _ids_beyond(tokenizer, m.vocab_size, cfg.data.objective)
+    if beyond:
+        added = " (its end-of-text token was added: set data.eos_token to the tokenizer's own)" \
+            if tokenizer.eos_id in beyond else ""
         raise ConfigError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model of {where} only "
-                          f"{m.vocab_size}.")
+                          f"{m.vocab_size}{added}.")
     if m.causal != (cfg.data.objective == "clm"):
         raise ConfigError(f"data.objective = {cfg.data.objective!r} does not fit the model of {where} "
                           f"(causal = {m.causal}); use {'clm' if m.causal else 'mlm'}.")
     if cfg.seq_len > m.context_length:
         raise ConfigError(f"seq_len = {cfg.seq_len} is longer than the context length {m.context_length} "
                           f"of the model of {where}.")
+
+
+def _ids_beyond(tokenizer, vocab_size: int, objective: str) -> list[int]:
+    """Token ids past the model's vocabulary that the data can hold. A tokenizer without a mask token
+    gets one appended (`load_tokenizer`), one past a vocabulary it fills exactly (GPT-2's 50257 ids,
+    Llama's); causal LM data never holds it, so only masked LM counts it."""
+    return [i for i in range(vocab_size, tokenizer.vocab_size)
+            if objective != "clm" or i != tokenizer.mask_id]

@@ -1,0 +1,241 @@
+"""`blocklab import-hf`: Hugging Face checkpoint folders into blocklab exports, and `init_from` on them.
+
+References: the HF `transformers` models themselves (their logits, float32) and HF's own tokenizers;
+for blocklab's HF exports, the blocklab model that was exported. Every model is perturbed away from
+its initialisation (test_interop.perturb), so that a transpose or a dropped weight shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from blocklab.cli import main  # noqa: E402
+from blocklab.interop import load_pretrained, load_tokenizer, save_pretrained  # noqa: E402
+from test_interop import blocklab_model, hf_exportable, perturb  # noqa: E402
+
+VOCAB, CONTEXT = 64, 32
+SPECIALS = {"gpt2": ["<|endoftext|>", "<unk>"], "llama": ["<unk>", "<s>", "</s>"]}
+TEXT = "w3 w14 w1 w59 w8 w27"
+
+
+def word_tokenizer(specials: list[str]) -> Tokenizer:
+    """A whitespace WordLevel tokenizer that fills the model's vocabulary exactly, as GPT-2's and
+    Llama's do (no room for a mask token)."""
+    words = specials + [f"w{i}" for i in range(VOCAB - len(specials))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return tok
+
+
+def hf_model(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "gpt2":
+        cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=CONTEXT,
+                         attn_implementation="eager")
+        return perturb(GPT2LMHeadModel(cfg), seed)
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=CONTEXT,
+                      rope_theta=500.0, attn_implementation="eager")
+    return perturb(LlamaForCausalLM(cfg), seed)
+
+
+def hf_folder(kind: str, path, shard: bool = False, tokenizer: bool = True):
+    """A tiny perturbed HF model of `kind` saved with transformers' save_pretrained (in shards with
+    `shard`), with its fast tokenizer; returns the model."""
+    model = hf_model(kind)
+    model.save_pretrained(path, **({"max_shard_size": "20KB"} if shard else {}))
+    if tokenizer:
+        specials = SPECIALS[kind]
+        fast = PreTrainedTokenizerFast(tokenizer_object=word_tokenizer(specials), unk_token="<unk>",
+                                       eos_token=specials[0] if kind == "gpt2" else "</s>")
+        fast.save_pretrained(path)
+    return model
+
+
+def ids(seed: int = 0, t: int = 11) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (3, t), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def assert_same_logits(ours, hf) -> None:
+    x = ids()
+    want = hf(x).logits
+    assert want.abs().max() > 1.0  # far from zero: the comparison has teeth
+    torch.testing.assert_close(ours.eval()(x), want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind, shard", [("gpt2", False), ("llama", True)])
+def test_import_gives_the_hf_logits_and_carries_the_tokenizer(kind, shard, tmp_path, capsys):
+    hf = hf_folder(kind, tmp_path / "hf", shard=shard)
+    if shard:
+        assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert f"imported the {kind} checkpoint" in out and "tokenizer.json carried" in out
+    assert f"init_from={tmp_path / 'out'}" in out
+    assert_same_logits(load_pretrained(tmp_path / "out"), hf)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")(TEXT, add_special_tokens=False)
+    assert load_tokenizer(tmp_path / "out").encode(TEXT).ids == reference.input_ids
+
+
+def test_a_tokenizer_without_tokenizer_json_is_converted(tmp_path, capsys):
+    """GPT-2's slow files (vocab.json, merges.txt) become a tokenizer.json that encodes alike."""
+    hf = hf_folder("gpt2", tmp_path / "hf", tokenizer=False)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.train_from_iterator(["the value residual of a bank of values"] * 20,
+                            trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=["<|endoftext|>"]))
+    bpe.model.save(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "GPT2Tokenizer"}))
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "converted to tokenizer.json from tokenizer_config.json, vocab.json, merges.txt" in out
+    text = "the values of a bank"
+    assert load_tokenizer(tmp_path / "out").encode(text).ids == bpe.encode(text).ids
+    assert_same_logits(load_pretrained(tmp_path / "out"), hf)
+
+
+def test_without_tokenizer_files_the_import_says_so(tmp_path, capsys):
+    hf = hf_folder("llama", tmp_path / "hf", tokenizer=False)
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")]) == 0
+    assert "no tokenizer carried" in capsys.readouterr().out
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    assert_same_logits(load_pretrained(tmp_path / "out"), hf)
+
+
+EXPORTS = {"remote-sas-p": lambda: blocklab_model("sas-p", vocab_size=VOCAB),
+           "native-gpt2-like": lambda: hf_exportable("gpt2-like-tied-bias")}
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_blocklab_hf_exports_round_trip(name, tmp_path):
+    model = EXPORTS[name]().float().eval()
+    tok = word_tokenizer(SPECIALS["gpt2"])
+    save_pretrained(model, tmp_path / "hf", tokenizer=tok, format="hf")
+    remote = (tmp_path / "hf" / "modeling_blocklab.py").is_file()
+    assert remote == (name == "remote-sas-p")
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")]) == 0
+    back = load_pretrained(tmp_path / "out")
+    if remote:  # the same ModelConfig, not only the same function
+        assert back.cfg == model.cfg
+    x = ids(t=9) % model.cfg.vocab_size
+    with torch.no_grad():
+        assert model(x).abs().max() > 1.0
+        torch.testing.assert_close(back.eval()(x), model(x), atol=1e-5, rtol=0)
+    assert load_tokenizer(tmp_path / "out").encode(TEXT).ids == tok.encode(TEXT).ids
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Text in the tiny tokenizers' words, so that no token is unknown."""
+    root = tmp_path_factory.mktemp("words")
+    for i in range(16):
+        (root / f"d{i}.txt").write_text("\n".join(" ".join(f"w{(i * j + k) % 61}" for k in range(12))
+                                                  for j in range(30)))
+    return root
+
+
+@pytest.mark.parametrize("source", ["import", "hf-folder"])
+def test_train_init_from_starts_from_the_hf_weights(source, corpus, tmp_path):
+    """With learning rate 0 the trained run is the HF model: training started from its weights, with
+    its tokenizer, although that tokenizer leaves no id for blocklab's mask token."""
+    from blocklab.training import load_run
+
+    hf = hf_folder("llama", tmp_path / "hf")
+    src = tmp_path / "hf"
+    if source == "import":
+        assert main(["import-hf", str(src), "--out", str(tmp_path / "imported")]) == 0
+        src = tmp_path / "imported"
+    args = ["train", f"init_from={src}", "max_steps=2", "batch_size=4", "seq_len=16", "eval_every=0",
+            "eval_batches=1", "progress=false", "optim.lr=0", "optim.warmup_fraction=0",
+            f"data.source={corpus}", "data.val_fraction=0.3", f"data.cache_dir={tmp_path / 'cache'}",
+            "--out", str(tmp_path / "run")]
+    assert main(args) == 0
+    run = load_run(tmp_path / "run")
+    assert run.model.cfg.vocab_size == VOCAB and run.tokenizer.eos_token == "</s>"
+    assert_same_logits(run.model, hf)
+    reference = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert run.tokenizer.encode(TEXT) == reference(TEXT, add_special_tokens=False).input_ids
+
+
+def test_init_from_an_unsupported_hf_folder_names_its_model_type(corpus, tmp_path, capsys):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    args = ["train", f"init_from={tmp_path / 'bert'}", "max_steps=1", "progress=false",
+            f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(tmp_path / "run")]
+    assert main(args) == 2
+    assert "model_type = 'bert'" in capsys.readouterr().err
+
+
+def _error(argv, capsys) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_import_errors(tmp_path, capsys):
+    hf_folder("gpt2", tmp_path / "hf")
+    out = str(tmp_path / "out")
+    assert "is not a folder" in _error(["import-hf", str(tmp_path / "nowhere"), "--out", out], capsys)
+    (tmp_path / "empty").mkdir()
+    assert "no config.json" in _error(["import-hf", str(tmp_path / "empty"), "--out", out], capsys)
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    err = _error(["import-hf", str(tmp_path / "bert"), "--out", out], capsys)
+    assert "model_type = 'bert'" in err and "'gpt2', 'llama', 'blocklab'" in err
+    save_pretrained(blocklab_model("pre-ln"), tmp_path / "ours")
+    assert "already a blocklab export" in _error(["import-hf", str(tmp_path / "ours"), "--out", out], capsys)
+    assert "checkpoint folder itself" in _error(["import-hf", str(tmp_path / "hf"), "--out",
+                                                 str(tmp_path / "hf")], capsys)
+    assert not (tmp_path / "out").exists()  # nothing written by a refused import
+
+    # an existing --out: refused; --overwrite replaces an earlier export, never other files
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", out]) == 0
+    assert "--overwrite" in _error(["import-hf", str(tmp_path / "hf"), "--out", out], capsys)
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", out, "--overwrite"]) == 0
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    err = _error(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run"), "--overwrite"], capsys)
+    assert "metrics.jsonl" in err and (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+    (tmp_path / "hf" / "tokenizer.json").write_text("{torn")
+    err = _error(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "new")], capsys)
+    assert "tokenizer.json is not a readable tokenizer" in err and not (tmp_path / "new").exists()
+
+
+def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
+    hf_folder("gpt2", tmp_path / "hf", tokenizer=False)
+    tok = word_tokenizer(SPECIALS["gpt2"])
+    tok.add_tokens(["w-extra"])
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    err = _error(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
+    assert f"has {VOCAB + 1} tokens but its model only {VOCAB}" in err
+
+
+def test_help_lists_import_hf_without_importing_torch():
+    code = ("import sys; from blocklab.cli import main\n"
+            "for argv in (['--help'], ['import-hf', '--help']):\n"
+            "    try: main(argv)\n"
+            "    except SystemExit: pass\n"
+            "print('torch loaded:', 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "import-hf" in out and "usage: blocklab import-hf [-h] --out OUT [--overwrite] DIR" in out
+    assert out.rstrip().endswith("torch loaded: False")
