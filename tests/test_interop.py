@@ -368,7 +368,8 @@ def hf_exportable(name: str, seed: int = 0) -> Transformer:
 def test_hf_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
     model = hf_exportable(name)
     folder = save_pretrained(model, tmp_path / "hf", format="hf")
-    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "generation_config.json",
+                                                        "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == [HF_EXPORTS[name][1]] and config["dtype"] == "float32"
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)

@@ -6,9 +6,10 @@
 
 With ``format="hf"`` the folder is a Hugging Face checkpoint instead: a native GPT-2 or Llama one for
 the plain Pre-LN models those express (`hf_export`), else remote code that imports blocklab
-(`hf_remote`: model_type "blocklab", an auto_map, a model card); both with a tokenizer_config.json
-next to the tokenizer. Both kinds carry a marker in the safetensors metadata, so that a later export may
-replace them; only the blocklab format records sha256s (transformers would not check them).
+(`hf_remote`: model_type "blocklab", an auto_map); both with a model card (README.md), a
+generation_config.json, and a tokenizer_config.json next to the tokenizer. Both kinds carry a marker
+in the safetensors metadata, so that a later export may replace them; only the blocklab format records
+sha256s (transformers would not check them).
 
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
 half-written export (and a write the disk refuses leaves nothing behind: a DiskFullError says so).
@@ -133,8 +134,10 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     ``format="blocklab"`` keeps every `ModelConfig` field (read back with `load_pretrained`);
     ``format="hf"`` writes a folder that ``transformers.AutoModelForCausalLM.from_pretrained`` (and
     `from_hf`) loads: a native GPT-2 or Llama checkpoint for the plain Pre-LN baselines those two
-    can express, else any model as remote code (``trust_remote_code=True``, blocklab installed)
-    with a README model card that describes `run`, the run folder it was trained in, if given.
+    can express, else any model as remote code (``trust_remote_code=True``, blocklab installed); both
+    with generation_config.json and a README model card that names the preset and its paper and
+    describes `run`, the run folder it was trained in, if given. An exported tokenizer pads with its
+    end-of-text token (hf_export.write_tokenizer_config).
     """
     if format not in FORMATS:
         raise ConfigError(f"unknown export format {format!r}: use one of {', '.join(map(repr, FORMATS))}.")
@@ -148,12 +151,12 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     try:
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp / TOKENIZER_NAME)
+        run_folder = None if run is None else Path(run)
         if native:
-            hf_export.write_hf(model, tmp, _model_dtype(model))
+            hf_export.write_hf(model, tmp, _model_dtype(model), run_folder)
         elif format == "hf":
-            eos_id = hf_export.write_tokenizer_config(tmp, model.cfg.context_length)
-            run_folder = None if run is None else Path(run)
-            hf_remote.write_remote_code(model, tmp, _model_dtype(model), eos_id, run_folder)
+            specials = hf_export.write_tokenizer_config(tmp, model.cfg.context_length, model.cfg.causal)
+            hf_remote.write_remote_code(model, tmp, _model_dtype(model), specials, run_folder)
         else:
             _write_blocklab(model, tmp)
         for path in [tmp, *tmp.iterdir()]:  # mkdtemp and safetensors make owner-only folders and files

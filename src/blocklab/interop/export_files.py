@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
+# the model card and generation defaults, in both kinds of Hugging Face export
+CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format that wrote it
 
 

@@ -12,6 +12,11 @@ attention, the standard value path); the norm picks the target:
     Llama (LlamaForCausalLM): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention, any head_dim,
                               biases on every linear map or on none.
 
+The folder holds config.json, model.safetensors, generation_config.json (bos, eos and pad ids) and a
+README.md model card (model_card.py) and, with a tokenizer, tokenizer.json and tokenizer_config.json:
+transformers' generic fast tokenizer, with the end-of-text token as bos, eos and (unless the tokenizer
+has a pad token of its own) pad, padding on the left.
+
 `hf_target` refuses every other config (the simplified blocks, value paths, QK-norm, windows,
 softcapping ...) with a `ConfigError` naming each field that neither HF model can express, since a
 native checkpoint that loads but computes something else would be worse than none. Dropout is not
@@ -21,6 +26,7 @@ exported (HF dropouts are 0), as `from_hf` does not import it.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +35,13 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from blocklab.config import ConfigError, ModelConfig
-from blocklab.interop.export_files import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME, export_metadata
+from blocklab.interop.export_files import (
+    CARD_NAME,
+    CONFIG_NAME,
+    TOKENIZER_NAME,
+    WEIGHTS_NAME,
+    export_metadata,
+)
 from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS, _Weights
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
@@ -81,7 +93,8 @@ def _field_mismatches(cfg: ModelConfig, needs: dict[str, tuple[Any, ...]]) -> li
 
 
 def _gpt2_mismatches(cfg: ModelConfig) -> list[str]:
-    out = _field_mismatches(cfg, {"norm": ("layernorm",), "positions": ("learned",), "mlp_act": GPT2_ACTS})
+    out = _field_mismatches(cfg, {"norm": ("layernorm",), "positions": ("learned",),
+                                  "mlp_act": tuple(GPT2_ACTS)})
     shape = cfg.attention_shape
     if shape.n_kv_heads != shape.n_heads:
         out.append(_mismatch("n_kv_heads", cfg.n_kv_heads, f"None or n_heads = {cfg.n_heads}"))
@@ -119,17 +132,19 @@ def hf_target(cfg: ModelConfig) -> str:
 
 
 # -- config ------------------------------------------------------------------------------------
-def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token_id: int | None = None):
+def hf_config_of(cfg: ModelConfig, dtype: torch.dtype = torch.float32, eos_token_id: int | None = None,
+                 pad_token_id: int | None = None, bos_token_id: int | None = None):
     """The `GPT2Config` or `LlamaConfig` (with `architectures` set) of a model built from `cfg`.
 
-    `eos_token_id` is also the bos id (GPT-2's convention); None leaves both unset rather than
-    pointing at HF's defaults, which are ids of other vocabularies.
+    `bos_token_id` defaults to `eos_token_id` (GPT-2's convention); None leaves a token unset rather
+    than pointing at HF's defaults, which are ids of other vocabularies.
     """
     target = hf_target(cfg)
     transformers = require_transformers()
     attention, mlp = cfg.attention_shape, cfg.mlp_shape
     shared = dict(vocab_size=cfg.vocab_size, tie_word_embeddings=cfg.tie_embeddings,
-                  initializer_range=cfg.init_std, bos_token_id=eos_token_id, eos_token_id=eos_token_id,
+                  initializer_range=cfg.init_std, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                  bos_token_id=eos_token_id if bos_token_id is None else bos_token_id,
                   torch_dtype=str(dtype).removeprefix("torch."))
     if target == "gpt2":
         hf = transformers.GPT2Config(
@@ -214,43 +229,92 @@ def hf_state_dict(model) -> dict[str, Tensor]:
 
 
 # -- files -------------------------------------------------------------------------------------
-def _eos_token(tokenizer_file: Path) -> tuple[str, int] | None:
-    """The separator token of a tokenizer.json (the names blocklab's own loader tries), with its id."""
+# Names a tokenizer gives its padding token; one of them in the vocabulary is the pad token, else the
+# end-of-text token pads (GPT-2's convention: pads are masked out, so which id they carry never matters).
+KNOWN_PAD = ("<|pad|>", "<pad>", "[PAD]")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special tokens of an exported tokenizer, each as (text, id), or None where it has none."""
+
+    eos: tuple[str, int] | None = None
+    pad: tuple[str, int] | None = None
+    mask: tuple[str, int] | None = None
+
+    def ids(self) -> dict[str, int | None]:
+        """bos, eos and pad ids for config.json and generation_config.json: the end-of-text token is
+        also the bos (GPT-2's convention); None leaves a field unset rather than pointing at HF's
+        defaults, which are ids of other vocabularies."""
+        eos_id = self.eos[1] if self.eos else None
+        return dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=self.pad[1] if self.pad else None)
+
+
+def special_tokens(tokenizer_file: Path) -> SpecialTokens:
+    """The separator, pad and mask tokens of a tokenizer.json, found under the names blocklab's own
+    loader tries (`KNOWN_EOS`, `KNOWN_MASK`) and `KNOWN_PAD`; the separator pads when no pad exists."""
     from tokenizers import Tokenizer
 
-    from blocklab.data.tokenizer import KNOWN_EOS
+    from blocklab.data.tokenizer import KNOWN_EOS, KNOWN_MASK
 
     tok = Tokenizer.from_file(str(tokenizer_file))
-    for name in KNOWN_EOS:
-        token_id = tok.token_to_id(name)
-        if token_id is not None:
-            return name, token_id
-    return None
+
+    def first(names: tuple[str, ...]) -> tuple[str, int] | None:
+        found = ((name, tok.token_to_id(name)) for name in names)
+        return next(((name, i) for name, i in found if i is not None), None)
+
+    eos = first(KNOWN_EOS)
+    return SpecialTokens(eos=eos, pad=first(KNOWN_PAD) or eos, mask=first(KNOWN_MASK))
 
 
-def write_tokenizer_config(folder: Path, context_length: int) -> int | None:
-    """tokenizer_config.json beside the folder's tokenizer.json, if it has one; returns the id of its
-    end-of-text token (bos and eos), or None."""
+def write_tokenizer_config(folder: Path, context_length: int, causal: bool = True) -> SpecialTokens:
+    """tokenizer_config.json beside the folder's tokenizer.json, if it has one; returns its special
+    tokens (none without a tokenizer).
+
+    The config names transformers' generic fast tokenizer, so that loading it runs no code of ours;
+    it pads on the left for a causal model (generation continues each row from its last real token)
+    and on the right for an encoder; and it encodes a special token's text in a prompt as plain text,
+    as blocklab's tokenizer does in training (`split_special_tokens`).
+    """
     tokenizer_file = folder / TOKENIZER_NAME
     if not tokenizer_file.is_file():
-        return None
-    eos = _eos_token(tokenizer_file)
-    # without it, AutoTokenizer would pick a tokenizer class from config.json's model_type
+        return SpecialTokens()
+    specials = special_tokens(tokenizer_file)
+    # without tokenizer_class, AutoTokenizer would pick a tokenizer class from config.json's model_type
     tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
-                                  "model_max_length": context_length}
-    if eos:
-        tok_config.update(bos_token=eos[0], eos_token=eos[0])
+                                  "model_max_length": context_length,
+                                  "padding_side": "left" if causal else "right",
+                                  "split_special_tokens": True, "clean_up_tokenization_spaces": False}
+    if specials.eos:
+        tok_config.update(bos_token=specials.eos[0], eos_token=specials.eos[0])
+    if specials.pad:
+        tok_config["pad_token"] = specials.pad[0]
+    if specials.mask and not causal:
+        tok_config["mask_token"] = specials.mask[0]
     (folder / TOKENIZER_CONFIG_NAME).write_text(json.dumps(tok_config, indent=2) + "\n")
-    return eos[1] if eos else None
+    return specials
 
 
-def write_hf(model, folder: Path, dtype: torch.dtype) -> None:
-    """Write config.json and model.safetensors (and tokenizer_config.json next to a tokenizer.json
-    already in `folder`) so that transformers' Auto classes load the folder as GPT-2 or Llama."""
-    eos_id = write_tokenizer_config(folder, model.cfg.context_length)
-    hf = hf_config_of(model.cfg, dtype, eos_token_id=eos_id)
+def write_generation_config(folder: Path, specials: SpecialTokens) -> None:
+    """generation_config.json of a causal export: its bos, eos and pad ids (as known), so that
+    `generate` stops at the end-of-text token and pads a batch without a warning."""
+    transformers = require_transformers()
+    ids = {name: value for name, value in specials.ids().items() if value is not None}
+    transformers.GenerationConfig(**ids).save_pretrained(folder)
+
+
+def write_hf(model, folder: Path, dtype: torch.dtype, run: Path | None = None) -> None:
+    """Write config.json, generation_config.json, model.safetensors and the README model card (and
+    tokenizer_config.json next to a tokenizer.json already in `folder`) so that transformers' Auto
+    classes load the folder as GPT-2 or Llama, with no blocklab installed."""
+    from blocklab.interop.model_card import model_card
+
+    specials = write_tokenizer_config(folder, model.cfg.context_length)
+    hf = hf_config_of(model.cfg, dtype, **specials.ids())
     save_file(hf_state_dict(model), str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"))
     config = hf.to_dict()
     if "rope_parameters" in config:  # for transformers 4.x readers, which look for rope_theta alone
         config.setdefault("rope_theta", model.cfg.rope_base)
     (folder / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_generation_config(folder, specials)
+    (folder / CARD_NAME).write_text(model_card(model, run, native=hf_target(model.cfg), specials=specials))

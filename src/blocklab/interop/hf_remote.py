@@ -8,13 +8,18 @@ classes (``trust_remote_code=True``):
     configuration_blocklab.py   one import: blocklab.interop.hf_model.BlocklabConfig
     modeling_blocklab.py        one import: the causal-LM and masked-LM classes
     model.safetensors           the Transformer's weights under ``model.`` + blocklab's names
-    generation_config.json      HF's generation defaults (eos)
-    tokenizer.json, tokenizer_config.json   when exported with a tokenizer
+    generation_config.json      HF's generation defaults: bos, eos and pad ids (causal models)
+    tokenizer.json, tokenizer_config.json   when exported with a tokenizer: transformers' own fast
+                                tokenizer (hf_export.write_tokenizer_config), no code of ours
     README.md                   the model card (interop/model_card.py)
 
 The modules copy no model code, so the export computes what the installed blocklab computes; the
-card says blocklab must be installed. Plain Pre-LN GPT-2- and Llama-shaped models are exported
-natively instead (hf_export.py), loadable with no blocklab at all.
+card says blocklab must be installed. The tokenizer needs no remote code, but transformers 5 reads
+config.json before tokenizer_config.json, and an ``auto_map`` with an ``AutoConfig`` (which the model
+needs) makes a bare ``AutoTokenizer.from_pretrained(folder)`` in a process that has not loaded the
+model ask whether to run it; the card says to load the tokenizer alone with ``trust_remote_code=False``,
+which loads it at once. Plain Pre-LN GPT-2- and Llama-shaped models are exported natively instead
+(hf_export.py), loadable with no blocklab at all.
 """
 
 from __future__ import annotations
@@ -25,34 +30,36 @@ import torch
 from safetensors.torch import save_model
 
 from blocklab.interop.export_files import (
+    CARD_NAME,
     CONFIG_MODULE,
     CONFIG_NAME,
+    GENERATION_CONFIG_NAME,
     MODEL_MODULE,
     WEIGHTS_NAME,
     auto_map,
     export_metadata,
     write_modules,
 )
+from blocklab.interop.hf_export import SpecialTokens, write_generation_config
 from blocklab.interop.model_card import model_card
 from blocklab.model import Transformer
 
-CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 FILES = (f"{CONFIG_MODULE}.py", f"{MODEL_MODULE}.py", CARD_NAME, GENERATION_CONFIG_NAME)
 
 
-def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, eos_token_id: int | None,
+def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, specials: SpecialTokens,
                       run: Path | None = None) -> None:
-    """Write the files above (less the tokenizer's, which the caller writes) into `folder`."""
+    """Write the files above (less the tokenizer's, which the caller writes, finding its `specials`)
+    into `folder`."""
     from blocklab.interop.hf_model import BlocklabConfig, hf_model
 
     hf = hf_model(model)
     config = BlocklabConfig(
         blocklab=model.cfg.to_dict(), architectures=[type(hf).__name__], auto_map=auto_map(model.cfg.causal),
-        bos_token_id=eos_token_id, eos_token_id=eos_token_id, torch_dtype=str(dtype).removeprefix("torch."))
+        torch_dtype=str(dtype).removeprefix("torch."), **specials.ids())
     (folder / CONFIG_NAME).write_text(config.to_json_string(use_diff=False))
     if model.cfg.causal:
-        hf.generation_config.bos_token_id = hf.generation_config.eos_token_id = eos_token_id
-        hf.generation_config.save_pretrained(folder)
+        write_generation_config(folder, specials)
     save_model(hf, str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"), force_contiguous=True)
     write_modules(folder)
-    (folder / CARD_NAME).write_text(model_card(model, run))
+    (folder / CARD_NAME).write_text(model_card(model, run, specials=specials))

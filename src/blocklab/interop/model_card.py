@@ -1,25 +1,41 @@
 """The README.md model card of a Hugging Face export: what the model is, which paper, how it trained.
 
-Plain text from the config, the parameter and KV-cache accounting and, when the export comes from a
-run, that run's summary.json; it needs nothing beyond blocklab.
+The card opens with the YAML front matter the Hugging Face Hub reads (licence, library, pipeline
+tag, tags: the preset, the value path and the papers' arXiv ids), then names the architecture preset
+the model comes from: the one its run recorded (config.yaml's ``arch``) or else the block preset its
+fields match, with any fields that differ from it; then its paper, how to load it, a table from the
+config and the parameter and KV-cache accounting and, when the export comes from a run, that run's
+summary.json. It needs nothing beyond blocklab.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from blocklab.accounting import count_parameters
 from blocklab.config import ModelConfig
 from blocklab.model import Transformer
 from blocklab.model.cache import cache_bytes_per_token
+from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.presets import BLOCK_PRESETS, split_arch
 
+if TYPE_CHECKING:
+    from blocklab.interop.hf_export import SpecialTokens
+
+# the card's licence: the project's own (pyproject.toml, LICENSE); change it where the training data asks
+LICENSE = "mit"
 SIMPLIFYING = "He & Hofmann, *Simplifying Transformer Blocks*, ICLR 2024 (arXiv:2311.01906)"
 VALUE_RESIDUAL = ("Zhou et al., *Value Residual Learning for Alleviating Attention Concentration in "
                   "Transformers*, ACL 2025 (arXiv:2410.17897)")
 BANK_OF_VALUES = ("*Do Value Vectors in Deep Layers Need Context from the Residual Stream?* "
                   "(arXiv:2606.02780)")
+VASWANI = "Vaswani et al., *Attention Is All You Need*, NeurIPS 2017 (arXiv:1706.03762)"
 # value path -> the paper that proposes it or compares against it
 VALUE_PATH_PAPERS = {
     **dict.fromkeys(("resformer", "resformer-constant", "resformer-sparse", "resformer-learnable",
@@ -28,25 +44,158 @@ VALUE_PATH_PAPERS = {
     **dict.fromkeys(("bov", "bov-resformer", "x0-value", "v1-value", "v-scale", "value-embed"),
                     BANK_OF_VALUES),
 }
+NATIVE_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
-def papers(model: Transformer) -> list[str]:
-    """The papers whose ideas `model` uses: the simplified block (any change to the Pre-LN block) and
-    its value path's paper."""
-    cfg = model.cfg
-    simplified = (cfg.block_layout != "pre-ln" or cfg.attn_matrix == "shaped" or cfg.value_form != "linear"
-                  or cfg.proj_form != "linear" or cfg.trainable_block_gains)
-    out = [SIMPLIFYING] if simplified else []
-    paper = VALUE_PATH_PAPERS.get(cfg.value_path)
-    return out + ([paper] if paper else [])
+# -- which preset -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arch:
+    """The architecture preset of a config: a block preset and the config's value path, the fields
+    in which the config's block differs from that preset, and whether a run recorded the name."""
+
+    block: str
+    value_path: str
+    differs: tuple[str, ...] = ()
+    recorded: bool = False
+
+    @property
+    def name(self) -> str:
+        """The name `ModelConfig.from_preset` takes: ``"sas"``, ``"sas-p+bov"``."""
+        return self.block if self.value_path == "standard" else f"{self.block}+{self.value_path}"
 
 
-def _architecture_rows(model: Transformer) -> list[tuple[str, str]]:
+def block_differences(cfg: ModelConfig, block: str) -> list[str]:
+    """The fields that the block presets set in which `cfg` differs from the block preset `block`
+    (a field that `block` leaves alone must keep its default)."""
+    defaults = ModelConfig()
+    fields = {f for preset in BLOCK_PRESETS.values() for f in preset.fields}
+    wanted = {f: getattr(defaults, f) for f in fields} | BLOCK_PRESETS[block].fields
+    return sorted(f for f, value in wanted.items() if getattr(cfg, f) != value)
+
+
+def architecture(cfg: ModelConfig, recorded: str | None = None) -> Arch:
+    """The preset `cfg` comes from: the block of `recorded` (the ``arch`` a run recorded) when it
+    names a block preset, else the block preset that differs from `cfg` in the fewest fields."""
+    block = split_arch(recorded)[0] if recorded else None
+    known = block in BLOCK_PRESETS
+    if not known:
+        block = min(BLOCK_PRESETS, key=lambda name: len(block_differences(cfg, name)))
+    assert block is not None
+    return Arch(block, cfg.value_path, tuple(block_differences(cfg, block)), known)
+
+
+def _block_paper(block: str) -> str | None:
+    """The paper of a block preset, with the equation or figure its reference names."""
+    reference = BLOCK_PRESETS[block].reference
+    if reference.startswith("Simplifying"):
+        return f"{SIMPLIFYING}, {reference.removeprefix('Simplifying ')}"
+    return VASWANI if reference.startswith("Vaswani") else reference or None
+
+
+def papers(model: Transformer, arch: Arch | None = None) -> list[str]:
+    """The papers `model` comes from: its block preset's and its value path's."""
+    arch = arch or architecture(model.cfg)
+    found = [_block_paper(arch.block), VALUE_PATH_PAPERS.get(arch.value_path)]
+    return [paper for paper in found if paper]
+
+
+def _recorded_run(run: Path | None) -> dict[str, Any]:
+    """``arch`` and ``size`` as the run recorded them: config.yaml, else summary.json; {} without."""
+    if run is None:
+        return {}
+    for name, read in (("config.yaml", yaml.safe_load), ("summary.json", json.loads)):
+        try:
+            data = read((run / name).read_text())
+        except (OSError, ValueError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("arch"), str):
+            return {key: data[key] for key in ("arch", "size") if isinstance(data.get(key), str)}
+    return {}
+
+
+# -- the card's parts ---------------------------------------------------------------------------
+def _front_matter(model: Transformer, arch: Arch, native: str | None, cited: list[str]) -> str:
+    """The YAML block the Hub reads: licence, library, pipeline, tags (arXiv ids link the papers)."""
+    tags = ["blocklab", arch.block]
+    tags += [arch.value_path] if arch.value_path != "standard" else []
+    tags += [native] if native else ["custom_code"]
+    tags += [f"arxiv:{number}" for paper in cited for number in re.findall(r"arXiv:(\d{4}\.\d{4,5})", paper)]
+    meta = {"license": LICENSE, "library_name": "transformers",
+            "pipeline_tag": "text-generation" if model.cfg.causal else "fill-mask", "tags": tags}
+    return f"---\n{yaml.safe_dump(meta, sort_keys=False)}---\n"
+
+
+def _title(arch: Arch) -> str:
+    what = BLOCK_PRESETS[arch.block].description
+    if arch.value_path != "standard":
+        what += f"; value path: {VALUE_PATHS[arch.value_path].description.split(':')[0]}"
+    if arch.differs:
+        return f"# A blocklab model near `{arch.name}` ({what}), with its own {', '.join(arch.differs)}"
+    return f"# blocklab `{arch.name}`: {what}"
+
+
+def _preset_line(arch: Arch, size: str | None) -> str:
+    how = "as its training run recorded" if arch.recorded else "matched from the config's fields"
+    sized = f", size preset `{size}`" if size else ""
+    if arch.differs:
+        fields = ", ".join(f"`{f}`" for f in arch.differs)
+        return (f"Preset: `{arch.name}`{sized} ({how}), except for {fields}, which the config sets "
+                "otherwise (the table below has the block's fields).")
+    return f"Preset: `{arch.name}`{sized} ({how}): `ModelConfig.from_preset({arch.name!r}, ...)` in blocklab."
+
+
+def _usage(model: Transformer, native: str | None) -> str:
+    if native:
+        return f"""Exported from blocklab as a plain `{NATIVE_CLASSES[native]}` checkpoint: it loads with
+transformers alone, with no blocklab installed and no remote code, and computes the blocklab
+model's logits.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
+```"""
+    cls = "AutoModelForCausalLM" if model.cfg.causal else "AutoModelForMaskedLM"
+    cache = ("`generate` decodes with blocklab's KV cache, which keeps only what this value\npath reads "
+             "again. " if model.cfg.causal else "")
+    return f"""Exported from blocklab as remote code:
+
+```python
+from transformers import {cls}, AutoTokenizer
+
+model = {cls}.from_pretrained("path/to/this/folder", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
+```
+
+`configuration_blocklab.py` and `modeling_blocklab.py` hold no model code: they import blocklab
+(`pip install "blocklab[hf]"`), whose `Transformer` computes the model, so loading the model needs
+blocklab installed. {cache}The tokenizer is transformers' own `PreTrainedTokenizerFast` and runs
+no code from this folder. To load it alone, without blocklab, pass `trust_remote_code=False`
+(`AutoTokenizer.from_pretrained("path/to/this/folder", trust_remote_code=False)`): transformers 5
+reads config.json before the tokenizer's files and would otherwise ask whether to run the model's
+code (after the model has loaded, as above, it knows that code and does not ask)."""
+
+
+def _tokenizer_lines(specials: SpecialTokens | None, causal: bool) -> list[str]:
+    if specials is None:
+        return []
+    if specials.pad is None:
+        return ["", "The tokenizer has no end-of-text or pad token: give `padding=True` a `pad_token` first."]
+    side = "left, so that generation continues each row from its last real token" if causal else "right"
+    same = ", the end-of-text token too (GPT-2's convention)," if specials.pad == specials.eos else ""
+    return ["", f"The tokenizer pads with `{specials.pad[0]}` (id {specials.pad[1]}){same} on the {side}; "
+            "the attention mask marks the pads. A special token's text in a prompt is encoded as text, as in "
+            "training (`split_special_tokens`)."]
+
+
+def _architecture_rows(model: Transformer, arch: Arch) -> list[tuple[str, str]]:
     cfg = model.cfg
     counts = count_parameters(model)
     options = json.dumps(cfg.value_path_options, sort_keys=True) if cfg.value_path_options else "defaults"
     return [
         ("objective", "causal LM" if cfg.causal else "masked LM (encoder)"),
+        ("preset", f"`{arch.name}`" + (f", differing in {', '.join(arch.differs)}" if arch.differs else "")),
         ("block layout", f"`{cfg.block_layout}`, attention matrix `{cfg.attn_matrix}`, value map "
                          f"`{cfg.value_form}`, projection `{cfg.proj_form}`"),
         ("value path", f"`{cfg.value_path}` ({options})"),
@@ -81,28 +230,23 @@ def _training_lines(run: Path | None) -> list[str]:
     return lines
 
 
-def model_card(model: Transformer, run: Path | None = None) -> str:
-    """README.md for an export folder of `model` (trained in the blocklab run folder `run`, if any)."""
-    cls = "AutoModelForCausalLM" if model.cfg.causal else "AutoModelForMaskedLM"
-    rows = "\n".join(f"| {name} | {value} |" for name, value in _architecture_rows(model))
-    cited = "\n".join(f"- {p}" for p in papers(model)) or "- none: the standard Pre-LN Transformer"
-    return f"""---
-library_name: transformers
-tags: [blocklab, {model.cfg.value_path}, {model.cfg.block_layout}]
----
-# A blocklab model: `{model.cfg.block_layout}` blocks, `{model.cfg.value_path}` value path
+def model_card(model: Transformer, run: Path | None = None, native: str | None = None,
+               specials: SpecialTokens | None = None) -> str:
+    """README.md for an export folder of `model` (trained in the blocklab run folder `run`, if any):
+    a native checkpoint when `native` names its target ("gpt2", "llama"), else remote code;
+    `specials`, the exported tokenizer's special tokens (None: no tokenizer)."""
+    recorded = _recorded_run(run)
+    arch = architecture(model.cfg, recorded.get("arch"))
+    cited = papers(model, arch)
+    rows = "\n".join(f"| {name} | {value} |" for name, value in _architecture_rows(model, arch))
+    listed = "\n".join(f"- {p}" for p in cited) or "- none"
+    tokenizer = "\n".join(_tokenizer_lines(specials, model.cfg.causal))
+    return f"""{_front_matter(model, arch, native, cited)}{_title(arch)}
 
-```python
-from transformers import {cls}, AutoTokenizer
+{_preset_line(arch, recorded.get("size"))}
 
-model = {cls}.from_pretrained("path/to/this/folder", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")
-```
-
-`configuration_blocklab.py` and `modeling_blocklab.py` hold no model code: they import blocklab
-(`pip install "blocklab[hf]"`), whose `Transformer` computes the model, so loading needs blocklab
-installed. `generate` decodes with blocklab's KV cache, which keeps only what this value path reads
-again.
+{_usage(model, native)}
+{tokenizer}
 
 ## Architecture
 
@@ -112,7 +256,7 @@ again.
 
 ## Papers
 
-{cited}
+{listed}
 
 ## Training
 
