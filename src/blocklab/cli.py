@@ -253,13 +253,10 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from blocklab.training import load_run
+    from blocklab.training.runs import load_model_folder
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        run = load_run(args.run, device=device)
-    except FileNotFoundError as err:  # no such run: a usage error, reported without a traceback
-        raise ConfigError(str(err)) from None
+    run = load_model_folder(args.run, device=device)  # a run or an export; main reports a missing one
     try:
         text = run.complete(args.prompt, args.max_new_tokens, stop=not args.no_stop,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -425,7 +422,7 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
                        description="Greedy decoding by default; --temperature with --top-k / --top-p "
                        "samples (reproducibly with --seed). Stops at the run's end-of-text token.")
-    p.add_argument("--run", required=True, help="a run directory")
+    p.add_argument("--run", required=True, help="a run directory, or a blocklab export (blocklab export, import-hf)")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0,

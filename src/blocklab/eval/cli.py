@@ -11,11 +11,14 @@ from blocklab.errors import ConfigError
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("eval", help="zero-shot multiple choice (CORE) and lm-evaluation-harness tasks",
-                       description="Score a causal run on local multiple-choice JSONL files ({context, "
-                       "choices, label}) by summed and per-byte log-likelihood, with centered accuracies "
-                       "and their mean (the DCLM CORE score), and/or run lm-evaluation-harness tasks (pip "
-                       "install 'blocklab[eval]'). Prints a table and writes JSON.")
-    p.add_argument("--run", required=True, help="run directory of `blocklab train`")
+                       description="Score a causal run (or a blocklab export) on local multiple-choice JSONL "
+                       "files ({context, choices, label}) by summed and per-byte log-likelihood, with "
+                       "centered accuracies and their mean (the DCLM CORE score), and/or run "
+                       "lm-evaluation-harness tasks (pip install 'blocklab[eval]'). Prints a table "
+                       "and writes JSON.")
+    p.add_argument("--run", required=True,
+                   help="a run directory of `blocklab train`, or a blocklab export (`blocklab export`, "
+                   "`blocklab import-hf`)")
     p.add_argument("--mc", help="comma-separated multiple-choice JSONL files (one task each)")
     p.add_argument("--baseline", metavar="TASK=R[,TASK=R]",
                    help="--mc tasks: random (or majority-class) baseline r of the centered accuracy "
@@ -61,12 +64,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
     baselines = parse_baselines(args.baseline)  # a syntax error before loading the run
     import torch
 
-    from blocklab.training.runs import load_run
+    from blocklab.training.runs import load_model_folder
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        run = load_run(args.run, device=device)
-    except FileNotFoundError as err:  # no such run: a usage error, reported without a traceback
+        run = load_model_folder(args.run, device=device)
+    except FileNotFoundError as err:  # no such run or export: a usage error, reported without a traceback
         raise ConfigError(str(err)) from None
     report: dict = {"run": str(args.run), "checkpoint": str(run.checkpoint)}
     if args.mc:

@@ -14,7 +14,9 @@ def add_parsers(sub) -> None:
                        "header, GLUE's headerless CoLA TSVs, or JSONL) with the Crammed BERT protocol of "
                        "Simplifying Transformer Blocks (5 epochs, batch 32, lr 1.5e-4 cosine, dropout 0.1), "
                        "then write OUT/metrics.json and OUT/predictions.jsonl.")
-    p.add_argument("--run", required=True, help="run directory of `blocklab train` (objective mlm)")
+    p.add_argument("--run", required=True, help="run directory of `blocklab train` (objective mlm), or a "
+                   "blocklab export (`blocklab export`, `blocklab import-hf`; a causal one needs "
+                   "--allow-causal)")
     p.add_argument("--train", required=True, help="training file (.tsv, .csv or .jsonl)")
     p.add_argument("--eval", required=True, help="evaluation file with labels (.tsv, .csv or .jsonl)")
     p.add_argument("--task", required=True,
@@ -56,7 +58,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     hp["allow_causal"], hp["progress"] = args.allow_causal, args.progress
     try:
         metrics = finetune(args.run, args.train, args.eval, args.task, out_dir=args.out, **hp)
-    except FileNotFoundError as err:  # no such run: a usage error, reported without a traceback
+    except FileNotFoundError as err:  # no such run or export: a usage error, reported without a traceback
         raise ConfigError(str(err)) from None
     for name, value in metrics.items():
         print(f"{name:<10} {value:.4f}")

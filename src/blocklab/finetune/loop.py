@@ -133,15 +133,17 @@ def predict(model: SequenceClassifier, ids, lengths, batch_size: int, device) ->
 
 
 def prepare_encoder(run_dir: str | Path, cfg: FinetuneConfig):
-    """The run's model rebuilt with the fine-tuning dropout, its tokenizer, and the pooling to use."""
-    from blocklab.training.runs import load_run
+    """The model of a run directory or a blocklab export (`load_model_folder`) rebuilt in float32 with
+    the fine-tuning dropout, its tokenizer, and the pooling to use."""
+    from blocklab.training.runs import load_model_folder
 
-    run = load_run(run_dir)
+    run = load_model_folder(run_dir)
     model_cfg = run.model.cfg
     if model_cfg.causal and not cfg.allow_causal:
-        raise ConfigError(f"run {str(run_dir)!r} is a causal language model (causal=True); fine-tuning needs "
-                          "a masked-LM encoder (train with data.objective=mlm, e.g. `blocklab train "
-                          "crammed-bert`), or set allow_causal=True (--allow-causal) to pool its last token.")
+        raise ConfigError(f"the model of {str(run_dir)!r} is a causal language model (causal=True); "
+                          "fine-tuning needs a masked-LM encoder (train with data.objective=mlm, e.g. "
+                          "`blocklab train crammed-bert`), or set allow_causal=True (--allow-causal) to pool "
+                          "its last token.")
     encoder = Transformer(model_cfg.replace(dropout=float(cfg.dropout)))
     encoder.load_state_dict(run.model.state_dict())
     pooling = cfg.pooling or ("last" if model_cfg.causal else "first")
@@ -155,8 +157,9 @@ def finetune_dir(run_dir: str | Path, task: str) -> Path:
 
 def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path, task: str,
              out_dir: str | Path | None = None, **hp: Any) -> dict[str, float]:
-    """Fine-tune the run in `run_dir` on `train_file`, evaluate on `eval_file`, write ``metrics.json``
-    and ``predictions.jsonl`` (the last epoch's prediction and label of every evaluation example).
+    """Fine-tune the run (or blocklab export) in `run_dir` on `train_file`, evaluate on `eval_file`,
+    write ``metrics.json`` and ``predictions.jsonl`` (the last epoch's prediction and label of every
+    evaluation example).
 
     `task` is a GLUE task (cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte, wnli) or ``"generic"``
     (give ``text_columns`` and ``label_column``); `hp` are `FinetuneConfig` fields. `out_dir`
