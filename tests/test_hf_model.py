@@ -163,13 +163,16 @@ def test_hf_forward_loss_generate_options_and_bad_inputs():
     keep = labels[:, 1:] != -100
     nll = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])[..., 0]
     assert out.loss.item() == pytest.approx(nll[keep].mean().item(), rel=1e-5)
-    # right padding changes no real token's logits: accepted; left padding would: refused
+    # a padded row's real tokens get the logits of the row alone, padded on either side
+    # (tests/test_hf_padding.py covers generate); padding between real tokens is refused
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0
     with torch.no_grad():
-        assert torch.equal(hf(ids, attention_mask=mask).logits, logits)
-    with pytest.raises(ValueError, match="right padding"):
-        hf(ids, attention_mask=mask.flip(1))
+        torch.testing.assert_close(hf(ids, attention_mask=mask).logits[1, :8], model(ids[1:, :8])[0])
+        left = hf(ids.flip(1), attention_mask=mask.flip(1)).logits
+        torch.testing.assert_close(left[1, 4:], model(ids[1:, :8].flip(1))[0])
+    with pytest.raises(ValueError, match="padding between real tokens"):
+        hf(ids, attention_mask=torch.ones_like(ids).index_fill(1, torch.tensor([3]), 0))
     with pytest.raises(ValueError, match="input_ids only"):
         hf(inputs_embeds=torch.zeros(1, 3, model.cfg.d_model))
     # HF's batch expansion and a cache sized by the caller
@@ -191,8 +194,9 @@ def test_masked_lm_export_loads_with_its_auto_class(tmp_path):
     ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="encoder takes no padding mask"):
-        hf(ids, attention_mask=torch.ones_like(ids).index_fill(1, torch.tensor([15]), 0))
+        # right padding: the real tokens see only each other
+        padded = hf(ids, attention_mask=torch.ones_like(ids).index_fill(1, torch.tensor([14, 15]), 0)).logits
+        torch.testing.assert_close(padded[:, :14], model(ids[:, :14]), atol=1e-5, rtol=0)
 
 
 def _write_ppl_task(root: Path, texts: list[str]) -> Path:
