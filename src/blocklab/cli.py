@@ -422,7 +422,8 @@ def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
                        description="Greedy decoding by default; --temperature with --top-k / --top-p "
                        "samples (reproducibly with --seed). Stops at the run's end-of-text token.")
-    p.add_argument("--run", required=True, help="a run directory, or a blocklab export (blocklab export, import-hf)")
+    p.add_argument("--run", required=True,
+                   help="a run directory, or a blocklab export (blocklab export, import-hf)")
     p.add_argument("--prompt", required=True, help="the text to continue")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0,
