@@ -44,6 +44,31 @@ def test_compiled_step_gives_the_tokens_of_eager_decoding(arch, overrides):
     assert 1 <= backend.graphs <= 3  # a static first step, then one graph with a dynamic length
 
 
+@pytest.mark.parametrize(("arch", "overrides"), CASES, ids=[a for a, _ in CASES])
+def test_compiled_step_decodes_a_padded_batch_as_one_graph(arch, overrides):
+    """A padded batch (model/padding.py): the step reads the cache's per-row positions and flags with no
+    graph break (fullgraph), and gives eager decoding's tokens."""
+    model = build(arch, seed=3, **overrides)
+    prompt, mask = ids_of(3, 6, seed=4), torch.ones(3, 6, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    mask[2, 3:] = 0  # right padding: generate runs it left-padded
+    eager = model.generate(prompt, 10, temperature=0.8, seed=0, attention_mask=mask)
+    backend = CountingBackend()
+    model.compile_decoding(backend=backend, fullgraph=True)
+    assert torch.equal(model.generate(prompt, 10, temperature=0.8, seed=0, attention_mask=mask), eager)
+    assert 1 <= backend.graphs <= 3
+
+
+@pytest.mark.slow  # two inductor compiles, about a minute: CI's slow tier
+@pytest.mark.parametrize("arch", ["pre-ln", "sas-p"])
+def test_inductor_compiled_step_decodes_a_padded_batch(arch):
+    model = build(arch, seed=9)
+    prompt, mask = ids_of(2, 7, seed=10), torch.ones(2, 7, dtype=torch.long)
+    mask[1, :4] = 0
+    eager = model.generate(prompt, 8, attention_mask=mask, compile=False)
+    assert torch.equal(model.generate(prompt, 8, attention_mask=mask, compile=True), eager)
+
+
 def test_compiled_step_keeps_nanochats_smear_and_trunk():
     model = build("pre-ln", seed=5, embed_norm=True, norm_affine=False, smear=True, residual_scalars=True,
                   backout=True, attn_logit_scale=1.44, qk_norm=True, positions="rope")

@@ -3,12 +3,29 @@ two modules of a remote-code export (written by the export and by the HF classes
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
 # the model card and generation defaults, in both kinds of Hugging Face export
 CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format that wrote it
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The special tokens of an exported tokenizer, each as (text, id), or None where it has none."""
+
+    eos: tuple[str, int] | None = None
+    pad: tuple[str, int] | None = None
+    mask: tuple[str, int] | None = None
+
+    def ids(self) -> dict[str, int | None]:
+        """bos, eos and pad ids for config.json and generation_config.json: the end-of-text token is
+        also the bos (GPT-2's convention); None leaves a field unset rather than pointing at HF's
+        defaults, which are ids of other vocabularies."""
+        eos_id = self.eos[1] if self.eos else None
+        return dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=self.pad[1] if self.pad else None)
 
 
 def export_metadata(fmt: str) -> dict[str, str]:

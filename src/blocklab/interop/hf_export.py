@@ -26,7 +26,6 @@ exported (HF dropouts are 0), as `from_hf` does not import it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from blocklab.interop.export_files import (
     CONFIG_NAME,
     TOKENIZER_NAME,
     WEIGHTS_NAME,
+    SpecialTokens,
     export_metadata,
 )
 from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS, _Weights
@@ -232,22 +232,6 @@ def hf_state_dict(model) -> dict[str, Tensor]:
 # Names a tokenizer gives its padding token; one of them in the vocabulary is the pad token, else the
 # end-of-text token pads (GPT-2's convention: pads are masked out, so which id they carry never matters).
 KNOWN_PAD = ("<|pad|>", "<pad>", "[PAD]")
-
-
-@dataclass(frozen=True)
-class SpecialTokens:
-    """The special tokens of an exported tokenizer, each as (text, id), or None where it has none."""
-
-    eos: tuple[str, int] | None = None
-    pad: tuple[str, int] | None = None
-    mask: tuple[str, int] | None = None
-
-    def ids(self) -> dict[str, int | None]:
-        """bos, eos and pad ids for config.json and generation_config.json: the end-of-text token is
-        also the bos (GPT-2's convention); None leaves a field unset rather than pointing at HF's
-        defaults, which are ids of other vocabularies."""
-        eos_id = self.eos[1] if self.eos else None
-        return dict(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=self.pad[1] if self.pad else None)
 
 
 def special_tokens(tokenizer_file: Path) -> SpecialTokens:

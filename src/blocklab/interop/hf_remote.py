@@ -36,11 +36,12 @@ from blocklab.interop.export_files import (
     GENERATION_CONFIG_NAME,
     MODEL_MODULE,
     WEIGHTS_NAME,
+    SpecialTokens,
     auto_map,
     export_metadata,
     write_modules,
 )
-from blocklab.interop.hf_export import SpecialTokens, write_generation_config
+from blocklab.interop.hf_export import write_generation_config
 from blocklab.interop.model_card import model_card
 from blocklab.model import Transformer
 

@@ -26,7 +26,7 @@ from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, split_arch
 
 if TYPE_CHECKING:
-    from blocklab.interop.hf_export import SpecialTokens
+    from blocklab.interop.export_files import SpecialTokens
 
 # the card's licence: the project's own (pyproject.toml, LICENSE); change it where the training data asks
 LICENSE = "mit"
