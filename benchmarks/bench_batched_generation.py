@@ -5,7 +5,9 @@ whose lengths are spread evenly over `--lengths MIN,MAX` are continued by `--new
 ways: "one at a time" calls `generate` once per prompt (no padding, no masks: the fastest path for a
 single sequence), "padded batch" calls it once on the prompts left-padded to the longest, with an
 attention_mask (model/padding.py: per-row positions, masked keys; shaped attention builds its matrix).
-Before timing, every row of the batch must give the tokens of its prompt generated alone.
+Before timing, the rows of the batch are compared with their prompts generated alone: the table gives
+how many rows have the same tokens (all, on a CPU in float32; a GPU's batched kernels may round a
+near tie the other way).
 
 Measurement: one process, `--threads` threads, eager decoding (``compile=False``, as on a CPU by
 default); per architecture a warm-up call each, then `--repeats` calls each, alternating which goes
@@ -61,12 +63,12 @@ def batched(model: blocklab.Transformer, ids: Tensor, mask: Tensor, new: int) ->
     return model.generate(ids, new, attention_mask=mask, compile=False)[:, ids.shape[1]:]
 
 
-def check_same(model: blocklab.Transformer, prompts: list[Tensor], new: int) -> None:
+def rows_equal(model: blocklab.Transformer, prompts: list[Tensor], new: int) -> int:
+    """How many rows of the padded batch give the tokens of their prompt generated alone."""
     ids, mask = left_padded(prompts)
     together = batched(model, ids, mask, new)
-    for row, alone in enumerate(one_at_a_time(model, prompts, new)):
-        if not torch.equal(together[row], alone):
-            raise AssertionError(f"row {row} of the padded batch differs from its prompt alone")
+    alone = one_at_a_time(model, prompts, new)
+    return sum(torch.equal(together[row], tokens) for row, tokens in enumerate(alone))
 
 
 def measure(model: blocklab.Transformer, prompts: list[Tensor], new: int, repeats: int,
@@ -118,19 +120,22 @@ def main(argv: list[str] | None = None) -> dict:
         model = make_model(arch, args.size, args.device)
         prompts = make_prompts(args.prompts, (low, high), model.cfg.vocab_size, args.device)
         with torch.inference_mode():
-            check_same(model, prompts, args.new)
+            same = rows_equal(model, prompts, args.new)
         rates = measure(model, prompts, args.new, args.repeats, device)
         paired = statistics.median(b / s for b, s in zip(rates["padded batch"], rates["one at a time"],
                                                            strict=True))
         med = {name: statistics.median(r) for name, r in rates.items()}
-        cells.append(dict(arch=arch, tokens_per_s=rates, median=med, batch_vs_one_at_a_time=paired))
-        rows.append([arch, f"{med['one at a time']:,.0f}", f"{med['padded batch']:,.0f}", f"{paired:.2f}"])
+        cells.append(dict(arch=arch, tokens_per_s=rates, median=med, batch_vs_one_at_a_time=paired,
+                          rows_equal=same))
+        rows.append([arch, f"{med['one at a time']:,.0f}", f"{med['padded batch']:,.0f}", f"{paired:.2f}",
+                     f"{same}/{len(prompts)}"])
         print(f"  {arch}: padded batch / one at a time {paired:.2f}", flush=True)
-    header = ["arch", "one at a time tok/s", "padded batch tok/s", "batch / one at a time (paired)"]
+    header = ["arch", "one at a time tok/s", "padded batch tok/s", "batch / one at a time (paired)",
+              "rows as alone"]
     text = table(header, rows)
     print(text)
     result = dict(machine=info, command=" ".join(["python", *sys.argv]),
-                  args=vars(args) | {"out": str(args.out)}, same_tokens_checked=True, cells=cells, table=text)
+                  args=vars(args) | {"out": str(args.out)}, cells=cells, table=text)
     write_result(result, None if args.quick else args.out)
     return result
 

@@ -16,7 +16,9 @@
 #      the padded head and the default compiled decoding step on CUDA (limit 200 s, cut to what is left);
 #      bench_fused_projections.py: a Pre-LN and a SAS-P step with the projections fused and not
 #      (FUSE_DEVICES says CUDA fuses; limit 45 s)
-#   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s)
+#   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s);
+#      bench_batched_generation.py: a padded batch of 8 prompts against one at a time, size small,
+#      eager decoding, and how many rows give their prompt's tokens alone on CUDA (limit 40 s)
 #   5. gpu_campaign.py all --smoke: the trainer, the reproduction and bench_gpu.py at toy sizes (60 s)
 #   6. with MFU=1 only: gpu_campaign.py mfu, the MFU and decoding table (bench_gpu.py --quick; 160 s)
 #   7. gpu_campaign.py PIECE with what is left (default resformer: the ResFormer-82M claim, 400 steps,
@@ -56,6 +58,8 @@ cat "$OUT/gpu.txt"
     --out "$OUT/fused-projections-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step centering 60 python3 benchmarks/bench_centering.py --device cuda \
     --dtype bfloat16 --train-size codeparrot-18l --train-batch 8 --out "$OUT/centering-cuda.json"
+[ -n "${SKIP_CHECKS:-}" ] || step batched 40 python3 benchmarks/bench_batched_generation.py --device cuda \
+    --size small --repeats 3 --out "$OUT/batched-generation-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step smoke 60 python3 benchmarks/gpu_campaign.py all --smoke --device cuda --out /tmp/blocklab-smoke
 [ -z "${MFU:-}" ] || step mfu 160 python3 benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$OUT/gpu.json"
 step "${PIECE:-resformer}" "${PIECE_S:-200}" python3 benchmarks/gpu_campaign.py "${PIECE:-resformer}" --out "$RUNS"
