@@ -19,13 +19,14 @@ from blocklab.training.config import TrainConfig, apply_overrides
 
 def test_version_and_help_answer_without_importing_torch():
     code = ("import sys; from blocklab.cli import main\n"
-            "for argv in (['--version'], ['--help'], ['train', '--help']):\n"
+            "for argv in (['--version'], ['--help'], ['train', '--help'], ['import-hf', '--help']):\n"
             "    try: main(argv)\n"
             "    except SystemExit: pass\n"
             "print('torch loaded:', 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
     assert f"blocklab {blocklab.__version__} (torch " in out
     assert "examples:" in out and "blocklab compare --archs" in out
+    assert "usage: blocklab import-hf [-h] --out OUT [--overwrite] DIR" in out
     assert out.rstrip().endswith("torch loaded: False")
 
 

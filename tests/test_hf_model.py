@@ -29,14 +29,14 @@ TEXT = ["def value(self):\n    return self.value + 1\n", "for i in range(10):\n 
 NEW_TOKENS = 10
 
 
-def perturbed(arch: str, seed: int = 0, **fields) -> Transformer:
-    """A tiny model with every parameter moved off its initialisation (many variants start as the
-    identity, where wrong code could still pass)."""
+def perturbed(arch: str, seed: int = 0, scale: float = 0.05, **fields) -> Transformer:
+    """A tiny model with every parameter moved off its initialisation by noise of std `scale` (many
+    variants start as the identity, where wrong code could still pass)."""
     torch.manual_seed(seed)
     model = Transformer(ModelConfig.from_preset(arch, size="tiny", **fields)).eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+            p.add_(scale * torch.randn_like(p))
     return model
 
 

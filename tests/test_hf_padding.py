@@ -13,25 +13,21 @@ import torch
 
 pytest.importorskip("transformers")
 
-from blocklab import ModelConfig, Transformer  # noqa: E402
+from blocklab import Transformer  # noqa: E402
 from blocklab.data.tokenizer import train_bpe  # noqa: E402
 from blocklab.interop import save_pretrained  # noqa: E402
 from blocklab.interop.hf_model import hf_model  # noqa: E402
+from test_hf_model import perturbed as _perturbed  # noqa: E402
+
+
+def perturbed(arch: str, **fields) -> Transformer:
+    """A tiny model with every parameter moved well off its initialisation (noise of std 0.3)."""
+    return _perturbed(arch, scale=0.3, **fields)
 
 DONE_WHEN = ("pre-ln", "sas-p", "svformer", "bov", "cla")
 NEW = 8
 # float32: a masked SDPA call and the unmasked causal kernel round differently (logits of size ~10)
 F32 = dict(rtol=1e-4, atol=1e-4)
-
-
-def perturbed(arch: str, seed: int = 0, **fields) -> Transformer:
-    """A tiny model with every parameter moved well off its initialisation."""
-    torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **fields)).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return model
 
 
 def _padded(prompts: list[list[int]], side: str, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
