@@ -101,7 +101,7 @@ def test_padding_with_windows_positions_smear_and_grouped_query_attention(arch, 
             assert torch.equal(out[row, ids.shape[1]:], alone[0, len(prompt):]), (side, row)
     # greedy tokens of a tiny model soon repeat: compare the logits of every decoding step too
     ids, mask = _batch(prompts, "left")
-    more = torch.randint(0, VOCAB, (3, 8), generator=torch.Generator().manual_seed(2))
+    more = torch.randint(0, VOCAB, (3, 7), generator=torch.Generator().manual_seed(2))  # 9 + 7: the context
     logits = _cached_logits(model, ids, mask, more)
     for row, prompt in enumerate(prompts):
         alone = model(torch.cat((prompt, more[row]))[None])[0, len(prompt) - 1:]
