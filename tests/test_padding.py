@@ -201,3 +201,13 @@ def test_generate_refuses_a_row_without_tokens_and_a_cache_refuses_tokens_after_
     model(ids, cache=cache, attention_mask=torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]))  # right padding
     with pytest.raises(ValueError, match="takes no more real tokens"):
         model(ids[:, :1], cache=cache)
+
+
+def test_a_mask_of_all_ones_keeps_the_cache_unpadded():
+    """Hugging Face passes a mask of ones at every step: the cache stays on the unmasked kernels."""
+    model = make_model("sas-p").eval()
+    ids = torch.randint(0, VOCAB, (2, 5))
+    cache = model.new_cache(2, 8)
+    model(ids, cache=cache, attention_mask=torch.ones_like(ids))
+    model(ids[:, :1], cache=cache, attention_mask=torch.ones(2, 6, dtype=torch.long))
+    assert cache.padding is None and cache.key_valid() is None

@@ -240,8 +240,8 @@ class Transformer(nn.Module):
         if checked:
             self._check_inputs(input_ids, cache)
         real = padding.real_tokens(attention_mask, input_ids, 0 if cache is None else cache.length)
-        if real is not None and cache is None and bool(real.all()):
-            real = None  # nothing padded: the unmasked kernels
+        if real is not None and (cache is None or cache.padding is None) and bool(real.all()):
+            real = None  # nothing padded (so far): the unmasked kernels
         if cache is not None:
             positions = cache.begin(input_ids, real)  # after the cached ones; per row when padded
             key_valid = cache.key_valid()
