@@ -1,14 +1,17 @@
-"""The report's figures: validation loss against step, tokens and time, training loss relative to the
-baseline, each architecture's learned scalars, with their captions.
+"""The report's figures: validation loss against step, tokens and time, validation loss relative to the
+baseline (paired by seed, with the verdict's intervals), each architecture's learned scalars, with their
+captions.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from blocklab import evidence
 from blocklab.report.method import budget_kind_of
 from blocklab.report.stats import WALL_FROM_LOGS_WARNING, WALL_FROM_TIMING, mean_sd, wall_clock_source
 
@@ -27,14 +30,6 @@ def _val_curves(run: dict, x: str) -> tuple[list[float], list[float]]:
     else:
         xs = [r[x] for r in vals]
     return xs, [r["val_loss"] for r in vals]
-
-
-def _ema(values: list[float], beta: float = 0.9) -> list[float]:
-    out, avg = [], None
-    for v in values:
-        avg = v if avg is None else beta * avg + (1 - beta) * v
-        out.append(avg)
-    return out
 
 
 def _colour(k: int) -> str:
@@ -90,35 +85,99 @@ def _plot_validation(entries, runs_by_label, out: Path, rows: list[dict] | None 
     return paths
 
 
+def _val_by_step(run: dict) -> dict[int, float]:
+    """A run's validation loss at each evaluated step; its summary's final loss (what the verdict
+    pairs) at its last step, where the run has a summary."""
+    out = {r["step"]: r["val_loss"] for r in run["metrics"] if r["kind"] == "val"}
+    summary = run.get("summary")
+    if summary and summary.get("val_loss") is not None:
+        out[summary["step"]] = summary["val_loss"]
+    return out
+
+
+def _by_seed(runs: list[dict]) -> dict[int, dict[int, float]]:
+    """{seed: {step: validation loss}}; a run without a summary takes its place in the list as its seed."""
+    return {(run.get("summary") or {}).get("seed", k): _val_by_step(run) for k, run in enumerate(runs)}
+
+
+def _point(step: float, diffs: list[float]) -> dict[str, Any]:
+    """One plotted point: the mean of the paired differences at `step`, with their 95% t-interval."""
+    iv = evidence.t_interval(diffs)
+    return {"step": step, "mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n}
+
+
+def relative_series(runs: list[dict], base: list[dict]) -> list[dict[str, Any]]:
+    """Validation loss of `runs` minus that of `base` (the baseline's runs), paired by seed as the
+    verdict pairs them: one point per evaluation step that every paired run reached before any of them
+    ended, then the final point, each run's final loss minus its baseline seed's (the verdict's "loss -
+    baseline"), at the architecture's mean final step (which differs from the baseline's only under an
+    equal-FLOPs or wall-clock budget). Each point: step, mean, the 95% t-interval's low and high (None
+    with one seed) and n. Empty where no seed is in common (the verdict does not compare those)."""
+    mine, theirs = _by_seed(runs), _by_seed(base)
+    pairs = [(mine[s], theirs[s]) for s in sorted(set(mine) & set(theirs)) if mine[s] and theirs[s]]
+    if not pairs:
+        return []
+    end = min(min(max(a), max(b)) for a, b in pairs)
+    shared = set.intersection(*(set(a) & set(b) for a, b in pairs))
+    points = [_point(s, [a[s] - b[s] for a, b in pairs]) for s in sorted(shared) if s < end]
+    final = statistics.fmean(max(a) for a, _ in pairs)  # a whole step unless seeds ended apart
+    final = int(final) if final.is_integer() else final
+    return points + [_point(final, [a[max(a)] - b[max(b)] for a, b in pairs])]
+
+
+RELATIVE_YLABEL = "validation loss - {base}'s (nats/token), paired by seed"
+
+
 def _plot_relative(entries, runs_by_label, out: Path) -> Path:
-    """Smoothed training loss minus the baseline's (the first entry), as in Value Residual Fig. 7."""
+    """Validation loss minus the baseline's (the first entry) against step, paired by seed
+    (`relative_series`): the mean over seeds with its 95% t-interval as a band, and the last point, the
+    verdict's final difference, with its interval as an error bar. Writes relative_loss.png and the
+    plotted numbers as relative_loss.json beside it (so they can be checked against the verdict and
+    re-plotted); returns the PNG's path.
+
+    Training loss smoothed with an exponential moving average, as Value Residual Fig. 7 draws it, was
+    drawn here before; with a dozen logged points the average still carried the early gaps at the
+    last step (about 3x the final differences), so the figure now shows what the report's verdict
+    states, at every evaluation."""
     import matplotlib.pyplot as plt
 
-    def curve(label):
-        runs = runs_by_label[label]
-        per_run = [{r["step"]: r["loss"] for r in run["metrics"] if r["kind"] == "train" and "loss" in r}
-                   for run in runs]
-        steps = sorted(set.intersection(*(set(p) for p in per_run)))
-        return steps, _ema([statistics.fmean(p[s] for p in per_run) for s in steps])
-
-    base_steps, base = curve(entries[0].label)
-    base_at = dict(zip(base_steps, base, strict=False))
+    base_label = entries[0].label
+    base = runs_by_label[base_label]
+    data: dict[str, Any] = {"quantity": RELATIVE_YLABEL.format(base=base_label), "baseline": base_label,
+                            "confidence": evidence.CONFIDENCE, "architectures": {}}
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for k, entry in enumerate(entries[1:], start=1):
-        steps, losses = curve(entry.label)
-        pairs = [(s, loss - base_at[s]) for s, loss in zip(steps, losses, strict=False) if s in base_at]
-        if pairs:
-            ax.plot(*zip(*pairs, strict=False), label=entry.label, color=_colour(k))
+        series = relative_series(runs_by_label[entry.label], base)
+        data["architectures"][entry.label] = series
+        if series:  # error bars set apart by 1% of the run per architecture, so they do not overlap
+            _draw_relative(ax, series, entry.label, _colour(k), dodge=0.01 * (k - len(entries) / 2))
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set_xlabel("step")
-    ax.set_ylabel(f"smoothed training loss - {entries[0].label}")
+    ax.set_ylabel(data["quantity"])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "relative_loss.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    (out / "relative_loss.json").write_text(json.dumps(data, indent=2))
     return path
+
+
+def _draw_relative(ax, series: list[dict[str, Any]], label: str, colour: str, dodge: float = 0.0) -> None:
+    """One architecture's line, its interval band (where there are two or more seeds) and the final
+    point's interval as an error bar, drawn `dodge` (a fraction of the last step) to the side."""
+    xs, ys = [p["step"] for p in series], [p["mean"] for p in series]
+    ax.plot(xs, ys, marker="o", markersize=3, label=label, color=colour)
+    banded = [p for p in series if p["low"] is not None]
+    if banded:
+        ax.fill_between([p["step"] for p in banded], [p["low"] for p in banded], [p["high"] for p in banded],
+                        color=colour, alpha=0.15, linewidth=0)
+    last = series[-1]
+    if last["low"] is not None:
+        below, above = last["mean"] - last["low"], last["high"] - last["mean"]
+        ax.errorbar([last["step"] * (1 + dodge)], [last["mean"]], yerr=[[below], [above]], color=colour,
+                    capsize=4, linewidth=1.2)
 
 
 def _plot_scalars(label: str, run: dict, out: Path) -> Path | None:
@@ -156,6 +215,22 @@ def gain_product_note(model_cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def relative_caption(base: str, n_seeds: int) -> str:
+    """The relative-loss figure's caption: what is plotted, how it is paired, and where its last point
+    is stated in the report."""
+    spread = (f"the band is the 95% t-interval over the {n_seeds} paired seeds at each evaluation, and the "
+              "last point's error bar is the interval of the verdict's \"95% CI (t)\" column"
+              + (" (with two seeds Student's t quantile is 12.7, so it is wide)" if n_seeds == 2 else "")
+              if n_seeds > 1 else
+              "one seed, so no interval: a gap smaller than the seed-to-seed spread is not a difference")
+    return (f"Validation loss minus `{base}`'s (nats per token, the same held-out windows for every run), "
+            f"paired by seed and averaged over seeds, at every evaluation; below 0 is better than `{base}`. "
+            f"The last point is each architecture's final loss minus `{base}`'s, the verdict's \"loss - "
+            f"baseline\"; {spread}. Nothing is smoothed. Under an equal-FLOPs or wall-clock budget the runs "
+            "end at different steps: the earlier points compare equal steps, the last compares the final "
+            "evaluations, as the verdict does. The plotted numbers are in relative_loss.json.")
+
+
 def report_figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path,
                    trained: str = "one after another") -> list[tuple[Path, str, str]]:
     """Every figure with its alt text and a caption saying what it shows and what to look for."""
@@ -167,34 +242,33 @@ def report_figures(entries, runs_by_label, rows, ev: dict[str, Any], out: Path,
              "curves start there")
     wall = wall_clock_source(rows, budget_kind_of(runs_by_label[entries[0].label][0]["cfg"]))
     val = _plot_validation(entries, runs_by_label, out, rows, wall, trained)
-    figs = [
-        (val[0], "validation loss against step",
+    by_step, by_tokens, by_time = val  # by_time is None exactly when wall is
+    assert by_step is not None and by_tokens is not None
+    figs: list[tuple[Path, str, str]] = [
+        (by_step, "validation loss against step",
          f"Validation loss (nats per token, the same held-out windows for every run) against training step; "
          f"lower is better; {bands}; {start}."),
-        (val[1], "validation loss against tokens",
+        (by_tokens, "validation loss against tokens",
          f"Validation loss against training tokens; lower is better; {bands}. At equal steps this is the "
          "step plot rescaled; at equal FLOPs a cheaper block reaches further right."),
     ]
-    if wall == "interleaved":
-        figs.append((val[2], "validation loss against training time at the interleaved speed",
+    if wall == "interleaved" and by_time is not None:
+        figs.append((by_time, "validation loss against training time at the interleaved speed",
                      f"Validation loss against the training time each run would take at its architecture's "
                      f"median step time in the interleaved timing pass (step x median step time; evaluation "
                      f"excluded); lower and further left is better; {bands}. The runs' own clocks are not "
                      "used: they trained " + trained + ", and a change in the machine's load between them "
                      "would move this axis."))
-    elif wall == "logs":
-        figs.append((val[2], "validation loss against training wall-clock",
+    elif wall == "logs" and by_time is not None:
+        figs.append((by_time, "validation loss against training wall-clock",
                      f"Validation loss against seconds of training from the runs' own logs (evaluation "
                      f"excluded); lower and further left is better; {bands}. The runs trained {trained}, so "
                      "if the machine's load changed between them this axis is not comparable between "
                      "architectures (the warning on the figure says so): check the throughput section."))
     if len(entries) > 1:
         base = entries[0].label
-        figs.append((_plot_relative(entries, runs_by_label, out), f"training loss relative to {base}",
-                     f"Training loss minus `{base}`'s at the same step, mean over seeds, smoothed with an "
-                     "exponential moving average (0.9) as in Value Residual Learning Fig. 7; below 0 is "
-                     "better than the baseline. Training loss is measured on the training batches, which "
-                     "every run shares; the smoothing lags the raw curve by about ten logged steps."))
+        figs.append((_plot_relative(entries, runs_by_label, out), f"validation loss relative to {base}",
+                     relative_caption(base, n_seeds)))
     for entry in entries:
         run = runs_by_label[entry.label][0]  # seed 0
         path = _plot_scalars(entry.label, run, out)
