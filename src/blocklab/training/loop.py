@@ -174,6 +174,8 @@ class Trainer:
         self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if self.checkpoint is not None:
             rundir.check_resume_config(self.run_dir, cfg)
+            if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
+                rundir.check_resume_metrics(self.run_dir)
         elif not resume:
             rundir.check_new_run_dir(self.run_dir, cfg.overwrite)
         torch.manual_seed(cfg.seed)
@@ -188,6 +190,10 @@ class Trainer:
         if cfg.batch_size % rows:
             raise ConfigError(f"TrainConfig.batch_size = {cfg.batch_size} is not allowed: it must be "
                               f"divisible by processes x grad_accum = {rows}.")
+        if init is None:  # init_from: the model is the source's, in memory already
+            # before the data, which may take long: the tokenizer's vocabulary is not known yet, so 1
+            # (or model.vocab_size when given) stands in for it, a lower bound; exact once it is known
+            memory.check_training_fits(cfg, cfg.model_config(1), self.device, self.env.world_size)
 
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
@@ -215,6 +221,7 @@ class Trainer:
             self.model_cfg = self.model.cfg
         else:
             self.model_cfg = cfg.model_config(self.data.tokenizer.vocab_size)
+            memory.check_training_fits(cfg, self.model_cfg, self.device, self.env.world_size)
             self.model = Transformer(self.model_cfg).to(self.device)
         self.counts = count_parameters(self.model)
         self.flops_per_token = flops_per_token(self.model)

@@ -45,6 +45,12 @@ def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, An
 
 def read_rows(path: Path) -> tuple[list[dict[str, Any]], bytes | None]:
     """`read_metrics`' rows, and the torn last line it passed over (None when there is none)."""
+    numbered, torn = _numbered_rows(path)
+    return [row for _, row in numbered], torn
+
+
+def _numbered_rows(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], bytes | None]:
+    """`read_rows`, each row with its line number in the file (from 1), for messages that name it."""
     if not path.is_file():
         raise FileNotFoundError(f"no metrics file at {path}")
     # bytes: a torn tail may be anything (zeros after a power cut), not even UTF-8
@@ -57,7 +63,7 @@ def read_rows(path: Path) -> tuple[list[dict[str, Any]], bytes | None]:
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
             why = str(err)
         if not why:
-            rows.append(row)
+            rows.append((n, row))
         elif i == len(lines) - 1:  # lines are appended whole, one at a time: only the last can be torn
             return rows, line
         else:
@@ -68,6 +74,50 @@ def read_rows(path: Path) -> tuple[list[dict[str, Any]], bytes | None]:
                               "an interrupted write, so the file was changed after it was written: repair or "
                               "delete that line.")
     return rows, None
+
+
+def resume_rows(path: str | Path) -> tuple[list[dict[str, Any]], bytes | None]:
+    """`read_rows`, with every row checked for the fields a resume reads (`resume_gap`): a row without
+    them is a ConfigError naming the file and line, before the resume changes any file. A valid JSON
+    object is whole, so it cannot be a torn write: like a damaged line before the end, it was changed
+    (or added) after the run wrote it, and the user decides what it should say."""
+    path = Path(path)
+    numbered, torn = _numbered_rows(path)
+    for n, row in numbered:
+        gap = resume_gap(row)
+        if gap:
+            raise ConfigError(f"{path}:{n} {gap}, which a resume needs. The trainer writes every line "
+                              "whole, with its kind and step (a validation line also with val_loss and "
+                              "val_bpb), so the file was changed after it was written: repair or delete that "
+                              "line.")
+    return [row for _, row in numbered], torn
+
+
+def resume_gap(row: dict[str, Any]) -> str:
+    """What a metrics row lacks that a resume reads, in words ("" when nothing): on every row its `kind`
+    ("train" or "val") and `step` (an integer >= 0), which place it on the curve and decide whether it
+    is kept; on validation rows also `val_loss` and `val_bpb` (a number, or null for masked LM), which
+    the summary of a finished run resumed takes again."""
+    kind, step = row.get("kind"), row.get("step")
+    if kind not in ("train", "val"):
+        return f"has kind {kind!r} where 'train' or 'val' is needed" if "kind" in row else "has no 'kind'"
+    if "step" not in row:
+        return "has no 'step'"
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        return f"has step {step!r} where an integer >= 0 is needed"
+    if kind == "val":
+        for name in ("val_loss", "val_bpb"):
+            if name not in row:
+                return f"is a validation line without {name!r}"
+        if not _is_number(row["val_loss"]):
+            return f"has val_loss {row['val_loss']!r} where a number is needed"
+        if row["val_bpb"] is not None and not _is_number(row["val_bpb"]):
+            return f"has val_bpb {row['val_bpb']!r} where a number (or null) is needed"
+    return ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class MetricsLogger:
@@ -82,7 +132,7 @@ class MetricsLogger:
             with self._writing(0):
                 self.path.write_text("")
         elif self.path.exists():
-            rows, torn = read_rows(self.path)
+            rows, torn = resume_rows(self.path)  # checked: the trainer checks before it writes anything
             self.torn = None if torn is None else len(torn)
             text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
             with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from blocklab.errors import ConfigError
 from blocklab.training.config import TrainConfig, check_resumable
+from blocklab.training.metrics import resume_rows
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -37,3 +38,11 @@ def check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
     if not (run_dir / "config.yaml").is_file():
         return  # the checkpoint's model config and tokenizer are still checked
     check_resumable(cfg, run_dir)
+
+
+def check_resume_metrics(run_dir: Path) -> None:
+    """Every line of the run's metrics.jsonl holds what a resume reads of it (`metrics.resume_rows`),
+    checked before the resume writes anything: a refused resume leaves the run's files as they were."""
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        resume_rows(path)
