@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import shutil
 import sys
-import textwrap
 import traceback
 from importlib import metadata
 
-from blocklab import __version__, import_hf_cli
+from blocklab import __version__, cli_args, import_hf_cli
 from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
@@ -29,7 +27,8 @@ EXAMPLES = """examples:
   blocklab export --run runs/sas-p --out exported/sas-p
 
 `blocklab COMMAND --help` explains each command. Overrides are key=value pairs of TrainConfig fields,
-dotted for nested ones; values are read as YAML (lists [1,2], dicts {layers: [1, 2]})."""
+dotted for nested ones, before or after the options; values are read as YAML (lists [1,2], dicts
+{layers: [1, 2]})."""
 
 
 def _version() -> str:
@@ -38,25 +37,6 @@ def _version() -> str:
     except metadata.PackageNotFoundError:
         torch_version = "not installed"
     return f"blocklab {__version__} (torch {torch_version}, python {sys.version.split()[0]})"
-
-
-def _wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:
-    """`name` in a column of `width`, `text` wrapped to the terminal beside it."""
-    columns = max(60, shutil.get_terminal_size((100, 24)).columns)
-    pad = " " * (indent + width + 1)
-    body = textwrap.wrap(text, columns - len(pad)) or [""]
-    first = f"{' ' * indent}{name:<{width}} {body[0]}"
-    return "\n".join([first] + [pad + line for line in body[1:]])
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a positive integer")
-    return value
 
 
 def cmd_params(args: argparse.Namespace) -> None:
@@ -72,7 +52,7 @@ def cmd_presets(_args: argparse.Namespace) -> None:
     for group, entries in list_presets().items():
         print(f"{group}:")
         for name, text in entries.items():
-            print(_wrapped(name, text, width=max(map(len, entries)) + 1))
+            print(cli_args.wrapped(name, text, width=max(map(len, entries)) + 1))
     print("\ncombine a block preset and a value path with +, e.g. arch=sas-p+bov; see blocklab params")
 
 
@@ -127,7 +107,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     if args.list_grids:
         for name, grid in GRIDS.items():
             rows = ", ".join(e.label for e in grid.entries)
-            print(_wrapped(name, f"[equal {grid.budget}] {grid.description}: {rows}", width=20, indent=0))
+            text = f"[equal {grid.budget}] {grid.description}: {rows}"
+            print(cli_args.wrapped(name, text, width=20, indent=0))
         return
     base = {"batch_size": args.batch_size, "seq_len": args.seq_len,
             "eval_every": args.eval_every, "progress": not args.quiet, "threads": args.threads}
@@ -290,7 +271,7 @@ def _add_train(sub) -> None:
     p.add_argument("--out", help="run directory (same as out_dir=...)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in out_dir from its last checkpoint")
-    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP)
+    p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP)
     p.set_defaults(func=cmd_train)
 
 
@@ -307,7 +288,7 @@ def _add_compare(sub) -> None:
     p.add_argument("--list-grids", action="store_true", help="list the named grids")
     p.add_argument("--size", help="size preset of every run (default: tiny, or the grid's own, e.g. "
                    "nanochat-tiny for bov-table1)")
-    p.add_argument("--seeds", type=_positive_int, default=2,
+    p.add_argument("--seeds", type=cli_args.positive_int, default=2,
                    help="seeds per architecture, paired by seed (default 2)")
     p.add_argument("--out", default="runs/compare")
     p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
@@ -337,7 +318,7 @@ def _add_compare(sub) -> None:
     p.add_argument("--quiet", action="store_true",
                    help="no progress bars or data-preparation messages (each run's result line and the table "
                    "still print)")
-    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
+    p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_compare)
 
@@ -366,7 +347,7 @@ def _add_reproduce(sub) -> None:
                    help="with --no-train: judge the claims whose runs have finished; the others read pending "
                    "(the report of a campaign still under way)")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
-    p.add_argument("--threads", type=_positive_int, help=THREADS_HELP + RUN_THREADS)
+    p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
 
@@ -463,7 +444,11 @@ def main(argv: list[str] | None = None) -> int:
     130 interrupted."""
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    try:  # overrides after options too (cli_args.parse), and no argument that is not valid text
+        args = cli_args.parse(parser, argv)
+    except ConfigError as err:
+        print(f"blocklab: error: {err}", file=sys.stderr)
+        return 2
     args.argv = argv  # the command line, for the report's method section
     from blocklab.launch.plan import RunsFailed, RunsPending
 

@@ -1,10 +1,16 @@
-"""One writer per folder: a run's folder (`train`, a launcher's run) or a comparison's `--out`.
+"""One writer per folder: a run's folder (`train`, a launcher's run), a comparison's `--out`, an export.
 
 The writer holds an exclusive `flock` on `.<name>.lock` beside the folder. Beside, not inside, so that
 clearing a folder (a run stopped before its first checkpoint starts afresh) never drops a lock that is
 held; and `flock`, because the OS releases it when its holder exits however it ends, kill -9
 included, so a lock is never stale. The holder writes its pid and command line into the file, so a
 process turned away can say who has the folder.
+
+The lock lies beside the folder's real path (symlinks and `..` resolved), so that every spelling of
+one folder (runs/x, ./runs/../runs/x, a symlink to it) meets the same lock. A holder may remove its
+lock file as it lets go (`remove=True`, for exports, which leave nothing beside them): whoever locked
+the file just before it went checks that the file at the path is still the one it locked, and locks
+again if not.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 from blocklab.errors import ConfigError
 
@@ -25,9 +32,10 @@ class FolderInUse(ConfigError):
 
 
 def lock_path(folder: str | Path) -> Path:
-    """`.<name>.lock` beside `folder` (made absolute first, so that "." has a name)."""
-    folder = Path(os.path.abspath(folder))
-    return folder.with_name(f".{folder.name}.lock")
+    """`.<name>.lock` beside `folder`'s real path (made absolute, symlinks and `..` resolved, so that
+    "." has a name and every spelling of one folder has one lock)."""
+    real = Path(os.path.realpath(folder))
+    return real.with_name(f".{real.name}.lock")
 
 
 def holder(path: Path) -> str:
@@ -41,37 +49,80 @@ def holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | None = None,
+         remove: bool = False) -> Iterator[None]:
     """Hold `folder`'s lock for the block. Held elsewhere: wait for it with `wait` (calling `on_wait`
-    once first), else raise FolderInUse naming the holder. Where `fcntl` is missing (Windows) there
-    is no lock."""
+    once first), else raise FolderInUse naming the holder. With `remove`, the lock file goes as the
+    lock is let go. Where `fcntl` is missing (Windows) or the file system has no `flock` (some network
+    mounts) there is no lock."""
     try:
-        import fcntl
+        import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover - Windows
         yield
         return
     path = lock_path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise FolderInUse(
-                    f"{folder} is in use by {holder(path)}: one process at a time may write a run folder. "
-                    "Wait for that one to finish (or stop it), or choose another --out.") from None
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        except OSError:  # a file system without flock (some network mounts): no lock to be had
-            yield
-            return
+    handle = _acquire(path, folder, wait, on_wait)
+    if handle is None:  # a file system without flock: no lock to be had
+        yield
+        return
+    try:
         handle.seek(0)
         handle.truncate()
         command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
         handle.write(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
         handle.flush()
+        yield
+    finally:
+        if remove:  # while still held, so that nobody holds a lock on a file no longer at the path
+            path.unlink(missing_ok=True)
+        handle.close()  # closing lets go of the flock
+
+
+def _acquire(path: Path, folder: str | Path, wait: bool, on_wait: Callable[[], None] | None
+             ) -> IO[str] | None:
+    """The lock file at `path`, open and locked; None where the file system has no flock. A file its
+    holder removed while this process waited for it (`hold`'s `remove`) is let go and the one now at
+    the path locked instead."""
+    import fcntl
+
+    waited = False
+    while True:
+        handle = open(path, "a+")  # returned open: hold closes it
         try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    raise FolderInUse(f"{_named(folder)} is in use by {holder(path)}: one process at a time "
+                                      "may write a folder. Wait for that one to finish (or stop it), or "
+                                      "choose another --out.") from None
+                if on_wait is not None and not waited:
+                    on_wait()
+                waited = True
+                fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError:
+            handle.close()
+            return None
+        except BaseException:
+            handle.close()
+            raise
+        if _still_there(handle, path):
+            return handle
+        handle.close()
+
+
+def _still_there(handle: IO[str], path: Path) -> bool:
+    """Whether the file at `path` is the one `handle` has open (its holder may have removed it)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _named(folder: str | Path) -> str:
+    """`folder` as given, and the real folder too where a symlink or `..` leads elsewhere."""
+    real = os.path.realpath(folder)
+    return str(folder) if real == os.path.abspath(folder) else f"{folder} (the folder {real})"

@@ -14,7 +14,9 @@ sha256s (transformers would not check them).
 The folder is written into a temporary sibling and renamed into place, so a reader never sees a
 half-written export (and a write the disk refuses leaves nothing behind: a DiskFullError says so).
 An existing folder is replaced only when it is empty or holds nothing but a previous export (so
-that a run folder with logs or checkpoints is never deleted).
+that a run folder with logs or checkpoints is never deleted). The writer holds the folder's lock
+(`blocklab.locks`, on its real path, the lock file removed afterwards), so that a second export, or
+one into a run that is training, is refused naming the holder.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from blocklab import diskfull, integrity
+from blocklab import diskfull, integrity, locks
 from blocklab.config import ConfigError, ModelConfig
 from blocklab.filemodes import as_created
 from blocklab.interop import hf_export, hf_remote
@@ -144,7 +146,17 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     native = format == "hf" and hf_export.native_target(model.cfg) is not None
     if format == "hf":  # without transformers, fail before touching any folder
         hf_export.require_transformers()
-    folder = Path(folder)
+    given = Path(folder)
+    # through a symlink, the folder it leads to: the one the lock (and any other writer) names
+    folder = Path(os.path.realpath(given))
+    with locks.hold(folder, remove=True):  # one writer: not two exports, nor an export into a run training
+        _write_folder(model, folder, tokenizer, format, native, run)
+    return given
+
+
+def _write_folder(model: Transformer, folder: Path, tokenizer: Any, format: str, native: bool,
+                  run: str | os.PathLike | None) -> None:
+    """save_pretrained's writing, under the folder's lock: into a temporary sibling, then renamed."""
     _check_replaceable(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
@@ -168,7 +180,6 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
             raise
         raise diskfull.disk_full(err, "the export", folder, diskfull.tensor_bytes(model.state_dict()),
                                  "Free some space and export again.") from err
-    return folder
 
 
 def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True

@@ -24,6 +24,7 @@ from blocklab.config import ModelConfig
 from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.data import DataConfig
 from blocklab.errors import ConfigError
+from blocklab.pathtext import require_text
 from blocklab.training.optim import OptimConfig
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
@@ -93,6 +94,8 @@ class TrainConfig(ConfigBase):
     def __post_init__(self) -> None:
         if isinstance(self.init_from, os.PathLike):
             self.init_from = os.fspath(self.init_from)
+        # first: a path that is not valid text (data.source, out_dir, init_from ...) would fail in YAML
+        require_text(flat(self.to_dict()).items())
         if isinstance(self.data, dict):
             self.data = DataConfig.from_dict(self.data)
         if isinstance(self.optim, dict):
@@ -135,7 +138,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
                           f"recipe ({', '.join(list_recipes())}).")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"training config {str(path)!r} is not UTF-8 text (byte {err.start}: "
+                          f"{err.object[err.start:err.start + 1]!r}); save it as UTF-8.") from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -244,7 +250,13 @@ def _split_override(text: str) -> tuple[str, Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not allowed: write key=value, e.g. optim.lr=3e-4.")
-    value = yaml.safe_load(raw) if raw.strip() else None
+    require_text([("the key of an override", key), (key.strip(), raw)])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {key.strip()} = {raw!r} is not allowed: its value is not valid YAML "
+                          f"({getattr(err, 'problem', None) or err}); quote a string, e.g. "
+                          f"{key.strip()}='...', or write a list [1, 2] or a mapping {{a: 1}}.") from None
     if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
         try:
             value = float(value)

@@ -1,0 +1,85 @@
+"""The `blocklab` command line's parsing beyond argparse, and small helpers of its commands.
+
+`parse` lets key=value overrides (any command's list of positionals) come after options as well as
+before them: ``blocklab train arch=pre-ln --out runs/r max_steps=10`` is read as if every override came
+first, in the order typed (a later one for the same key still wins). argparse alone takes only the
+first run of positionals and calls the rest "unrecognized arguments", which reads as if the key were
+wrong. It then refuses any argument that is not valid text (`blocklab.pathtext`), naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import textwrap
+
+from blocklab.pathtext import is_text, not_text
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`argv` parsed by `parser` (blocklab's, one subparser per command), overrides after options
+    included. Raises ConfigError for an argument that is not valid text; an unknown option, or a
+    positional where the command takes none, ends in argparse's own usage error (exit status 2)."""
+    args, extras = parser.parse_known_args(argv)
+    command = _command_parser(parser, args)
+    listed = [a for a in command._actions if not a.option_strings and a.nargs in ("*", "+")]
+    if extras:
+        unknown = [e for e in extras if e.startswith("-")]
+        if unknown or len(listed) != 1:
+            where = "" if unknown or not any("=" in e for e in extras) else (
+                f" (blocklab {args.command} takes no key=value overrides)")
+            parser.error(f"unrecognized arguments: {' '.join(extras)}{where}")
+        dest = listed[0].dest
+        setattr(args, dest, [*(getattr(args, dest) or []), *extras])
+    _check_text(command, args)
+    return args
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The subparser of the command that `args` holds."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[args.command]
+    raise ValueError("blocklab's parser has no commands")  # pragma: no cover - build_parser adds them
+
+
+def _check_text(command: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse the first argument that is not valid text, named as typed: --out, RUN, or an override's
+    key (data.source) or "the config file" for the train and compare positionals."""
+    for action in command._actions:
+        value = getattr(args, action.dest, None)
+        values = value if isinstance(value, list) else [value]
+        for item in (v for v in values if isinstance(v, str) and not is_text(v)):
+            if action.dest == "overrides":
+                raise not_text(*_override_named(item))
+            name = max(action.option_strings, key=len) if action.option_strings else (
+                action.metavar if isinstance(action.metavar, str) else action.dest.upper())
+            raise not_text(name, item)
+
+
+def _override_named(item: str) -> tuple[str, str]:
+    """An override's name and value (data.source, its path), or a YAML config's ("the config file")."""
+    key, sep, raw = item.partition("=")
+    if not sep:
+        return "the config file", item
+    return (key.strip(), raw) if is_text(key) else ("an override", item)
+
+
+def wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:
+    """`name` in a column of `width`, `text` wrapped to the terminal beside it."""
+    columns = max(60, shutil.get_terminal_size((100, 24)).columns)
+    pad = " " * (indent + width + 1)
+    body = textwrap.wrap(text, columns - len(pad)) or [""]
+    first = f"{' ' * indent}{name:<{width}} {body[0]}"
+    return "\n".join([first] + [pad + line for line in body[1:]])
+
+
+def positive_int(text: str) -> int:
+    """argparse's type for a count: a positive integer, else a usage error naming the text."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a positive integer")
+    return value
