@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,3 +207,99 @@ def test_a_real_full_file_system(corpus, tmp_path, uninterrupted):
         assert losses(resumed.run_dir) == uninterrupted
     finally:
         subprocess.run(["umount", "--lazy", str(disk)], check=False)  # even while a file there is open
+
+
+# -- the token cache ---------------------------------------------------------------------------------------
+def full_disk_under(monkeypatch, root: Path, room: int) -> None:
+    """Files opened for writing under `root` share `room` bytes, as on a nearly full disk: the write that
+    crosses it puts what fits (binary files), then raises OSError(ENOSPC), as the OS does."""
+    import builtins
+
+    real_open, left, root = io.open, {"bytes": room}, os.path.abspath(root) + os.sep
+
+    class Full:
+        def __init__(self, handle, binary: bool) -> None:
+            self._handle, self._binary = handle, binary
+
+        def write(self, data):
+            raw = memoryview(data).cast("B") if self._binary else data.encode("utf-8")
+            if len(raw) > left["bytes"]:
+                if self._binary:
+                    self._handle.write(raw[:left["bytes"]])
+                left["bytes"] = 0
+                raise OSError(errno.ENOSPC, "No space left on device")
+            left["bytes"] -= len(raw)
+            return self._handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._handle.close()
+
+    def fake_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        writes = any(c in mode for c in "wax+")
+        if writes and isinstance(file, (str, os.PathLike)) and os.path.abspath(file).startswith(root):
+            return Full(handle, "b" in mode)
+        return handle
+
+    monkeypatch.setattr(io, "open", fake_open)
+    monkeypatch.setattr(builtins, "open", fake_open)
+
+
+def about(message: str) -> float:
+    """The bytes a DiskFullError says a write needs ("it needs about 318.4 KiB")."""
+    number, unit = re.search(r"it needs about ([\d.]+) (bytes|KiB|MiB|GiB)", message).groups()
+    return float(number) * 1024 ** ["bytes", "KiB", "MiB", "GiB"].index(unit)
+
+
+def entry_bytes(entry: Path) -> int:
+    return sum(f.stat().st_size for f in entry.iterdir())
+
+
+def cache_config(corpus: Path, cache: Path | None, tokenizer: str):
+    from blocklab.data import DataConfig
+
+    return DataConfig(source=str(corpus), tokenizer=tokenizer, vocab_size=300,
+                      cache_dir=str(cache) if cache is not None else None)
+
+
+@pytest.mark.parametrize("tokenizer, room, fails", [("byte", 5000, "shards"), ("bpe", 1000, "tokenizer"),
+                                                    ("bpe", "tokenizer + 2000", "shards")])
+@pytest.mark.parametrize("chosen_by", ["BLOCKLAB_CACHE", "data.cache_dir"])
+def test_a_full_disk_under_the_token_cache_is_said_plainly_and_leaves_nothing(
+        corpus, tmp_path, monkeypatch, tokenizer, room, fails, chosen_by):
+    from blocklab.data import prepare_data
+
+    reference = prepare_data(cache_config(corpus, tmp_path / "reference", tokenizer))  # a disk with room
+    [bpe] = (tmp_path / "reference" / "tokenizers").glob("bpe-*") if tokenizer == "bpe" else [None]
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("BLOCKLAB_CACHE", str(cache) if chosen_by == "BLOCKLAB_CACHE" else "/nowhere")
+    config = cache_config(corpus, cache if chosen_by == "data.cache_dir" else None, tokenizer)
+    full_disk_under(monkeypatch, cache, room if isinstance(room, int) else entry_bytes(bpe) + 2000)
+    with pytest.raises(DiskFullError) as caught:
+        prepare_data(config)
+    message = str(caught.value)
+    if fails == "shards":
+        what, path, needed = "the token cache entry", cache / "shards" / reference.path.name, reference.path
+    else:
+        what, path, needed = "the cached tokenizer", cache / "tokenizers" / bpe.name, bpe
+    assert message.startswith(f"could not write {what} {path}: No space left on device; ")
+    assert re.search(r"; [\d.]+ (bytes|KiB|MiB|GiB|TiB) free there, and it needs about", message)
+    assert about(message) == pytest.approx(entry_bytes(needed), rel=0.05)  # within 5% of the whole entry
+    assert "Nothing half-written was left." in message and "BLOCKLAB_CACHE" in message
+    assert f"The token cache is {cache}" in message and chosen_by in message
+    # nothing half-written: only the complete tokenizer entry when it was the shards that failed
+    left = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
+    assert left == ([f"tokenizers/{bpe.name}/manifest.json", f"tokenizers/{bpe.name}/tokenizer.json"]
+                    if fails == "shards" and tokenizer == "bpe" else [])
+
+    monkeypatch.undo()  # space freed: the cache is built as on a disk with room
+    monkeypatch.setenv("BLOCKLAB_CACHE", str(cache))
+    data = prepare_data(config)
+    assert np.array_equal(data.train, reference.train) and np.array_equal(data.val, reference.val)
+    assert data.tokenizer.hash == reference.tokenizer.hash and data.stats["tokenised"]

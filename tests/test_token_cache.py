@@ -251,15 +251,78 @@ def test_stale_temporary_entries_are_removed(corpus, tmp_path, fresh):
     assert alive.exists() and elsewhere.exists()  # a live pid, or a pid of another host, is left alone
 
 
-def test_damaged_bpe_file_is_trained_again(corpus, tmp_path, capsys):
-    config = DataConfig(source=str(corpus), vocab_size=300, val_fraction=0.3, cache_dir=str(tmp_path / "c"))
+def bpe_config(corpus: Path, cache: Path) -> DataConfig:
+    return DataConfig(source=str(corpus), vocab_size=300, val_fraction=0.3, cache_dir=str(cache))
+
+
+def retrained(config: DataConfig, capsys, damage) -> tuple:
+    """Train and cache a BPE, damage its cache entry, prepare again: the first and second data, the
+    entry, the first tokenizer.json's bytes and the lines said on stderr."""
     first = prepare_data(config)
-    [path] = (tmp_path / "c" / "tokenizers").glob("bpe-*.json")
-    path.write_text(path.read_text()[:100])
+    [entry] = Path(config.cache_dir, "tokenizers").glob("bpe-*")
+    original = (entry / "tokenizer.json").read_bytes()
+    damage(entry)
     capsys.readouterr()
     data = prepare_data(config)
     said = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(said) == 1 and str(path) in said[0] and "training it again" in said[0], said
     assert data.stats["tokenizer_trained"] and data.tokenizer.hash == first.tokenizer.hash
+    assert (entry / "tokenizer.json").read_bytes() == original  # rebuilt identically
+    # the same tokenizer names the same shards: found whole, not tokenised again
     assert np.array_equal(data.train, first.train) and not data.stats["tokenised"]
-    assert prepare_module.load_tokenizer(path).hash == first.tokenizer.hash
+    assert not [p.name for p in entry.parent.iterdir() if p.name.startswith((".tmp-", ".bad-"))]
+    return first, data, entry, said
+
+
+def test_damaged_bpe_file_is_trained_again(corpus, tmp_path, capsys):
+    def cut(entry: Path) -> None:
+        path = entry / "tokenizer.json"
+        path.write_text(path.read_text()[:100])
+
+    first, data, entry, said = retrained(bpe_config(corpus, tmp_path / "c"), capsys, cut)
+    assert len(said) == 1 and f"cached tokenizer {entry}: tokenizer.json holds 100 bytes" in said[0], said
+    assert "training it again" in said[0]
+    assert prepare_module.load_tokenizer(entry / "tokenizer.json").hash == first.tokenizer.hash
+
+
+def swap_two_ids(entry: Path) -> None:
+    """Edit the cached tokenizer.json into another valid tokenizer of the same size: two merged tokens
+    trade ids (270 and 280) in place, so that only the sha256 can tell."""
+    path = entry / "tokenizer.json"
+    text = path.read_text()
+    by_id = {i: token for token, i in json.loads(text)["model"]["vocab"].items()}
+    a, b = (json.dumps(by_id[i], ensure_ascii=False) for i in (270, 280))
+    assert text.count(f"{a}:270") == 1 and text.count(f"{b}:280") == 1
+    path.write_text(text.replace(f"{a}:270", "\0").replace(f"{b}:280", f"{b}:270").replace("\0", f"{a}:280"))
+    assert path.stat().st_size == len(text.encode("utf-8"))
+
+
+def test_a_cached_bpe_edited_into_another_valid_one_is_named_and_trained_again(corpus, tmp_path, capsys):
+    sample = (corpus / "pkg0" / "mod_00.py").read_text()
+    reference = prepare_data(bpe_config(corpus, tmp_path / "reference")).tokenizer  # in a cache of its own
+
+    def edit(entry: Path) -> None:
+        swap_two_ids(entry)
+        edited = prepare_module.load_tokenizer(entry / "tokenizer.json")  # a valid tokenizer ...
+        assert edited.vocab_size == reference.vocab_size and edited.hash != reference.hash
+        assert edited.encode(sample) != reference.encode(sample)  # ... that tokenises otherwise
+
+    config = bpe_config(corpus, tmp_path / "c")
+    _, data, entry, said = retrained(config, capsys, edit)
+    assert said == [f"blocklab: cached tokenizer {entry}: tokenizer.json sha256 differs from its manifest "
+                    "(the file was changed after it was written); training it again"]
+    assert data.tokenizer.hash == reference.hash and data.tokenizer.encode(sample) == reference.encode(sample)
+    # and again: the entry is whole now, so nothing is said and nothing trained
+    again = prepare_data(config)
+    assert not again.stats["tokenizer_trained"] and not capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda entry: (entry / "manifest.json").unlink(), "no manifest.json"),
+    (lambda entry: (entry / "tokenizer.json").unlink(), "tokenizer.json is missing"),
+    (lambda entry: (entry / "manifest.json").write_text("{}"), "manifest.json has format None"),
+    (lambda entry: edit_manifest(entry, lambda m: m["checksums"].pop("tokenizer.json")),
+     "manifest.json lacks the size and sha256 of tokenizer.json"),
+])
+def test_a_cached_bpe_without_its_record_is_trained_again(corpus, tmp_path, capsys, damage, reason):
+    _, _, entry, said = retrained(bpe_config(corpus, tmp_path / "c"), capsys, damage)
+    assert len(said) == 1 and f"cached tokenizer {entry}: {reason}" in said[0], said

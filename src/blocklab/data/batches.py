@@ -51,6 +51,21 @@ def _check_int(name: str, value: object, low: int) -> int:
     return int(value)
 
 
+def check_batch_fits(batch_size: int, seq_len: int, window: int, n_windows: int, n_tokens: int,
+                     split: str) -> None:
+    """Refuse a training batch of more windows than the split holds: it would repeat windows within one
+    step, and drawing it allocates per row (a batch_size of 10^8 on a small corpus ran for minutes
+    at gigabytes before this check). Called once the split's size is known, before any allocation."""
+    if batch_size > n_windows:
+        name = {"train": "training", "val": "validation"}.get(split, split)
+        label = ", plus the token the last one predicts" if window > seq_len else ""
+        raise ConfigError(
+            f"batch_size = {batch_size:,} is more than the {name} split holds: its {n_tokens:,} tokens make "
+            f"{n_windows:,} windows of {window:,} tokens (seq_len = {seq_len:,}{label}), and a batch takes "
+            f"batch_size different windows. Allowed: batch_size <= {n_windows:,} at this seq_len on this "
+            "data; or a shorter seq_len, or more data.")
+
+
 class Batches:
     """Training batches (`get`) and a sequential validation pass (`validation`) over one split."""
 
@@ -73,6 +88,8 @@ class Batches:
         if self.n_windows < 1:
             raise ConfigError(f"the {split} split holds {n} tokens, fewer than one window of {self.window} "
                               f"(seq_len = {seq_len}); use a shorter seq_len or more data.")
+        if split == "train":  # here, before anything is allocated per batch (validation batches are cut)
+            check_batch_fits(self.batch_size, self.seq_len, self.window, self.n_windows, n, split)
         cfg, tok = data.config, data.tokenizer
         self.mask_prob, self.mask_token_frac, self.random_token_frac = (
             cfg.mask_prob, cfg.mask_token_frac, cfg.random_token_frac)
@@ -99,6 +116,8 @@ class Batches:
 
     def window_starts(self, step: int) -> np.ndarray:
         """Token offsets of the windows of the global batch of `step` (all ranks)."""
+        check_batch_fits(self.batch_size, self.seq_len, self.window, self.n_windows, len(self.tokens),
+                         self.split)
         g = step * self.batch_size + np.arange(self.batch_size)
         epochs, pos = np.divmod(g, self.n_windows)
         starts = np.empty(self.batch_size, dtype=np.int64)
@@ -133,10 +152,10 @@ class Batches:
         width = windows.shape[1]
         for i, rng in enumerate(rngs):
             # Draw every array at full width, so the stream does not depend on the tokens.
-            chosen = rng.random(width) < self.mask_prob
+            drawn = rng.random(width) < self.mask_prob
             kind = rng.random(width)
             random_ids = self.regular_ids[rng.integers(len(self.regular_ids), size=width)]
-            chosen &= ~np.isin(windows[i], self.special_ids)
+            chosen = np.logical_and(drawn, ~np.isin(windows[i], self.special_ids))
             chosen[: first_new[i]] = False
             to_mask = chosen & (kind < self.mask_token_frac)
             to_random = chosen & (kind >= self.mask_token_frac) & \

@@ -9,6 +9,11 @@ result by a stat. Measured (benchmarks/token_cache_check.py, a shared 2-core EPY
 about 20 ms per 10M tokens once per process (74 ms for 50M), 0.2-0.3 ms for every later call, as
 much as opening the memmaps; hashing while writing adds about 11 ms per 10M tokens to tokenising.
 
+A cached BPE tokenizer (``tokenizers/bpe-<key>/``) is an entry too: its ``tokenizer.json`` beside a
+``manifest.json`` that records the file's size and sha256 (taken from the bytes written), checked the
+same way each time it is used, so that a tokenizer edited into another valid one (two ids swapped) is
+named and trained again rather than used. Reading it costs about as much as loading it (a few ms).
+
 Temporary and discarded copies of an entry carry the pid and host of the process that made them,
 so a later build can remove those of dead processes on this host.
 """
@@ -21,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,13 +38,14 @@ from blocklab.data.tokenizer import Tokenizer
 from blocklab.errors import ConfigError
 
 FORMAT = 2  # bump when the shard or manifest layout changes (2: each shard's size and sha256)
+TOKENIZER_ENTRY = 1  # the layout of a cached tokenizer's folder (1: tokenizer.json and its manifest)
+TOKENIZER_FILE = "tokenizer.json"
 SPLITS = ("train", "val")
 READ_BYTES = 1 << 24  # bytes per read when checking a shard: a multiple of every id width
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 2**16 else np.uint32)
-
 
 
 class DamagedEntry(Exception):
@@ -119,16 +126,7 @@ def _digest(path: Path, stat: os.stat_result, dtype: np.dtype) -> tuple[str, int
 def check_entry(out_dir: Path, tokenizer: Tokenizer) -> dict[str, Any]:
     """The manifest of cache entry `out_dir` once the entry is found whole for `tokenizer` (see the
     module docstring); raises DamagedEntry naming the file and what is wrong with it."""
-    try:
-        text = (out_dir / "manifest.json").read_text()
-    except FileNotFoundError:
-        raise DamagedEntry("no manifest.json (it was deleted, or the entry was left incomplete)") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise DamagedEntry(f"manifest.json cannot be read ({err})") from None
-    try:
-        manifest = json.loads(text)
-    except ValueError as err:
-        raise DamagedEntry(f"manifest.json is not valid JSON ({err})") from None
+    manifest = read_manifest(out_dir)
     problem = manifest_error(manifest, tokenizer)
     if problem:
         raise DamagedEntry(problem)
@@ -151,6 +149,75 @@ def check_entry(out_dir: Path, tokenizer: Tokenizer) -> dict[str, Any]:
             raise DamagedEntry(f"{name} holds token id {top}, beyond the tokenizer's "
                                f"{tokenizer.vocab_size} ids")
     return manifest
+
+
+def read_manifest(entry: Path) -> Any:
+    """The parsed manifest.json of `entry` (of any JSON type: the caller checks its fields); raises
+    DamagedEntry when it is missing, unreadable or not JSON."""
+    try:
+        text = (entry / "manifest.json").read_text()
+    except FileNotFoundError:
+        raise DamagedEntry("no manifest.json (it was deleted, or the entry was left incomplete)") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DamagedEntry(f"manifest.json cannot be read ({err})") from None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise DamagedEntry(f"manifest.json is not valid JSON ({err})") from None
+
+
+# -- a cached tokenizer ------------------------------------------------------------------------------
+
+
+def tokenizer_manifest(data: bytes, tokenizer: Tokenizer, settings: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of a cached tokenizer whose tokenizer.json holds `data`: its size and sha256, taken
+    from the bytes written, never read back; the settings it was trained with, for a reader."""
+    return {"format": TOKENIZER_ENTRY, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "settings": settings,
+            "tokenizer": {"hash": tokenizer.hash, "vocab_size": tokenizer.vocab_size, "file": TOKENIZER_FILE},
+            "checksums": {TOKENIZER_FILE: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}}
+
+
+def check_tokenizer_entry(entry: Path) -> bytes:
+    """The bytes of cached tokenizer `entry`'s tokenizer.json once they have the size and sha256 its
+    manifest recorded; raises DamagedEntry naming the file and what is wrong with it."""
+    manifest = read_manifest(entry)
+    if not isinstance(manifest, dict) or manifest.get("format") != TOKENIZER_ENTRY:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise DamagedEntry(f"manifest.json has format {got!r} where this blocklab writes {TOKENIZER_ENTRY}")
+    sums = manifest.get("checksums")
+    want = sums.get(TOKENIZER_FILE) if isinstance(sums, dict) else None
+    if not (isinstance(want, dict) and _count(want.get("size")) and isinstance(want.get("sha256"), str)):
+        raise DamagedEntry(f"manifest.json lacks the size and sha256 of {TOKENIZER_FILE}")
+    try:
+        data = (entry / TOKENIZER_FILE).read_bytes()
+    except FileNotFoundError:
+        raise DamagedEntry(f"{TOKENIZER_FILE} is missing") from None
+    except OSError as err:
+        raise DamagedEntry(f"{TOKENIZER_FILE} cannot be read ({err})") from None
+    if len(data) != want["size"]:
+        raise DamagedEntry(f"{TOKENIZER_FILE} holds {len(data):,} bytes where its manifest says "
+                        f"{want['size']:,} (the file was cut short or changed after it was written)")
+    if hashlib.sha256(data).hexdigest() != want["sha256"]:
+        raise DamagedEntry(f"{TOKENIZER_FILE} sha256 differs from its manifest (the file was changed after "
+                        "it was written)")
+    return data
+
+
+# -- writing and repairing ---------------------------------------------------------------------------
+
+
+def put_in_place(tmp: Path, entry: Path) -> bool:
+    """Rename the finished folder `tmp` to `entry`: True, or False when a concurrent run put a finished
+    entry there first (then `tmp` is removed and theirs is to be used, once checked)."""
+    try:
+        tmp.rename(entry)
+    except OSError:
+        if not (entry / "manifest.json").exists():
+            raise
+        shutil.rmtree(tmp)
+        return False
+    return True
 
 
 def first_line(err: BaseException) -> str:

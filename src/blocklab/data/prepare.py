@@ -2,8 +2,9 @@
 
 The cache (`DataConfig.cache_dir`, else ``$BLOCKLAB_CACHE``, else ``~/.cache/blocklab``) holds
 
-* ``tokenizers/bpe-<key>.json``: a trained BPE, keyed by the corpus fingerprint and the BPE
-  settings, so a second run with the same corpus does not train again;
+* ``tokenizers/bpe-<key>/``: a trained BPE (``tokenizer.json``) and its ``manifest.json`` (the
+  file's size and sha256, the settings), keyed by the corpus fingerprint and the BPE settings, so a
+  second run with the same corpus does not train again;
 * ``shards/<key>/``: ``train.bin`` and ``val.bin`` (flat token ids, uint16 when the vocabulary has
   fewer than 65,536 entries, else uint32; every document followed by the separator), the
   ``tokenizer.json`` they were made with and ``manifest.json`` (sources, document and file counts,
@@ -17,12 +18,17 @@ on this host (``.tmp-*``, ``.bad-*``) are removed when an entry is next built.
 
 An entry is checked before it is used (`cache_entry`: sizes, sha256 and id range, once per
 process); a damaged one (a file changed or cut short after it was written, a manifest deleted or
-edited) is named in one line on stderr, moved aside and rebuilt, and a damaged cached BPE file is
-trained again.
+edited) is named in one line on stderr, moved aside and rebuilt, and a damaged cached BPE (its
+tokenizer.json edited, even into another valid tokenizer) is trained again.
+
+A write that the disk refuses (full, or over quota) leaves nothing behind and raises a DiskFullError
+naming the entry, the space free and needed, and the cache's folder with what chose it
+(data.cache_dir, BLOCKLAB_CACHE or the default).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -30,8 +36,7 @@ import os
 import shutil
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,27 +44,33 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from blocklab import diskfull
 from blocklab.data.cache_entry import (
     FORMAT,
     SPLITS,
+    TOKENIZER_FILE,
     DamagedEntry,
     aside,
     check_entry,
+    check_tokenizer_entry,
     discard,
     first_line,
+    put_in_place,
     remove_leftovers,
     repair_lock,
     token_dtype,
+    tokenizer_manifest,
 )
 from blocklab.data.config import DataConfig
 from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
-from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
+from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
 from blocklab.errors import ConfigError
 
 # The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
 # tokenizers again (a retrained BPE need not equal the one saved runs were trained with).
 TOKENIZER_FORMAT = 1
 CHUNK_CHARS = 4_000_000  # characters per encode_batch call: parallel, yet bounded memory
+MANIFEST_BYTES = 2048  # about a shard manifest.json (1.7 KB measured; more for a long list of skipped files)
 DEFAULTS = DataConfig()
 
 
@@ -85,6 +96,33 @@ class PreparedData:
 def cache_root(cfg: DataConfig) -> Path:
     root = cfg.cache_dir or os.environ.get("BLOCKLAB_CACHE") or Path.home() / ".cache" / "blocklab"
     return Path(root).expanduser()
+
+
+def _cache_origin(cfg: DataConfig) -> str:
+    """What to do when the cache's disk is full, naming the cache folder and what chose it."""
+    root = cache_root(cfg)
+    if cfg.cache_dir:
+        return (f"The token cache is {root}, set by data.cache_dir: free some space there, or set "
+                "data.cache_dir (which takes precedence over BLOCKLAB_CACHE) to a folder on a disk with "
+                "room, then run again.")
+    chosen = "set by BLOCKLAB_CACHE" if os.environ.get("BLOCKLAB_CACHE") else "the default"
+    return (f"The token cache is {root} ({chosen}): free some space there, or set BLOCKLAB_CACHE to a "
+            "folder on a disk with room, then run again.")
+
+
+@contextlib.contextmanager
+def _cache_write(cfg: DataConfig, what: str, path: Path, needed: Callable[[], int | None]) -> Iterator[None]:
+    """Writes into the cache, a refusal for want of space said as a DiskFullError naming `what` at
+    `path`, the space free there and the size `needed()` estimates (called only then), and the cache
+    folder (`_cache_origin`). The writes inside remove what a failed one left before it gets here, so
+    that the free space said is what a retry finds."""
+    try:
+        yield
+    except Exception as err:
+        if diskfull.failed_write(err) is None:
+            raise
+        raise diskfull.disk_full(err, what, path, needed(), "Nothing half-written was left. "
+                                 + _cache_origin(cfg)) from err
 
 
 def _key(obj: Any) -> str:
@@ -119,8 +157,8 @@ def _say(message: str) -> None:
 def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
                   root: Path, progress: bool = False) -> tuple[Tokenizer, bool]:
     """The tokenizer `cfg` asks for, and whether a BPE was trained by this call; with `progress`, a
-    line before and after training one (not when it comes from the cache). A cached BPE file that
-    cannot be loaded is named on stderr and trained again."""
+    line before and after training one (not when it comes from the cache). A cached BPE that does not
+    match its manifest or cannot be loaded is named on stderr and trained again."""
     if cfg.tokenizer == "byte":
         return byte_tokenizer(cfg.eos_token, cfg.mask_token), False
     if cfg.tokenizer != "bpe":
@@ -131,25 +169,46 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
     settings = {"format": TOKENIZER_FORMAT, "corpus": corpus, "vocab_size": cfg.vocab_size,
                 "min_frequency": cfg.bpe_min_frequency, "train_chars": cfg.bpe_train_chars,
                 "special": cfg.special_tokens, "tokenizers": tokenizers.__version__}
-    path = root / "tokenizers" / f"bpe-{_key(settings)}.json"
-    if not path.exists():
-        return _train_cached_bpe(cfg, source, path, progress), True
+    entry = root / "tokenizers" / f"bpe-{_key(settings)}"
+    if not entry.exists():
+        return _train_cached_bpe(cfg, source, settings, entry, progress), True
     try:
-        return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
-    except ConfigError:
+        return _cached_bpe(cfg, entry), False
+    except DamagedEntry:
         pass
-    with repair_lock(path):
+    with _locked(cfg, entry):
         try:  # another process may have trained it again while this one waited
-            return load_tokenizer(path, cfg.eos_token, cfg.mask_token), False
-        except ConfigError as err:
-            _say(f"cached tokenizer {path} cannot be read ({first_line(err.__cause__ or err)}); "
-                 "training it again")
-        path.unlink(missing_ok=True)
-        return _train_cached_bpe(cfg, source, path, progress), True
+            return _cached_bpe(cfg, entry), False
+        except DamagedEntry as damage:
+            _say(f"cached tokenizer {entry}: {damage}; training it again")
+        discard(entry)
+        return _train_cached_bpe(cfg, source, settings, entry, progress), True
 
 
-def _train_cached_bpe(cfg: DataConfig, source: Source, path: Path, progress: bool) -> Tokenizer:
-    """Train the BPE `cfg` asks for on the training split and store it at `path` (unless a concurrent
+def _cached_bpe(cfg: DataConfig, entry: Path) -> Tokenizer:
+    """The cached BPE in `entry`, once its tokenizer.json has the size and sha256 its manifest recorded;
+    raises DamagedEntry when it has not or cannot be loaded."""
+    data = check_tokenizer_entry(entry)
+    try:
+        return tokenizer_from_json(data.decode("utf-8"), cfg.eos_token, cfg.mask_token,
+                                   name=str(entry / TOKENIZER_FILE))
+    except (ConfigError, UnicodeDecodeError) as err:
+        why = first_line(err.__cause__ or err)
+        raise DamagedEntry(f"{TOKENIZER_FILE} cannot be loaded ({why})") from None
+
+
+@contextlib.contextmanager
+def _locked(cfg: DataConfig, target: Path) -> Iterator[None]:
+    """`repair_lock(target)`, a lock file the disk refuses said like any other write to the cache."""
+    with contextlib.ExitStack() as stack:
+        with _cache_write(cfg, "a lock for", target, lambda: None):
+            stack.enter_context(repair_lock(target))
+        yield
+
+
+def _train_cached_bpe(cfg: DataConfig, source: Source, settings: dict[str, Any], entry: Path,
+                      progress: bool) -> Tokenizer:
+    """Train the BPE `cfg` asks for on the training split and store it in `entry` (unless a concurrent
     run stored one first: then that one, so that every process uses the same file)."""
     budget = split_budgets(cfg)["train"]
     if cfg.bpe_train_chars is not None:
@@ -174,105 +233,164 @@ def _train_cached_bpe(cfg: DataConfig, source: Source, path: Path, progress: boo
     if progress:
         _say(f"tokenizer trained in {time.perf_counter() - start:.1f} s on {n_chars / 1e6:.1f} M characters "
              f"({n_docs:,} documents); cached for the next run")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(tok.to_str(), encoding="utf-8")
-    try:
-        os.link(tmp, path)  # atomic, and fails if a concurrent run (another DDP rank) got there first
-    except FileExistsError:
+    if _store_bpe(cfg, tok, settings, entry):
+        return tok
+    try:  # a concurrent run stored it first: every process uses the same file
+        return _cached_bpe(cfg, entry)
+    except DamagedEntry as damage:
+        raise RuntimeError(f"cached tokenizer {entry} is damaged right after it was stored ({damage}); "
+                           "check the disk and the file system holding the cache.") from None
+
+
+def _store_bpe(cfg: DataConfig, tok: Tokenizer, settings: dict[str, Any], entry: Path) -> bool:
+    """Write `tok` and its manifest into cache entry `entry` through a temporary folder and a rename;
+    False when a concurrent run put its own there first. Nothing is left behind when a write fails."""
+    data = tok.to_str().encode("utf-8")
+    manifest = json.dumps(tokenizer_manifest(data, tok, settings), indent=2, default=str) + "\n"
+    with _cache_write(cfg, "the cached tokenizer", entry, lambda: len(data) + len(manifest)):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(entry)
+        tmp = aside(entry, "tmp")
         try:
-            tok = load_tokenizer(path, cfg.eos_token, cfg.mask_token)  # every process uses the same file
-        except ConfigError:
-            tmp.replace(path)  # theirs was damaged since it was stored: ours replaces it
-    except OSError:
-        tmp.replace(path)  # a file system without hard links
-    finally:
-        tmp.unlink(missing_ok=True)
-    return tok
+            tmp.mkdir()
+            (tmp / TOKENIZER_FILE).write_bytes(data)
+            (tmp / "manifest.json").write_text(manifest)
+            return put_in_place(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 # -- shards ------------------------------------------------------------------------------------------
 
 
+class _ShardFiles:
+    """The shard files of an entry being written: each split's ids appended, counted and hashed as they
+    are written (never read back), and closed together however the writing ends."""
+
+    def __init__(self, folder: Path, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        fields = ("documents", "tokens", "bytes", "chars")
+        self.counts: dict[str, dict[str, Any]] = {s: dict.fromkeys(fields, 0) for s in SPLITS}
+        self.sums = {s: hashlib.sha256() for s in SPLITS}
+        self.sizes = dict.fromkeys(SPLITS, 0)
+        self.finished = False  # every document written
+        stack = contextlib.ExitStack()
+        with stack:  # a failed open closes those already open
+            self.files = {s: stack.enter_context(open(folder / f"{s}.bin", "wb")) for s in SPLITS}
+            self._open = stack.pop_all()
+
+    def add(self, chunk: list[tuple[str, str]], tokenizer: Tokenizer) -> None:
+        """Tokenise the (split, text) documents of `chunk` and append each, then the separator."""
+        ids = tokenizer.encode_batch([text for _, text in chunk])
+        rows: dict[str, list[list[int]]] = {s: [] for s in SPLITS}
+        for (split, text), row in zip(chunk, ids, strict=True):
+            rows[split] += [row, [tokenizer.eos_id]]
+            c = self.counts[split]
+            c["documents"] += 1
+            c["tokens"] += len(row) + 1
+            c["bytes"] += len(text.encode("utf-8"))
+            c["chars"] += len(text)
+        for split, parts in rows.items():
+            if parts:
+                block = np.fromiter(itertools.chain.from_iterable(parts), dtype=self.dtype)
+                # file.write, not ndarray.tofile: a full disk then raises OSError(ENOSPC), where numpy
+                # says only "361537 requested and 30720 written"
+                self.files[split].write(block.data)
+                self.sums[split].update(block.data)
+                self.sizes[split] += block.nbytes
+
+    def close(self) -> None:
+        self._open.close()  # every file, even when closing one fails (its buffer's last write)
+
+    def needed(self, source: Source, cfg: DataConfig, extra: int) -> int | None:
+        """About the bytes the whole entry takes: the shards as written once finished, else the ids so
+        far scaled by the source's size over the characters read so far; plus `extra` (tokenizer.json
+        and manifest). None when the source's size is not known."""
+        if self.finished:
+            return sum(self.sizes.values()) + extra
+        chars = sum(c["chars"] for c in self.counts.values())
+        tokens = sum(c["tokens"] for c in self.counts.values())
+        total = source.text_bytes()
+        if total is None or chars == 0:
+            return None
+        if cfg.max_chars is not None:
+            total = min(total, cfg.max_chars)
+        return int(tokens * max(1.0, total / chars)) * self.dtype.itemsize + extra
+
+
+def _write_shards(shards: _ShardFiles, source: Source, cfg: DataConfig, tokenizer: Tokenizer) -> None:
+    """Every document of `source`, tokenised in chunks of about CHUNK_CHARS characters."""
+    chunk: list[tuple[str, str]] = []
+    n_chars = 0
+    for split, _, text in split_documents(source, cfg):
+        chunk.append((split, text))
+        n_chars += len(text)
+        if n_chars >= CHUNK_CHARS:
+            shards.add(chunk, tokenizer)
+            chunk, n_chars = [], 0
+    shards.add(chunk, tokenizer)
+    shards.close()  # the last buffered bytes reach the disk here
+    shards.finished = True
+
+
+def _manifest(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
+              shards: _ShardFiles) -> dict[str, Any]:
+    """The manifest of a shard entry (see the module docstring)."""
+    counts = shards.counts
+    for c in counts.values():
+        c["bytes_per_token"] = c["bytes"] / c["tokens"] if c["tokens"] else None  # None: empty split
+    return {
+        "format": FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": {"spec": cfg.source, "kind": source.kind, "description": source.description,
+                   "fingerprint": corpus["fingerprint"], "files": source.file_count,
+                   "skipped_files": list(source.skipped), "skipped_count": len(source.skipped),
+                   "bad_records": getattr(source, "bad_records", 0),
+                   "records": getattr(source, "census", lambda: "")()},
+        "settings": {name: getattr(cfg, name) for name in
+                     ("source", "text_field", "hf_kwargs", "max_chars", "val_fraction", "tokenizer",
+                      "vocab_size", "bpe_min_frequency", "bpe_train_chars", "eos_token", "mask_token")},
+        "tokenizer": {"hash": tokenizer.hash, "vocab_size": tokenizer.vocab_size,
+                      "eos_id": tokenizer.eos_id, "mask_id": tokenizer.mask_id, "file": "tokenizer.json"},
+        "dtype": shards.dtype.name,
+        "splits": {s: {"file": f"{s}.bin", **counts[s]} for s in SPLITS},
+        # Apart from "splits", whose entries compare.data_differences reads whole.
+        "checksums": {f"{s}.bin": {"size": shards.sizes[s], "sha256": shards.sums[s].hexdigest()}
+                      for s in SPLITS},
+    }
+
+
 def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
                  out_dir: Path) -> None:
-    """Tokenise every document into `out_dir/{train,val}.bin` and write the manifest, atomically."""
-    dtype = token_dtype(tokenizer.vocab_size)
+    """Tokenise every document into `out_dir/{train,val}.bin` and write the manifest, atomically. A
+    write the disk refuses leaves nothing behind and raises a DiskFullError (`_cache_write`)."""
     tmp = aside(out_dir, "tmp")
-    tmp.mkdir(parents=True)
-    counts: dict[str, dict[str, Any]] = {s: dict.fromkeys(("documents", "tokens", "bytes", "chars"), 0)
-                                         for s in SPLITS}
-    sums = {s: hashlib.sha256() for s in SPLITS}  # of the bytes as they are written, never read back
-    sizes = dict.fromkeys(SPLITS, 0)
-    try:
-        outs = {s: open(tmp / f"{s}.bin", "wb") for s in SPLITS}  # closed in the finally below
-        try:
-            chunk: list[tuple[str, str]] = []
+    shards: _ShardFiles | None = None
 
-            def flush() -> None:
-                ids = tokenizer.encode_batch([text for _, text in chunk])
-                rows: dict[str, list[list[int]]] = {s: [] for s in SPLITS}
-                for (split, text), row in zip(chunk, ids, strict=True):
-                    rows[split] += [row, [tokenizer.eos_id]]  # each document, then the separator
-                    c = counts[split]
-                    c["documents"] += 1
-                    c["tokens"] += len(row) + 1
-                    c["bytes"] += len(text.encode("utf-8"))
-                    c["chars"] += len(text)
-                for split, parts in rows.items():
-                    if parts:
-                        block = np.fromiter(itertools.chain.from_iterable(parts), dtype=dtype)
-                        block.tofile(outs[split])
-                        sums[split].update(block.data)
-                        sizes[split] += block.nbytes
-                chunk.clear()
+    def needed() -> int | None:
+        extra = len(tokenizer.to_str().encode("utf-8")) + MANIFEST_BYTES
+        return shards.needed(source, cfg, extra) if shards is not None else None
 
-            n_chars = 0
-            for split, _, text in split_documents(source, cfg):
-                chunk.append((split, text))
-                n_chars += len(text)
-                if n_chars >= CHUNK_CHARS:
-                    flush()
-                    n_chars = 0
-            flush()
-        finally:
-            for fh in outs.values():
-                fh.close()
-        if counts["train"]["documents"] == 0:
-            raise _no_documents(source, "train", cfg)
-        if cfg.val_fraction > 0 and counts["val"]["documents"] == 0:
-            raise _no_documents(source, "val", cfg)
-        for c in counts.values():
-            c["bytes_per_token"] = c["bytes"] / c["tokens"] if c["tokens"] else None  # None: empty split
-        tokenizer.save(tmp)
-        manifest = {
-            "format": FORMAT,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "source": {"spec": cfg.source, "kind": source.kind, "description": source.description,
-                       "fingerprint": corpus["fingerprint"], "files": source.file_count,
-                       "skipped_files": list(source.skipped), "skipped_count": len(source.skipped),
-                       "bad_records": getattr(source, "bad_records", 0),
-                       "records": getattr(source, "census", lambda: "")()},
-            "settings": {name: getattr(cfg, name) for name in
-                         ("source", "text_field", "hf_kwargs", "max_chars", "val_fraction", "tokenizer",
-                          "vocab_size", "bpe_min_frequency", "bpe_train_chars", "eos_token", "mask_token")},
-            "tokenizer": {"hash": tokenizer.hash, "vocab_size": tokenizer.vocab_size,
-                          "eos_id": tokenizer.eos_id, "mask_id": tokenizer.mask_id, "file": "tokenizer.json"},
-            "dtype": dtype.name,
-            "splits": {s: {"file": f"{s}.bin", **counts[s]} for s in SPLITS},
-            # Apart from "splits", whose entries compare.data_differences reads whole.
-            "checksums": {f"{s}.bin": {"size": sizes[s], "sha256": sums[s].hexdigest()} for s in SPLITS},
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+    with _cache_write(cfg, "the token cache entry", out_dir, needed):
         try:
-            tmp.rename(out_dir)
-        except OSError:
-            if not (out_dir / "manifest.json").exists():
-                raise
-            shutil.rmtree(tmp)  # a concurrent run finished the same entry first; use theirs
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            tmp.mkdir(parents=True)
+            shards = _ShardFiles(tmp, token_dtype(tokenizer.vocab_size))
+            try:
+                _write_shards(shards, source, cfg, tokenizer)
+            finally:
+                shards.close()
+            if shards.counts["train"]["documents"] == 0:
+                raise _no_documents(source, "train", cfg)
+            if cfg.val_fraction > 0 and shards.counts["val"]["documents"] == 0:
+                raise _no_documents(source, "val", cfg)
+            tokenizer.save(tmp)
+            manifest = _manifest(cfg, source, tokenizer, corpus, shards)
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+            put_in_place(tmp, out_dir)  # or a concurrent run finished the same entry first: theirs is used
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
 
 def _load_split(path: Path, dtype: np.dtype) -> np.ndarray:

@@ -59,6 +59,11 @@ class Source:
     def fingerprint(self) -> dict[str, Any]:
         raise NotImplementedError
 
+    def text_bytes(self) -> int | None:
+        """About how many bytes of text the source holds (None: not known without reading it), for
+        the size a token cache entry will take."""
+        return None
+
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         """Yield (name, text); documents whose name `select` rejects are passed over unread."""
         raise NotImplementedError
@@ -77,6 +82,9 @@ class SnapshotSource(Source):
     def fingerprint(self) -> dict[str, Any]:
         info = snapshot_info()
         return {"sha256": info["sha256"], "python_version": info["python_version"]}
+
+    def text_bytes(self) -> int:
+        return int(snapshot_info()["bytes"])
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         self.skipped = []
@@ -129,6 +137,13 @@ class FileSource(Source):
         digest = hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()
         return {"files": len(self.files), "stat_sha256": digest, "text_field": self.text_field,
                 **({"documents": "paragraphs"} if self.by_paragraph else {})}
+
+    def text_bytes(self) -> int | None:
+        """The files' sizes (JSONL's field names and quoting included: a little more than the text)."""
+        try:
+            return sum(p.stat().st_size for p in self.files)
+        except OSError:
+            return None
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         self.skipped, self.records, self.bad_records, self.missing_field = [], 0, 0, 0
@@ -292,9 +307,10 @@ def split_documents(source: Source, cfg: DataConfig, splits: tuple[str, ...] = (
 
     for name, text in source.documents(wanted):
         split = split_of(name, cfg.val_fraction)
-        if left[split] is not None:
-            text = text[: left[split]]
-            left[split] -= len(text)
+        room = left[split]
+        if room is not None:
+            text = text[:room]
+            left[split] = room - len(text)
         yield split, name, text
         if all(v == 0 for v in left.values()):
             return

@@ -80,6 +80,8 @@ class Tokenizer:
     @cached_property
     def ids_are_bytes(self) -> bool:
         """True for the byte tokenizer (id = byte value), whose encoding then skips `tokenizers`."""
+        if self.mask_token is None:  # the byte tokenizer has one
+            return False
         return self.hash == byte_tokenizer(self.eos_token, self.mask_token).hash
 
     @cached_property
@@ -215,6 +217,22 @@ def load_tokenizer(path: str | Path, eos_token: str | None = None,
         hf = HFTokenizer.from_file(str(path))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise ConfigError(f"{str(path)!r} is not a Hugging Face tokenizer.json file: {err}") from err
+    return _with_specials(hf, eos_token, mask_token)
+
+
+def tokenizer_from_json(text: str, eos_token: str | None = None, mask_token: str | None = None,
+                        name: str = "the tokenizer") -> Tokenizer:
+    """`load_tokenizer` for the text of a tokenizer.json already read (and checked: the token cache),
+    so that the bytes checked are the bytes used; `name` says where the text came from."""
+    try:
+        hf = HFTokenizer.from_str(text)
+    except Exception as err:  # tokenizers raises a bare Exception on malformed files
+        raise ConfigError(f"{name} is not a Hugging Face tokenizer.json file: {err}") from err
+    return _with_specials(hf, eos_token, mask_token)
+
+
+def _with_specials(hf: HFTokenizer, eos_token: str | None, mask_token: str | None) -> Tokenizer:
+    """`hf` with its separator and mask tokens picked, or added (see `load_tokenizer`)."""
     vocab = hf.get_vocab(with_added_tokens=True)
 
     def pick(given: str | None, known: tuple[str, ...]) -> str:
