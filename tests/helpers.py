@@ -54,6 +54,13 @@ def write_code_corpus(root: Path) -> Path:
     return root
 
 
+def small_run_args(corpus: Path, cache: Path) -> list[str]:
+    """`blocklab train` overrides of a run that takes a second: bytes of `corpus`, d 32 x 2 layers,
+    batches of 2 x 16 tokens, no progress bar."""
+    return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
+            "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
+
+
 def compare_base(corpus: Path, cache: Path, steps: int = 4) -> dict:
     """TrainConfig fields of a compare that takes seconds: size tiny cut to d 32 x 3 layers, batches of
     4 x 32 bytes, validation and a checkpoint every 2 steps on 2 held-out batches."""

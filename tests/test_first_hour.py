@@ -15,6 +15,7 @@ import blocklab
 from blocklab import ConfigError, ModelConfig
 from blocklab.cli import main
 from blocklab.training.config import TrainConfig, apply_overrides
+from helpers import small_run_args
 
 
 def test_version_and_help_answer_without_importing_torch():
@@ -60,9 +61,7 @@ def corpus(tmp_path_factory):
     return root
 
 
-def small(corpus: Path, cache: Path) -> list[str]:
-    return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
-            "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
+small = small_run_args
 
 
 def _modes(root: Path) -> dict[str, int]:

@@ -17,6 +17,9 @@ from blocklab.config import ConfigError
 from blocklab.training import TrainConfig, loop, memory, train
 from blocklab.training.metrics import read_metrics, resume_gap
 from blocklab.training.optim import OptimConfig, build_optimizers
+from helpers import small_run_args
+
+small = small_run_args
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +28,6 @@ def corpus(tmp_path_factory) -> Path:
     for i in range(30):
         (root / f"f{i}.py").write_text("".join(f"value_{j % 9} = {i} + {j}\n" for j in range(60)))
     return root
-
-
-def small(corpus: Path, cache: Path) -> list[str]:
-    return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
-            "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
 
 
 @pytest.fixture(scope="module")
