@@ -26,7 +26,14 @@ uses one thread by default (`--threads`).
 A plot of cache memory (with Bank of Values' table) against context length is written to
 benchmarks/results/cache-memory.png.
 
-    PYTHONPATH=src python benchmarks/bench_cache.py [--device cuda] [--quick] [--size small|gpt2]
+With ``--offload`` it measures instead Bank of Values with its tables offloaded to host memory
+(`model.offload_value_tables()`, model/offload.py): for each context length, the device and host
+bytes of `pre-ln+bov` with resident and with offloaded tables against the standard model's cache and
+Bank of Values Eq. 6, on real text (a BPE of |V| ids trained on the embedded stdlib snapshot), each
+figure checked against the measured tensors; the break-even contexts; decode tokens/s at batch 1
+and 8 with and without offloading (eager steps).
+
+    PYTHONPATH=src python benchmarks/bench_cache.py [--device cuda] [--quick] [--size small|gpt2] [--offload]
 """
 
 from __future__ import annotations
@@ -245,6 +252,176 @@ def plot(path: Path, size_name: str, size: dict, configs: dict, measured: dict, 
     plt.close(fig)
 
 
+# -- offloaded value tables (--offload) ------------------------------------------------------------
+OFFLOAD_ARCH = "pre-ln+bov"
+OFFLOAD_CHUNK = 1024  # prefill chunk: the measured caches are filled in pieces of this many tokens
+
+
+def text_tokens(vocab: int, n: int) -> tuple[list[int], str]:
+    """`n` tokens of real text: a byte-level BPE of `vocab` ids trained on the embedded Python-stdlib
+    snapshot's first files, encoding the files after them (held out), so that the distinct ids of a
+    prefix grow as in a real prompt rather than as uniform random ids would."""
+    from blocklab.data.snapshot import iter_snapshot
+    from blocklab.data.tokenizer import train_bpe
+
+    docs = [text for _, text in iter_snapshot()]
+    train, size = [], 0
+    while size < 3_000_000:
+        train.append(docs[len(train)])
+        size += len(train[-1])
+    tok = train_bpe(train, vocab)
+    ids: list[int] = []
+    for text in docs[len(train):]:
+        ids += tok.encode(text)
+        if len(ids) >= n:
+            break
+    return ids[:n], f"BPE {tok.vocab_size} ids trained on {len(train)} stdlib files, text of the next files"
+
+
+def distinct_prefix_counts(ids: list[int]) -> list[int]:
+    """counts[t]: distinct ids among the first t + 1 tokens."""
+    seen: set[int] = set()
+    out = []
+    for i in ids:
+        seen.add(i)
+        out.append(len(seen))
+    return out
+
+
+def offload_memory(size: dict, lengths, ids: list[int], device: torch.device) -> list[dict]:
+    """For each T: `offload_bytes` with the text's distinct ids, checked against a bov model's cache filled
+    with the first T tokens (prefill in chunks) with its tables offloaded: measured bytes of the cache,
+    of the compact rows on the device (filled, and allocated: chunks after the first grow the tables by
+    a quarter at a time) and of the host tables."""
+    from blocklab.accounting import offload_bytes
+
+    model = blocklab.Transformer(make_cfg(OFFLOAD_ARCH, size, max(lengths))).to(device).eval()
+    model.offload_value_tables()
+    counts = distinct_prefix_counts(ids)
+    rows = []
+    for t in lengths:
+        report = offload_bytes(model.cfg, t, unique_ids=counts[t - 1], dtype_bytes=4)
+        cache = model.new_cache(1, t)
+        with torch.no_grad():
+            for start in range(0, t, OFFLOAD_CHUNK):
+                model(torch.tensor([ids[start:min(t, start + OFFLOAD_CHUNK)]], device=device), cache=cache)
+        assert cache.value_rows is not None
+        rows_used = cache.value_rows.used_bytes
+        measured = dict(cache=cache.nbytes, rows_used=rows_used, rows_allocated=cache.value_row_bytes,
+                        host=cache.value_rows.host_bytes)
+        assert measured["cache"] == report["cache_bytes"], (t, measured, report)
+        assert measured["rows_used"] == report["row_bytes"], (t, measured, report)
+        assert measured["host"] == report["offloaded_host_bytes"], (t, measured, report)
+        rows.append({**report, "measured": measured})
+    return rows
+
+
+def break_even(cfg, counts: list[int] | None, key: str = "saved_offloaded_bytes",
+               dtype_bytes: int = 4) -> int | None:
+    """The first context T at which Bank of Values holds fewer device bytes than the standard model's
+    cache (`key`: with offloaded or resident tables; `counts`: the text's distinct ids per prefix; None:
+    every position a new id, the worst case); None if not within len(counts) or 16 |V| positions.
+
+    Without sliding windows every term of `offload_bytes` is affine in T and in the distinct ids, so
+    the saving is evaluated from T = 1, 2 and one id, and checked against `offload_bytes` at the end."""
+    from blocklab.accounting import offload_bytes
+
+    def saved(t: int, u: int) -> int:
+        return offload_bytes(cfg, t, unique_ids=u, dtype_bytes=dtype_bytes)[key]
+
+    vocab = cfg.vocab_size
+    first, slope = saved(1, 0), saved(2, 0) - saved(1, 0)
+    per_id = saved(1, 1) - first
+    limit = len(counts) if counts is not None else 16 * vocab
+
+    def distinct(t: int) -> int:
+        return counts[t - 1] if counts is not None else min(t, vocab)
+
+    assert saved(limit, distinct(limit)) == first + (limit - 1) * slope + per_id * distinct(limit)
+    return next((t for t in range(1, limit + 1) if first + (t - 1) * slope + per_id * distinct(t) > 0), None)
+
+
+def offload_speed(size: dict, prompt: list[int], new: int, repeats: int, device: torch.device) -> dict:
+    """Decode tokens/s of bov with resident and with offloaded tables, batch 1 and 8: after an untimed
+    prefill of `prompt`, `new` greedy steps of `decode_step` (what `generate` runs per token) are timed;
+    the median of `repeats` after a warm-up, the two modes alternating."""
+    model = blocklab.Transformer(make_cfg(OFFLOAD_ARCH, size, len(prompt) + new)).to(device).eval()
+    out: dict = {}
+    for batch in (1, 8):
+        ids = torch.tensor([prompt] * batch, device=device)
+        times: dict[str, list[float]] = {"resident": [], "offloaded": []}
+        for r in range(repeats + 1):
+            for mode in ("resident", "offloaded"):
+                model.offload_value_tables(mode == "offloaded")
+                cache = model.new_cache(batch, len(prompt) + new)
+                with torch.inference_mode():
+                    logits = model(ids, cache=cache)[:, -1]
+                    sync(device)
+                    t0 = time.perf_counter()
+                    for _ in range(new):
+                        logits = model.decode_step(logits.argmax(-1, keepdim=True), cache)
+                    sync(device)
+                if r:  # the first round warms up
+                    times[mode].append(time.perf_counter() - t0)
+        out[batch] = {m: batch * new / statistics.median(v) for m, v in times.items()}
+    model.offload_value_tables(False)
+    return out
+
+
+def offload_table(size_name: str, rows: list[dict], even: dict, speed: dict) -> str:
+    vocab = SIZES[size_name]["vocab_size"]
+    head = ["T", "distinct ids", "standard cache MiB", "BoV cache MiB", "+ tables (resident) MiB",
+            "+ rows (offloaded) MiB", "rows allocated MiB", "host MiB", "Eq. 6 saved MiB",
+            "saved resident MiB",
+            "saved offloaded MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    mib = 2 ** 20
+    for r in rows:
+        lines.append("| " + " | ".join([
+            str(r["context"]), str(r["unique_ids"]), f"{r['standard_cache_bytes'] / mib:.2f}",
+            f"{r['cache_bytes'] / mib:.2f}", f"{r['resident_device_bytes'] / mib:.2f}",
+            f"{r['offloaded_device_bytes'] / mib:.2f}", f"{r['measured']['rows_allocated'] / mib:.2f}",
+            f"{r['offloaded_host_bytes'] / mib:.2f}",
+            f"{r['eq6_saved_bytes'] / mib:.2f}", f"{r['saved_resident_bytes'] / mib:.2f}",
+            f"{r['saved_offloaded_bytes'] / mib:.2f}"]) + " |")
+    lines.append(f"break-even (fewer device bytes than the standard cache), batch 1, float32: resident "
+                 f"tables T = {even['resident']} (Eq. 6: T = |V| = {vocab}); offloaded, this text "
+                 f"T = {even['text']}; offloaded, every position a new id T = {even['worst']}")
+    for batch, s in speed.items():
+        lines.append(f"decode tokens/s, batch {batch}: resident {s['resident']:,.0f}, offloaded "
+                     f"{s['offloaded']:,.0f} (x{s['offloaded'] / s['resident']:.2f})")
+    return "\n".join(lines)
+
+
+def offload_main(args, device: torch.device) -> None:
+    """--offload: device and host bytes of bov with resident and offloaded tables against the standard
+    cache per context length, measured on real text, the break-even points, and decode tokens/s."""
+    size = SIZES[args.size]
+    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
+        QUICK_LENGTHS if args.quick else (*LENGTHS, 16384))
+    new = args.new_tokens or (4 if args.quick else 32)
+    repeats = args.repeats or (2 if args.quick else 3)
+    start = time.time()
+    ids, source = text_tokens(size["vocab_size"], max(lengths))
+    print(f"# bench_cache --offload: size {args.size} {size}, {OFFLOAD_ARCH}, lengths {lengths}, {device}; "
+          f"tokens: {source}", flush=True)
+    rows = offload_memory(size, lengths, ids, device)
+    cfg = make_cfg(OFFLOAD_ARCH, size, max(lengths))
+    even = dict(resident=break_even(cfg, None, "saved_resident_bytes"),
+                text=break_even(cfg, distinct_prefix_counts(ids)), worst=break_even(cfg, None))
+    speed = offload_speed(size, ids[:512], new, repeats, device)
+    text = offload_table(args.size, rows, even, speed)
+    print(text)
+    out = args.out or RESULTS / f"cache-offload-{device.type}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(machine=machine_info(args.device, torch.get_num_threads()), size=args.size,
+                                   dims=size, arch=OFFLOAD_ARCH, tokens=source, lengths=lengths, rows=rows,
+                                   break_even=even, tokens_per_s={str(b): s for b, s in speed.items()},
+                                   new_tokens=new, repeats=repeats, elapsed_s=round(time.time() - start, 1),
+                                   table=text), indent=1))
+    print(f"# wrote {out} ({time.time() - start:.0f} s)")
+
+
 # -- report ----------------------------------------------------------------------------------------
 def summarize(speeds: dict[int, dict], lengths) -> dict:
     out = {}
@@ -294,12 +471,18 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=RESULTS / "cache-memory.png")
+    p.add_argument("--offload", action="store_true",
+                   help="only the offloaded value tables' table: device and host bytes of bov per context "
+                        "length on real text, the break-even points, decode tokens/s with and without")
     args = p.parse_args()
     device = torch.device(args.device)
     # one thread: a decode step is a chain of ~1 ms ops, and on a shared 2-core VM a second OpenMP
     # thread costs more in waiting than it gains (measured 10x slower per step under load)
     threads = args.threads or 1
     torch.set_num_threads(threads)
+    if args.offload:
+        offload_main(args, device)
+        return
     lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
         QUICK_LENGTHS if args.quick else LENGTHS)
     new = args.new_tokens or (4 if args.quick else 16)

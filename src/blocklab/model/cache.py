@@ -51,6 +51,7 @@ from torch import Tensor
 from blocklab import ops
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Seen
+from blocklab.model.offload import TableKey, ValueRows
 from blocklab.model.padding import PaddingState
 from blocklab.model.value_paths import (
     SharedModule,
@@ -190,6 +191,16 @@ def cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2, context: int |
                 value_table_bytes=tables * dtype_bytes)
 
 
+def table_layers(cfg: ModelConfig) -> tuple[int, int]:
+    """(layers that read values by token id, distinct value tables they read): Bank of Values' target
+    layers and its tables (one per target layer, or one shared)."""
+    paths, shared = _value_paths(cfg)
+    readers = sum(1 for p in paths if p.value_layer is None)
+    modules = [*paths, shared] if shared is not None else paths
+    tables = sum(1 for m in modules for n, _ in m.named_parameters() if is_value_table(n))
+    return readers, tables
+
+
 class _Store:
     """The cached past of one tensor (B, time, ...): every position, or a ring of the last `span`."""
 
@@ -234,7 +245,8 @@ class KVCache:
     """
 
     def __init__(self, cfg: ModelConfig, paths: Sequence[ValuePath], batch_size: int, max_len: int,
-                 dtype: torch.dtype, device: torch.device | str | None = None):
+                 dtype: torch.dtype, device: torch.device | str | None = None,
+                 value_tables: dict[TableKey, Tensor] | None = None):
         _check_causal(cfg)
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -267,6 +279,14 @@ class KVCache:
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
+        # offloaded Bank of Values tables (model/offload.py): the rows this batch used, on the device;
+        # then `token_ids` stores each position's slot in those rows in place of its token id
+        self.value_rows: ValueRows | None = None
+        if value_tables is not None:
+            if not self.layout.has_ids:
+                raise ValueError("value_tables are given, but no layer of this model reads its values by "
+                                 "token id")
+            self.value_rows = ValueRows(value_tables, cfg.vocab_size, device)
 
     # -- memory --------------------------------------------------------------------------------
     def tensors(self) -> dict[str, Tensor]:
@@ -285,6 +305,12 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes of storage the cache holds (allocated for max_len positions)."""
         return sum(t.untyped_storage().nbytes() for t in self.tensors().values())
+
+    @property
+    def value_row_bytes(self) -> int:
+        """Device bytes of the offloaded value tables' rows this cache holds (model/offload.py; 0 when the
+        tables are resident). Not in `nbytes`, which counts the cache's own tensors."""
+        return 0 if self.value_rows is None else self.value_rows.device_bytes
 
     @property
     def bytes_used(self) -> int:
@@ -313,7 +339,10 @@ class KVCache:
                              f"= {self.cfg.context_length}).")
         self._chunk, self._present = t, {}
         if self.token_ids is not None:
-            self._write("token_ids", None, self.token_ids, token_ids)
+            rows = self.value_rows
+            room = b * (self.max_len - self.length - t)  # ids the later passes can still bring
+            stored = token_ids if rows is None else rows.assign(token_ids, room)
+            self._write("token_ids", None, self.token_ids, stored)
         if self._last_ids is not None:
             self._last_ids[1].copy_(token_ids[:, -1:])
         if real is not None or self.padding is not None:

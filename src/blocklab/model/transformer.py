@@ -21,6 +21,7 @@ from blocklab.model.head_loss import linear_cross_entropy, padded_rows
 from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
 from blocklab.model.norms import norm_of
+from blocklab.model.offload import host_tables, offload_tables
 from blocklab.model.trunk import Backout, Smear
 from blocklab.model.value_paths import make_shared_module
 
@@ -354,7 +355,16 @@ class Transformer(nn.Module):
         the value paths (model/cache.py); dtype and device default to the model's."""
         weight = self.tok_emb.weight
         paths = [block.attn.values for block in self.block_list()]
-        return KVCache(self.cfg, paths, batch_size, max_len, dtype or weight.dtype, device or weight.device)
+        return KVCache(self.cfg, paths, batch_size, max_len, dtype or weight.dtype, device or weight.device,
+                       value_tables=host_tables(self))
+
+    def offload_value_tables(self, offload: bool = True) -> None:
+        """Keep Bank of Values' tables E_v in host memory (pinned when CUDA is available) and, in each KV
+        cache made afterwards, only the rows of the ids its batch used on the device (model/offload.py);
+        decoding gives the same tokens and logits. ``offload=False`` moves them back to the model's device.
+        While offloaded, a forward pass without a KV cache or with gradients raises (training needs them
+        on the device). Call it after moving the model (``model.to(...)`` would move the tables too)."""
+        offload_tables(self, self.tok_emb.weight.device, offload)
 
     def generate(self, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None,

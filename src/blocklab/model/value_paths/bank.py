@@ -29,6 +29,7 @@ from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.init_schemes import init_projection_
 from blocklab.model.linear_maps import ReparamLinear
+from blocklab.model.offload import TableKey, ValueRows, offload_error, value_rows_of
 from blocklab.model.value_paths.base import (
     LayerSpec,
     LayerValues,
@@ -112,6 +113,7 @@ class BankOfValues(_Substitutive):
 
     description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
     fuses_values = True
+    offloaded = False  # E_v lives in host memory (`offload_value_tables`, model/offload.py)
     options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
     opts: BankOfValuesOptions
 
@@ -130,17 +132,39 @@ class BankOfValues(_Substitutive):
         assert table is not None, "the shared table's module fills the carry before the first block"
         return table
 
+    @property
+    def table_key(self) -> TableKey:
+        """Which offloaded table this layer reads (model/offload.py): its own (its index), or None: shared."""
+        return None if self.opts.shared else self.layer
+
     def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
                 projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         assert k is not None
         if self.w_v is not None:
             return LayerValues(q, k, self.value_projection(x, projected)), carry
+        rows = value_rows_of(carry)
+        if rows is not None:  # offloaded tables: the current tokens' slots in the compact rows
+            assert rows.current is not None, "the cache assigns slots when the forward pass begins"
+            v = self.coef(F.embedding(rows.current, self.rows_table(rows, carry)))
+            return LayerValues(q, k, v), carry
+        if self.offloaded:
+            raise offload_error("a forward pass without a KV cache (or with one made before offloading) "
+                                f"reached Bank of Values layer {self.layer}")
         return LayerValues(q, k, self.coef(F.embedding(carry.token_ids, self.table(carry)))), carry
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         if not self.target:
             return source
+        rows = value_rows_of(carry)
+        if rows is not None:  # the cache holds slots of the compact rows in place of token ids
+            return self.coef(F.embedding(source, self.rows_table(rows, carry)))
         return self.coef(F.embedding(source, self.table(carry)))
+
+    def rows_table(self, rows: ValueRows, carry: Carry) -> Tensor:
+        """This layer's compact device table; refuses gradients, which could not reach the host table."""
+        if torch.is_grad_enabled() and self.table(carry).requires_grad:
+            raise offload_error(f"Bank of Values layer {self.layer} ran with gradients enabled")
+        return rows.table(self.table_key)
 
     def init_from_model(self, token_embedding: Tensor) -> None:
         if self.target and not self.opts.shared:
@@ -218,7 +242,13 @@ class SharedValueTable(SharedModule):
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
+    offloaded = False  # the table lives in host memory (`offload_value_tables`, model/offload.py)
+    table_key: TableKey = None  # the offloaded table every target layer reads
+
     def before_blocks(self, carry: Carry) -> Carry:
+        if self.offloaded and value_rows_of(carry) is None:
+            raise offload_error("a forward pass without a KV cache (or with one made before offloading) "
+                                "reached the shared Bank of Values table")
         return carry.update(path_state=self.value_table)  # the value path's state: the shared table
 
     def init_from_model(self, token_embedding: Tensor) -> None:
