@@ -428,3 +428,45 @@ def test_the_cli_builds_the_slurm_launcher_from_its_flags(monkeypatch, tmp_path)
     assert (s.partition, s.account, s.gpus_per_run, s.cpus_per_run, s.mem_gb, s.time_min) == (
         "gpu", "lab", 1, 4, 16.0, 120)
     assert s.sbatch == {"qos": "high", "constraint": "a100"} and s.folder == str(tmp_path / "cmp" / "slurm")
+
+
+def test_the_slurm_launcher_prepares_the_data_once_before_it_submits(corpus, tmp_path, monkeypatch):
+    cache, seen = tmp_path / "cache", {}
+
+    def submit(self, todo, folder, log):  # what the jobs would find: nothing is submitted
+        seen["shards"] = sorted(p.name for p in cache.rglob("*.bin"))
+        raise KeyboardInterrupt("stop before submitting")
+
+    monkeypatch.setattr(SlurmLauncher, "_submit", submit)
+    settings = SlurmSettings(cluster="local", folder=str(tmp_path / "slurm"))
+    with pytest.raises(KeyboardInterrupt, match="stop before submitting"):
+        compare(ARCHS[:2], tmp_path / "cmp", base=base(corpus, cache), launcher=SlurmLauncher(settings))
+    assert seen["shards"] == ["train.bin", "val.bin"]  # tokenised here, once, for both runs' jobs
+
+
+@pytest.mark.slow  # about 30 s
+def test_sigterm_stops_a_job_at_its_next_step_and_the_rerun_resumes_its_run(corpus, tmp_path):
+    """scancel's SIGTERM, which submitit only logs: the job stops at once, its run keeps its last
+    checkpoint, and the same command run again resumes it to one whole curve."""
+    cfg = {**base(corpus, tmp_path / "cache", steps=1500), "ckpt_every": 10, "eval_every": 1000,
+           "log_every": 10}
+    settings = SlurmSettings(cluster="local", poll_s=0.2, time_min=10, folder=str(tmp_path / "slurm"))
+    out, run = tmp_path / "cmp", tmp_path / "cmp" / "runs" / "pre-ln-seed0"
+    with pytest.raises(RunsPending):
+        compare(["pre-ln"], out, base=cfg, launcher=SlurmLauncher(settings, wait=False), timing_rounds=0)
+    (pid,) = (int(job_id) for job_id in json.loads((tmp_path / "slurm" / "jobs.json").read_text()).values())
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints").is_dir() or not any((run / "checkpoints").iterdir()):
+        assert time.monotonic() < deadline, "the job never checkpointed"
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGTERM)  # submitit's local controller passes it on to the job, as Slurm does
+    start = time.monotonic()
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        assert time.monotonic() - start < 8, "the job trained on after SIGTERM"
+        time.sleep(0.1)
+    assert not (run / "summary.json").exists() and any((run / "checkpoints").iterdir())
+    logs = "".join(path.read_text() for path in (tmp_path / "slurm").rglob("*_log.*"))
+    assert "blocklab job: stopped (signal SIGTERM" in logs
+    compare(["pre-ln"], out, base=cfg, launcher=SlurmLauncher(settings), timing_rounds=0)  # resumes
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl", "train") if "loss" in r]
+    assert steps == list(range(10, 1501, 10)) and json.loads((run / "summary.json").read_text())

@@ -464,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blocklab: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:
-        print(f"blocklab: interrupted; {err or 'rerun the same command: finished runs are reused'}",
+        # str(err): the exception itself is always true, even when it says nothing
+        print(f"blocklab: interrupted; {str(err) or 'rerun the same command: finished runs are reused'}",
               file=sys.stderr)
         return 130
     except OSError as err:  # the machine's, not blocklab's: permissions, a full or read-only disk ...

@@ -35,7 +35,7 @@ from blocklab.launch.plan import (
     reuse_finished,
 )
 from blocklab.launch.progress import RunsProgress
-from blocklab.launch.store import Outcome, log_path, train_run
+from blocklab.launch.store import Outcome, log_path, prepare_once, train_run
 
 STOP_GRACE_S = 30.0
 
@@ -72,7 +72,7 @@ class LocalLauncher:
             for t in todo:
                 t.cfg = configs[t.index][1]
         if jobs > 1:
-            _prepare_data([t.cfg for t in todo])
+            prepare_once([t.cfg for t in todo])
         with RunsProgress(len(todo), enabled=any(cfg.progress for _, cfg in configs)) as line:
             if jobs == 1:
                 done = _train_here(todo, line, log)
@@ -82,20 +82,6 @@ class LocalLauncher:
             outcomes[t.index] = outcome
         return Launch(configs, [o for o in outcomes if o is not None], jobs=jobs,
                       threads=configs[0][1].threads if configs else None)
-
-
-def _prepare_data(cfgs) -> None:
-    """Tokenise each data set the runs use once, here, before the workers start, rather than in every
-    worker at once. A failure is left for the runs' workers to meet and report, run by run."""
-    from blocklab.data import prepare_data
-
-    seen = set()
-    for cfg in cfgs:
-        key = repr(cfg.data.to_dict())
-        if key not in seen:
-            seen.add(key)
-            with contextlib.suppress(Exception):
-                prepare_data(cfg.data, progress=cfg.progress)
 
 
 def _train_here(todo: list[Todo], line: RunsProgress, log) -> list[Outcome]:

@@ -1,14 +1,25 @@
 """Runs as jobs of a Slurm cluster, submitted through submitit (`pip install 'blocklab[slurm]'`).
 
 Every run still to train becomes one job of one Slurm job array (at most `jobs` of them running at
-once), which trains it with `store.train_run` into the shared run store. A run over several GPUs is
-launched with torchrun inside its job (DDP, the `parallel=auto` default, or `parallel=fsdp`). The
-launcher waits for the jobs, showing one progress line, or returns at once (`wait=False`); the job
-ids are kept in
-`FOLDER/jobs.json`, so the same command started later waits for the jobs still queued or running
-instead of submitting them again, and reuses the runs that finished. A job that reaches its time
-limit is requeued by submitit and its run resumes from its last checkpoint (`RunJob` is
-Checkpointable). Ctrl-C while waiting cancels the jobs not yet finished.
+once), which trains it with `store.train_run` into the shared run store. The data are prepared once,
+here, before anything is submitted (`store.prepare_once`), as the local launcher does. A run over
+several GPUs is launched with torchrun inside its job (DDP, the `parallel=auto` default, or
+`parallel=fsdp`). The launcher waits for the jobs, showing one progress line, or returns at once
+(`wait=False`); the job ids are kept in `FOLDER/jobs.json`, so the same command started later waits
+for the jobs still queued or running instead of submitting them again, reuses the runs that finished
+and submits the others again (the run's lock keeps two jobs from training one run).
+
+Where a job is (`JobStates`): squeue while it is queued or running, its own result file once it ended,
+and sacct, where the cluster keeps accounting, for how it ended; many small clusters keep none, so
+nothing waits on sacct. A job that left the queue without a result on two looks in a row is over:
+its failure names the reason, from its state and the last error of its log (cancelled, timed out too
+often, out of memory, a Python exception).
+
+A job that reaches its time limit is requeued by submitit and its run resumes from its last checkpoint
+(`RunJob` is Checkpointable). SIGTERM (`scancel`, Ctrl-C in the waiting command, which cancels the jobs
+not yet finished, or a preemption) stops a job at once, between two of its steps, leaving its run's last
+checkpoint for the rerun to resume from; submitit itself would ignore SIGTERM and the job would train on
+until Slurm kills it (KillWait, 30 s by default).
 
 `cluster="local"` runs the same jobs through submitit's LocalExecutor on this machine (every job at
 once): real processes, the same code path, for trying a set-up before a cluster, and for the tests.
@@ -16,9 +27,12 @@ once): real processes, the same code path, for trying a set-up before a cluster,
 
 from __future__ import annotations
 
+import contextlib
+import getpass
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -27,12 +41,14 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.core.utils import pickle_load
+from submitit.slurm.slurm import SlurmInfoWatcher
 
 from blocklab.errors import ConfigError
 from blocklab.filemodes import atomic_write_text
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
-from blocklab.launch.store import Outcome, claim, run_lock, train_run
+from blocklab.launch.store import Outcome, claim, prepare_once, run_lock, train_run
 from blocklab.training.config import TrainConfig, read_yaml
 
 # Slurm's job states in which a job will still run (squeue/sacct): the same command waits for these
@@ -102,7 +118,8 @@ def parse_time(value: Any) -> int:
     match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", str(value).strip())
     if not match:
         raise ConfigError(f"slurm time limit {value!r} is not allowed: give minutes, HH:MM:SS or D-HH:MM:SS.")
-    days, a, b, c = (int(g) if g else None for g in match.groups())
+    days, _, b, c = (int(g) if g else None for g in match.groups())
+    a = int(match.group(2))  # always there
     if days is None and b is None:  # "MM"
         minutes = a
     elif days is not None and b is None:  # "D-HH"
@@ -116,10 +133,21 @@ def parse_time(value: Any) -> int:
 
 class RunJob(submitit.helpers.Checkpointable):
     """What one job runs: train one run (over `procs` torchrun processes when more than one). At the time
-    limit submitit requeues it with the same arguments, and the run resumes from its checkpoint."""
+    limit submitit requeues it with the same arguments, and the run resumes from its checkpoint. SIGTERM
+    stops it between two steps (`_stop_on_sigterm`), its run's last checkpoint left for a rerun."""
 
     def __call__(self, config: dict[str, Any], procs: int = 1) -> dict[str, Any]:
-        cfg = TrainConfig.from_dict(config)
+        previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+        try:
+            return self._train(TrainConfig.from_dict(config), config, procs)
+        except KeyboardInterrupt as err:
+            print(f"blocklab job: stopped ({err or 'interrupted'}); the same command run again resumes its "
+                  "run from its last checkpoint", file=sys.stderr, flush=True)
+            raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _train(self, cfg: TrainConfig, config: dict[str, Any], procs: int) -> dict[str, Any]:
         if procs <= 1:
             outcome = train_run(cfg)
             return {"status": outcome.status, "seconds": outcome.seconds}
@@ -127,10 +155,104 @@ class RunJob(submitit.helpers.Checkpointable):
             if claim(cfg) == "finished":
                 return {"status": "reused", "seconds": 0.0}
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            f"--nproc_per_node={procs}", "-m", "blocklab.launch.worker", "--torchrun",
-                            json.dumps(config)], check=True)
+            proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                     f"--nproc_per_node={procs}", "-m", "blocklab.launch.worker",
+                                     "--torchrun", json.dumps(config)])
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:  # torchrun passes SIGTERM on to its processes and waits for them
+                proc.terminate()
+                proc.wait()
+                raise
+            if code:
+                raise RuntimeError(f"torchrun over {procs} processes exited with code {code}")
             return {"status": "trained", "seconds": time.perf_counter() - start}
+
+
+STOPPED_CODE = 143  # 128 + SIGTERM: a job stopped by a signal, without a result file
+
+
+def _stop_on_sigterm(signum: int, _frame: Any) -> None:
+    """SIGTERM in a job: stop as Ctrl-C does. submitit's own handler only logs it ("Bypassing signal
+    SIGTERM"), waiting for its time-limit signal (USR2), so a cancelled job would train on until Slurm
+    kills it; a run's checkpoints are written atomically, so stopping at any moment leaves the last one."""
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}: scancel, the launching command's Ctrl-C "
+                            "or a preemption")
+
+
+# A job that neither squeue lists nor left a result this many looks in a row has ended without a result
+GONE_LOOKS = 2
+
+
+class JobStates:
+    """Where each Slurm job is: squeue's state while it is queued or running; FINISHED once it left its
+    result file; once it left the queue without one (GONE_LOOKS looks in a row), sacct's final state where
+    the cluster keeps accounting, else LOST; UNKNOWN while squeue cannot be asked. sacct alone would leave
+    a cluster without accounting waiting forever (submitit's own watcher reads only sacct)."""
+
+    def __init__(self, run=subprocess.run) -> None:
+        self.run = run  # subprocess.run, or a fake in the tests
+        self.accounting = True  # until sacct first fails: then never asked again
+        self.gone: dict[str, int] = {}
+
+    def look(self, jobs: list[Any]) -> list[str]:
+        queued = self.squeue()
+        states = []
+        for job in jobs:
+            job_id = job.job_id
+            if queued is not None and job_id in queued:
+                self.gone.pop(job_id, None)
+                states.append(queued[job_id])
+            elif _has_result(job):
+                states.append("FINISHED")
+            elif queued is None:
+                states.append("UNKNOWN")
+            else:
+                self.gone[job_id] = self.gone.get(job_id, 0) + 1
+                states.append("COMPLETING" if self.gone[job_id] < GONE_LOOKS else "ENDED")
+        ended = [job.job_id for job, state in zip(jobs, states, strict=True) if state == "ENDED"]
+        final = self.sacct(ended) if ended else {}
+        return [final.get(job.job_id, "LOST") if state == "ENDED" else state
+                for job, state in zip(jobs, states, strict=True)]
+
+    def squeue(self) -> dict[str, str] | None:
+        """{job id: state} of this user's jobs, array tasks one by one ("12_3"); None if squeue fails."""
+        user = os.environ.get("USER") or getpass.getuser()
+        text = self._ask(["squeue", "--noheader", "--array", "--user", user, "--format", "%i|%T"])
+        if text is None:
+            return None
+        pairs = (line.strip().split("|", 1) for line in text.splitlines() if "|" in line)
+        return {job_id: state.strip().upper() for job_id, state in pairs}
+
+    def sacct(self, job_ids: list[str]) -> dict[str, str]:
+        """{job id: final state} ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", ...) of the jobs sacct knows as
+        ended; {} where the cluster keeps no accounting."""
+        if not self.accounting:
+            return {}
+        base = sorted({job_id.split("_")[0] for job_id in job_ids})
+        text = self._ask(["sacct", "--allocations", "--parsable2", "--format", "JobID,State", "--jobs",
+                          ",".join(base)])
+        if text is None:
+            self.accounting = False
+            return {}
+        info = SlurmInfoWatcher().read_info(text)
+        states = {job_id: info[job_id]["State"].split()[0].upper() for job_id in job_ids if job_id in info}
+        return {job_id: state for job_id, state in states.items() if state and state not in ALIVE}
+
+    def _ask(self, command: list[str]) -> str | None:
+        try:
+            done = self.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+
+def _has_result(job: Any) -> bool:
+    """Whether the job left its result file (a shared file system may show it late: refresh first)."""
+    folder = job.paths.folder
+    with contextlib.suppress(OSError):
+        folder.chmod(folder.stat().st_mode)
+    return bool(job.paths.result_pickle.exists())
 
 
 @dataclass
@@ -141,6 +263,7 @@ class SlurmLauncher:
     settings: SlurmSettings = field(default_factory=SlurmSettings)
     jobs: int | None = None
     wait: bool = True
+    states: JobStates = field(default_factory=JobStates)
 
     @property
     def name(self) -> str:
@@ -154,6 +277,7 @@ class SlurmLauncher:
         launch = Launch(configs, [], jobs=self.jobs or len(todo), threads=configs[0][1].threads,
                         launcher=self.name)
         if todo:
+            prepare_once([t.cfg for t in todo])
             jobs = self._submit(todo, folder, log)
             if not self.wait:
                 launch.pending = [t.cfg.out_dir for t in todo]
@@ -186,18 +310,20 @@ class SlurmLauncher:
         return executor
 
     def _submit(self, todo: list[Todo], folder: Path, log) -> list[Any]:
-        """A job per run of `todo`: the one already queued or running for it (jobs.json), else a new one."""
+        """A job per run of `todo`: the one still queued or running for it (jobs.json, squeue), else a new
+        one; a recorded job that ended without finishing its run (cancelled, lost) is replaced."""
         record_path = folder / "jobs.json"
         record = json.loads(record_path.read_text()) if record_path.is_file() else {}
         jobs: list[Any] = [None] * len(todo)
-        if self.settings.cluster == "slurm":  # a local job of an earlier command cannot be looked up
-            for i, t in enumerate(todo):
-                known = record.get(t.cfg.out_dir)
-                if known:
-                    job = submitit.SlurmJob(folder=folder / known, job_id=known)
-                    if job.state.split()[0] in ALIVE:
-                        jobs[i] = job
-                        log(t.line(f"job {known} is still {job.state.lower()}; waiting for it"))
+        known = {i: record[t.cfg.out_dir] for i, t in enumerate(todo) if record.get(t.cfg.out_dir)}
+        if self.settings.cluster == "slurm" and known:  # an earlier command's local job: not looked up
+            queued = self.states.squeue() or {}
+            for i, job_id in known.items():
+                if queued.get(job_id) in ALIVE:
+                    jobs[i] = submitit.SlurmJob(folder=folder / job_id, job_id=job_id)
+                    log(todo[i].line(f"job {job_id} is still {queued[job_id].lower()}; waiting for it"))
+                else:
+                    log(todo[i].line(f"job {job_id} is no longer queued or running; submitting it again"))
         new = [i for i, job in enumerate(jobs) if job is None]
         if new:
             executor = self._executor(folder, len(new))
@@ -211,6 +337,12 @@ class SlurmLauncher:
         atomic_write_text(record_path, json.dumps(record, indent=2))
         return jobs
 
+    def _look(self, jobs: list[Any]) -> list[str]:
+        """Each job's state (`JobStates`); a local job's from submitit, which follows its process."""
+        if self.settings.cluster == "slurm":
+            return self.states.look(jobs)
+        return ["FINISHED" if job.done() else str(job.state).upper() for job in jobs]
+
     def _wait(self, jobs: list[Any], todo: list[Todo], log) -> list[Outcome]:
         """Poll the jobs until each has ended; Ctrl-C cancels those still queued or running."""
         outcomes: dict[int, Outcome] = {}
@@ -218,21 +350,27 @@ class SlurmLauncher:
             trackers = [line.begin(t.name, t.name) for t in todo]
             try:
                 while len(outcomes) < len(jobs):
-                    for i, (job, t) in enumerate(zip(jobs, todo, strict=True)):
+                    states = self._look(jobs)
+                    for i, (job, t, state) in enumerate(zip(jobs, todo, states, strict=True)):
                         if i in outcomes:
                             continue
-                        if not job.done():
-                            trackers[i].advance(_fraction(t.cfg), job.state.lower())
+                        if state in ALIVE:
+                            trackers[i].advance(_fraction(t.cfg), state.lower())
                             continue
-                        outcomes[i] = _job_outcome(job, t.cfg)
+                        outcomes[i] = job_outcome(job, t.cfg, state)
                         line.end(t.name)
                         line.write(t.line(result_line(outcomes[i])), log)
                     if len(outcomes) < len(jobs):
                         time.sleep(self.settings.poll_s)
-            except BaseException:
+            except BaseException as err:
                 for i, job in enumerate(jobs):
                     if i not in outcomes:
-                        job.cancel(check=False)
+                        job.cancel(check=False)  # SIGTERM: each stops at its next step (`RunJob`)
+                if isinstance(err, KeyboardInterrupt):
+                    raise KeyboardInterrupt(
+                        f"{len(jobs) - len(outcomes)} job(s) not finished were cancelled; rerun the same "
+                        "command: finished runs are reused and the others resume from their last "
+                        "checkpoint") from None
                 raise
         return [outcomes[i] for i in range(len(jobs))]
 
@@ -260,13 +398,73 @@ def _fraction(cfg: TrainConfig) -> float:
     return 0.0
 
 
-def _job_outcome(job: Any, cfg: TrainConfig) -> Outcome:
-    try:
-        result = job.result()
-    except Exception as err:  # noqa: BLE001 - submitit re-raises the job's own error, with its traceback
-        first = str(err).strip().splitlines()
-        outcome = failure(cfg, f"job {job.job_id} failed: {first[-1] if first else type(err).__name__}")
-        outcome.log = Path(job.paths.stderr)
-        return outcome
-    return Outcome(cfg, result["status"], result.get("seconds", 0.0))
+def job_outcome(job: Any, cfg: TrainConfig, state: str) -> Outcome:
+    """How an ended job came out: its result file's, else a failure that says why (`failure_reason`)."""
+    result = None
+    if _has_result(job):
+        try:
+            result = pickle_load(job.paths.result_pickle)
+        except Exception:  # noqa: BLE001 - a torn or foreign file: the state and the log say the rest
+            result = None
+    if result is not None and result[0] == "success":
+        return Outcome(cfg, result[1]["status"], result[1].get("seconds", 0.0))
+    trace = str(result[1]) if result is not None else ""
+    logs = "\n".join(_tail(path) for path in (job.paths.stdout, job.paths.stderr))
+    outcome = failure(cfg, f"job {job.job_id} {failure_reason(state, trace, logs)}")
+    outcome.log = Path(job.paths.stderr)
+    return outcome
 
+
+# slurmstepd's line in a job's log when Slurm ends it: "*** JOB 22 ON n1 CANCELLED AT ... DUE TO TIME
+# LIMIT ***"
+SLURM_END = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+# a Python exception's last line: "ValueError: ...", "torch.OutOfMemoryError: CUDA out of memory ..."
+EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
+RERUN = "the same command run again resumes it from its last checkpoint"
+
+
+def failure_reason(state: str, trace: str, logs: str) -> str:
+    """Why a job ended without finishing its run, from its Slurm state (sacct's, or LOST where the
+    cluster keeps no accounting), the traceback in its result file and its logs' last lines."""
+    cut = SLURM_END.findall(logs)
+    why = (cut[-1] or "CANCELLED").strip() if cut else ""
+    if "timed-out too many times" in trace:
+        return (f"reached its time limit too many times (submitit requeues a job 3 times); {RERUN}, or give "
+                "it a longer time limit (time_min, --time-limit)")
+    if state == "OUT_OF_MEMORY" or re.search(r"oom[-_]kill|Out Of Memory", logs):
+        return "ran out of memory (killed by Slurm): ask for more with mem_gb (--mem-gb)"
+    if state == "TIMEOUT" or why == "TIME LIMIT":
+        return f"reached its time limit and was not requeued; {RERUN}"
+    if state == "PREEMPTED" or why == "PREEMPTION":
+        return f"was preempted and not requeued; {RERUN}"
+    if state == "NODE_FAIL" or why == "NODE FAILURE":
+        return f"ended with the failure of its node; {RERUN}"
+    if state.startswith("CANCELLED") or why == "CANCELLED":
+        return f"was cancelled (scancel, or the cluster's administrators); {RERUN}"
+    error = last_error(trace) or last_error(logs)
+    if error:
+        return f"failed: {error}"
+    if state == "LOST":
+        return ("is lost: neither queued nor running, and it left no result (no accounting to say why); "
+                + RERUN)
+    return f"ended ({state.lower()}) without a result; {RERUN}"
+
+
+def last_error(text: str) -> str | None:
+    """The last Python exception line of a traceback or a log ("ValueError: bad value"), if any."""
+    for raw in reversed(text.splitlines()):
+        line = raw.split("\r")[-1].strip()  # progress bars redraw a line with carriage returns
+        match = EXCEPTION.match(line)
+        if match and match.group(1) not in ("SystemExit", "KeyboardInterrupt"):
+            return f"{match.group(1)}: {match.group(2)}" if match.group(2) else match.group(1)
+    return None
+
+
+def _tail(path: Path, size: int = 1 << 16) -> str:
+    """The last `size` bytes of a log, as text ("" when it is not there)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -78,6 +78,21 @@ class Outcome:
     summary: dict[str, Any] | None = None
 
 
+def prepare_once(cfgs) -> None:
+    """Tokenise each data set the runs use once, in the launching process, before its workers or jobs
+    start, rather than in each of them at once (each would train the same tokenizer into the shared
+    cache). A failure is left for the runs to meet and report, run by run."""
+    from blocklab.data import prepare_data
+
+    seen = set()
+    for cfg in cfgs:
+        key = repr(cfg.data.to_dict())
+        if key not in seen:
+            seen.add(key)
+            with contextlib.suppress(Exception):
+                prepare_data(cfg.data, progress=cfg.progress)
+
+
 def train_claimed(cfg: TrainConfig, resume: bool, progress=None) -> dict[str, Any]:
     """Train (or resume) a run already claimed; its summary."""
     from blocklab.training.config import resolve_config

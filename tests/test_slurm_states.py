@@ -1,0 +1,226 @@
+"""The Slurm launcher's view of its jobs without a cluster: squeue's and sacct's output faked, job folders
+written by hand as submitit's jobs leave them. Whether a job is queued, finished, cancelled or lost, and
+why it failed, must not depend on Slurm keeping accounting (sacct)."""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from blocklab import cli
+from blocklab import compare as compare_module
+from blocklab.launch.plan import Todo
+from blocklab.training.config import TrainConfig
+
+submitit = pytest.importorskip("submitit")
+from submitit.core.utils import cloudpickle_dump  # noqa: E402
+
+from blocklab.launch.slurm import (  # noqa: E402
+    JobStates,
+    SlurmLauncher,
+    SlurmSettings,
+    failure_reason,
+    last_error,
+)
+
+NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled\n"
+CANCELLED_LINE = "slurmstepd: error: *** JOB 22 ON node1 CANCELLED AT 2024-05-01T10:00:00 ***\n"
+
+
+class FakeSlurm:
+    """subprocess.run for squeue and sacct: squeue lists `queued` ({job id: state}); sacct answers
+    `ended` ({job id: state}) or, with `accounting` off, fails as a cluster without it does."""
+
+    def __init__(self, queued: dict[str, str], ended: dict[str, str] | None = None, accounting=True):
+        self.queued, self.ended, self.accounting = queued, ended or {}, accounting
+        self.calls: list[str] = []
+
+    def __call__(self, command, **_kwargs):
+        self.calls.append(command[0])
+        if command[0] == "squeue":
+            text = "".join(f"{job_id}|{state}\n" for job_id, state in self.queued.items())
+            return subprocess.CompletedProcess(command, 0, text, "")
+        if not self.accounting:
+            return subprocess.CompletedProcess(command, 1, "", NO_ACCOUNTING)
+        text = "JobID|State\n" + "".join(f"{j}|{s}\n{j}.batch|{s}\n" for j, s in self.ended.items())
+        return subprocess.CompletedProcess(command, 0, text, "")
+
+
+class FakeJob:
+    """A job as submitit's SlurmJob keeps it: its id and its folder's paths (log, result file)."""
+
+    def __init__(self, folder: Path, job_id: str):
+        self.job_id = job_id
+        self.paths = submitit.core.utils.JobPaths(folder / job_id, job_id=job_id, task_id=0)
+        self.paths.folder.mkdir(parents=True, exist_ok=True)
+        self.cancelled = False
+
+    def result_file(self, outcome: str, value) -> FakeJob:
+        cloudpickle_dump((outcome, value), self.paths.result_pickle)
+        return self
+
+    def log(self, text: str) -> FakeJob:
+        self.paths.stderr.write_text(text)
+        return self
+
+    def cancel(self, check: bool = True) -> None:
+        self.cancelled = True
+
+
+def test_without_accounting_a_job_gone_from_squeue_twice_is_lost_and_sacct_is_asked_once(tmp_path):
+    slurm = FakeSlurm({"12_0": "RUNNING"}, accounting=False)
+    states = JobStates(run=slurm)
+    running, gone = FakeJob(tmp_path, "12_0"), FakeJob(tmp_path, "12_1")
+    done = FakeJob(tmp_path, "12_2").result_file("success", {"status": "trained", "seconds": 1.0})
+    assert states.look([running, gone, done]) == ["RUNNING", "COMPLETING", "FINISHED"]  # may be a late file
+    assert states.look([running, gone, done]) == ["RUNNING", "LOST", "FINISHED"]
+    assert states.look([running, gone, done]) == ["RUNNING", "LOST", "FINISHED"]
+    assert slurm.calls.count("sacct") == 1 and not states.accounting  # never asked again
+
+
+def test_with_accounting_a_gone_job_takes_sacct_final_state(tmp_path):
+    slurm = FakeSlurm({}, ended={"12_1": "CANCELLED by 1000", "13": "OUT_OF_MEMORY"})
+    states = JobStates(run=slurm)
+    jobs = [FakeJob(tmp_path, "12_1"), FakeJob(tmp_path, "13"), FakeJob(tmp_path, "14")]
+    states.look(jobs)
+    assert states.look(jobs) == ["CANCELLED", "OUT_OF_MEMORY", "LOST"]  # 14: sacct does not know it
+    assert states.accounting
+
+
+def test_a_job_that_squeue_lists_again_starts_its_count_over(tmp_path):
+    slurm = FakeSlurm({})
+    states = JobStates(run=slurm)
+    job = FakeJob(tmp_path, "7")
+    assert states.look([job]) == ["COMPLETING"]
+    slurm.queued = {"7": "PENDING"}  # requeued at its time limit: briefly out of squeue, then back
+    assert states.look([job]) == ["PENDING"]
+    slurm.queued = {}
+    assert states.look([job]) == ["COMPLETING"]
+
+
+def test_squeue_that_cannot_be_asked_leaves_the_jobs_unknown_not_lost(tmp_path):
+    def broken(command, **_kwargs):
+        raise FileNotFoundError(command[0])
+
+    states = JobStates(run=broken)
+    job = FakeJob(tmp_path, "5")
+    assert [states.look([job])[0] for _ in range(3)] == ["UNKNOWN"] * 3
+
+
+REQUEUED_TOO_OFTEN = ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                      "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many "
+                      "times.\n")
+PROGRESS = " 50% 100/200 steps [00:10<00:10, 10.0step/s]\r 51% 102/200 steps [00:10<00:10]\n"
+
+
+@pytest.mark.parametrize("state, trace, log, expected", [
+    ("FAILED", REQUEUED_TOO_OFTEN, "", "reached its time limit too many times"),
+    ("LOST", "", PROGRESS + CANCELLED_LINE + PROGRESS, "was cancelled (scancel"),
+    ("CANCELLED", "", PROGRESS, "was cancelled (scancel"),
+    ("LOST", "", CANCELLED_LINE.replace(" ***", " DUE TO TIME LIMIT ***"), "reached its time limit and"),
+    ("OUT_OF_MEMORY", "", PROGRESS, "ran out of memory"),
+    ("LOST", "", "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=3.batch.\n", "ran out of memory"),
+    ("FAILED", "Traceback:\n  ...\nValueError: no such corpus\n", "", "failed: ValueError: no such corpus"),
+    ("LOST", "", "Traceback:\n  ...\ntorch.OutOfMemoryError: CUDA out of memory.\n" + PROGRESS,
+     "failed: OutOfMemoryError: CUDA out of memory."),
+    ("LOST", "", PROGRESS, "is lost: neither queued nor running"),
+])
+def test_the_failure_reason_comes_from_the_state_and_the_last_error_of_the_log(state, trace, log, expected):
+    assert failure_reason(state, trace, log).startswith(expected)
+
+
+def test_the_last_error_skips_progress_lines_and_the_jobs_own_exit():
+    text = ("RuntimeError: first\nKeyError: 'x'\n" + PROGRESS
+            + "SystemExit: 143\nsubmitit ERROR (t) - failed\n")
+    assert last_error(text) == "KeyError: 'x'"
+    assert last_error(PROGRESS) is None
+
+
+def todo(tmp_path: Path, name: str, index: int, total: int) -> Todo:
+    cfg = TrainConfig(max_steps=10, progress=False, out_dir=str(tmp_path / "runs" / name))
+    return Todo(index, total, name, cfg, "training")
+
+
+def test_the_waiting_command_reports_a_lost_job_with_its_reason_instead_of_waiting(tmp_path):
+    slurm = FakeSlurm({}, accounting=False)
+    launcher = SlurmLauncher(SlurmSettings(poll_s=0.0), states=JobStates(run=slurm))
+    jobs = [FakeJob(tmp_path, "22_0").result_file("success", {"status": "trained", "seconds": 2.0}),
+            FakeJob(tmp_path, "22_1").log(PROGRESS + CANCELLED_LINE)]
+    runs = [todo(tmp_path, "a", 0, 2), todo(tmp_path, "b", 1, 2)]
+    lines: list[str] = []
+    trained, lost = launcher._wait(jobs, runs, lines.append)
+    assert (trained.status, trained.seconds) == ("trained", 2.0)
+    assert lost.status == "failed" and lost.error.startswith("job 22_1 was cancelled (scancel")
+    assert lost.log == jobs[1].paths.stderr
+    assert slurm.calls.count("squeue") == 2  # two looks: the lost job is not waited on
+    assert not any(job.cancelled for job in jobs)
+
+
+def test_a_failed_job_reports_its_own_exception_from_its_result_file(tmp_path):
+    slurm = FakeSlurm({})
+    launcher = SlurmLauncher(SlurmSettings(poll_s=0.0), states=JobStates(run=slurm))
+    job = FakeJob(tmp_path, "30").result_file("error", "Traceback:\nValueError: bad\n")
+    job.log("- " + str(job.paths.stdout) + "\n")  # the line submitit's error text used to end with
+    (outcome,) = launcher._wait([job], [todo(tmp_path, "a", 0, 1)], lambda *_: None)
+    assert outcome.error == "job 30 failed: ValueError: bad"
+
+
+class FakeExecutor:
+    """submitit's executor, submitting nothing: each job gets the next id."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.submitted = folder, 0
+
+    @contextmanager
+    def batch(self):
+        yield
+
+    def submit(self, *_args):
+        self.submitted += 1
+        return FakeJob(self.folder, f"40_{self.submitted - 1}")
+
+
+def test_a_rerun_waits_for_a_queued_job_and_resubmits_one_gone_from_the_queue(tmp_path, monkeypatch):
+    folder = tmp_path / "slurm"
+    runs = [todo(tmp_path, "a", 0, 2), todo(tmp_path, "b", 1, 2)]
+    folder.mkdir()
+    (folder / "jobs.json").write_text(f'{{"{runs[0].cfg.out_dir}": "4_0", "{runs[1].cfg.out_dir}": "4_1"}}')
+    slurm = FakeSlurm({"4_0": "PENDING"}, accounting=False)  # 4_1 was scancelled: in neither
+    launcher = SlurmLauncher(SlurmSettings(), states=JobStates(run=slurm))
+    executor = FakeExecutor(folder)
+    monkeypatch.setattr(launcher, "_executor", lambda *_: executor)
+    lines: list[str] = []
+    jobs = launcher._submit(runs, folder, lines.append)
+    assert [job.job_id for job in jobs] == ["4_0", "40_0"] and executor.submitted == 1
+    assert "job 4_0 is still pending; waiting for it" in lines[0]
+    assert "job 4_1 is no longer queued or running; submitting it again" in lines[1]
+    assert '"40_0"' in (folder / "jobs.json").read_text()
+
+
+def test_ctrl_c_says_what_a_rerun_does_when_the_interrupt_says_nothing(monkeypatch, tmp_path, capsys):
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_module, "compare", interrupted)
+    assert cli.main(["compare", "--steps", "2", "--out", str(tmp_path / "cmp")]) == 130
+    err = capsys.readouterr().err
+    assert "blocklab: interrupted; rerun the same command: finished runs are reused" in err
+
+    def said(*_args, **_kwargs):
+        raise KeyboardInterrupt("2 job(s) not finished were cancelled")
+
+    monkeypatch.setattr(compare_module, "compare", said)
+    assert cli.main(["compare", "--steps", "2", "--out", str(tmp_path / "cmp")]) == 130
+    assert "blocklab: interrupted; 2 job(s) not finished were cancelled\n" in capsys.readouterr().err
+
+
+def test_the_help_names_every_slurm_setting(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    missing = [f.name for f in fields(SlurmSettings) if f.name not in text]
+    assert not missing
