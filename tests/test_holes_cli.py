@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,21 +24,7 @@ from blocklab.launch.store import run_lock
 from blocklab.training import TrainConfig
 from blocklab.training.config import resolve_config
 from helpers import compare_base, make_model, write_code_corpus
-
-HOLD = textwrap.dedent("""
-    import sys, time
-    from blocklab import locks
-    with locks.hold(sys.argv[1], wait=True, on_wait=lambda: print("waiting", flush=True)):
-        print("held", flush=True)
-        time.sleep(120)
-""")
-
-
-def _holder(folder: Path) -> subprocess.Popen:
-    """A process that holds `folder`'s lock (as spelt) until killed; it says "held" once it has it."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
-    return proc
+from test_locks import HOLD, _holder
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -23,14 +23,14 @@ from helpers import compare_base, write_code_corpus
 HOLD = textwrap.dedent("""
     import sys, time
     from blocklab import locks
-    with locks.hold(sys.argv[1]):
+    with locks.hold(sys.argv[1], wait=True, on_wait=lambda: print("waiting", flush=True)):
         print("held", flush=True)
         time.sleep(120)
-""")
+""")  # a holder, or (the folder held) a waiter that says "waiting" first
 
 
 def _holder(folder: Path) -> subprocess.Popen:
-    """A process that holds `folder`'s lock until killed (it says "held" once it has it)."""
+    """A process that holds `folder`'s lock (as spelt) until killed; it says "held" once it has it."""
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
