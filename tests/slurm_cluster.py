@@ -46,10 +46,17 @@ def _path() -> str:
     return os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_ports(names: tuple[str, ...]) -> dict[str, int]:
+    """A free port of 127.0.0.1 for each name, all different: every socket stays bound until all are
+    chosen (one closed before the next is bound may be handed out again)."""
+    socks = [socket.socket() for _ in names]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return {name: sock.getsockname()[1] for name, sock in zip(names, socks, strict=True)}
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 class SlurmCluster:
@@ -66,7 +73,7 @@ class SlurmCluster:
         self.socket = self.root / "munge" / "munge.socket"
         self.env = {"SLURM_CONF": str(self.conf), "PATH": _path()}
         self._procs: dict[str, subprocess.Popen] = {}
-        self._ports = {name: _free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadbd")}
+        self._ports = _free_ports(("slurmctld", "slurmd", "slurmdbd", "mariadbd"))
 
     def __enter__(self) -> SlurmCluster:
         self.start()
