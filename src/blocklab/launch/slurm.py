@@ -141,8 +141,8 @@ class RunJob(submitit.helpers.Checkpointable):
         try:
             return self._train(TrainConfig.from_dict(config), config, procs)
         except KeyboardInterrupt as err:
-            print(f"blocklab job: stopped ({str(err) or 'interrupted'}); the same command run again resumes its "
-                  "run from its last checkpoint", file=sys.stderr, flush=True)
+            print(f"blocklab job: stopped ({str(err) or 'interrupted'}); the same command run again resumes "
+                  "its run from its last checkpoint", file=sys.stderr, flush=True)
             raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
         finally:
             signal.signal(signal.SIGTERM, previous)
