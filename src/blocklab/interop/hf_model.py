@@ -285,6 +285,8 @@ class BlocklabForCausalLM(BlocklabPreTrainedModel, GenerationMixin):
         ids = self._check_ids(input_ids, inputs_embeds)
         cache = cache if cache is not None else past_key_values
         kv = cache.ready(self.model, ids.shape[0]) if isinstance(cache, BlocklabCache) else None
+        if kv is not None and kv.length > 0:  # generate's decoding steps only append ones to the mask:
+            attention_mask = None  # the cache knows its padding, and reading the mask would sync per token
         hidden, seen = self._trunk(ids, kv, output_hidden_states, output_attentions,
                                    attention_mask=attention_mask)
         logits = self.model.logits(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
