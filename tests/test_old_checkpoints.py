@@ -16,8 +16,11 @@ from safetensors.torch import load_file
 from blocklab import ModelConfig, Transformer
 from blocklab.model.block import set_fused_projections
 
-DATA = Path(__file__).parent / "data" / "pre-issue37"
-NAMES = sorted(p.name.removesuffix(".json") for p in DATA.glob("*.json"))
+# pre-issue40/ (blocklab at da7d2a6, before the model-core refactor): every value path, the block presets,
+# CLA with GQA and RoPE, ResFormer's query and key residuals, the U-net value embeddings, BoV's shared
+# table, additive x0-value; written by tests/data/pre-issue40/README-make.py.txt at that commit
+DATA = Path(__file__).parent / "data"
+NAMES = sorted(f"{p.parent.name}/{p.name.removesuffix('.json')}" for p in DATA.glob("pre-issue*/*.json"))
 
 
 def load_old(name: str) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
@@ -28,7 +31,12 @@ def load_old(name: str) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
 
 
 def test_every_saved_model_is_here():
-    assert NAMES == ["parallel_resformer", "pre-ln", "pre-ln_bov", "sas-p", "sas_svformer"]
+    old = [n.split("/")[1] for n in NAMES if n.startswith("pre-issue37/")]
+    assert old == ["parallel_resformer", "pre-ln", "pre-ln_bov", "sas-p", "sas_svformer"]
+    from blocklab.model.value_paths import VALUE_PATHS
+    new = {n.split("/")[1] for n in NAMES if n.startswith("pre-issue40/")}
+    assert {"pre-ln" if v == "standard" else f"pre-ln_{v}" for v in VALUE_PATHS} <= new
+    assert {"sas", "sas-p", "parallel", "shaped", "sas-p_resformer", "pre-ln_cla-gqa"} <= new
 
 
 @pytest.mark.parametrize("name", NAMES)
