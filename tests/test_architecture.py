@@ -80,8 +80,17 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_the_import_graph_has_no_circle():
     graph = import_graph()
-    assert "blocklab.model.value_paths.base" in graph and "blocklab.model.config" in graph["blocklab.config"]
+    assert "blocklab.model.value_paths.base" in graph and "blocklab.model.config" in graph
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_one_module_holds_the_model_config():
+    """ModelConfig, its fields and its checks are model/config.py (issue 40): the old shim
+    `blocklab.config` and `model/validation.py` are gone, and the config reads nothing of the value-path
+    registry, which registers its checks with it (so the registry may import the config)."""
+    graph = import_graph()
+    assert "blocklab.config" not in graph and "blocklab.model.validation" not in graph
+    assert not {m for m in graph["blocklab.model.config"] if m.startswith("blocklab.model.value_paths")}
 
 
 def _bottom(name: str) -> bool:
@@ -104,10 +113,29 @@ def test_the_import_finder_counts_type_checking_and_function_level_imports():
 
 
 def test_the_model_config_loads_without_the_presets():
-    """`import blocklab.model.config` loads no preset; `from_preset` works once presets are imported."""
-    code = ("import sys, blocklab.model.config as c; assert 'blocklab.presets' not in sys.modules; "
-            "cfg = c.ModelConfig(n_layers=2); import blocklab.presets; "
-            "assert c.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2")
+    """`import blocklab.model.config` loads no preset but checks the value path (whose registry registers
+    its checks when the model package loads); `from_preset` works once presets are imported."""
+    code = "\n".join([
+        "import sys, blocklab.model.config as c",
+        "from blocklab.errors import ConfigError",
+        "assert 'blocklab.presets' not in sys.modules",
+        "try:",
+        "    c.ModelConfig(value_path='nope')",
+        "    raise SystemExit('an unknown value path passed')",
+        "except ConfigError as e:",
+        "    assert \"value_path = 'nope' is not allowed\" in str(e), e",
+        "cfg = c.ModelConfig(n_layers=2)",
+        "import blocklab.presets",
+        "assert c.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2",
+    ])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_blocklab_model_config_reads_the_presets():
+    """The public `blocklab.ModelConfig` is the model's class, with the named presets loaded."""
+    code = ("import blocklab, blocklab.model, blocklab.model.config as c; "
+            "assert blocklab.ModelConfig is blocklab.model.ModelConfig is c.ModelConfig; "
+            "assert blocklab.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -127,11 +155,15 @@ def worked_example(monkeypatch: pytest.MonkeyPatch) -> type[ValuePath]:
 
 @pytest.fixture
 def scaled(monkeypatch):
-    """The example registered as the docs say: one registry line."""
+    """The example registered as the docs say: their registry entry, evaluated as written."""
     cls = worked_example(monkeypatch)
-    entry = Registered(cls, scalar_titles={"scale": "value scale s_n"})
-    monkeypatch.setitem(VALUE_PATHS, "scaled-values", entry)
-    return cls
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = re.search(r"<!-- worked-example-entry:begin -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "docs/architecture.md lost the worked example's registry entry"
+    entries = eval("{" + block[1] + "}", {"Registered": Registered, "ScaledValues": cls})
+    assert list(entries) == ["scaled-values"] and isinstance(entries["scaled-values"], Registered)
+    monkeypatch.setitem(VALUE_PATHS, "scaled-values", entries["scaled-values"])
+    return entries["scaled-values"]
 
 
 SIZES = dict(n_layers=3, d_model=16, n_heads=4, n_kv_heads=2, vocab_size=31, context_length=12, mlp_hidden=24)
@@ -153,7 +185,7 @@ def test_worked_example_matches_a_baseline_with_scaled_value_weights(scaled):
     cfg = ModelConfig.from_preset("pre-ln+scaled-values", "tiny", **SIZES,
                                   value_path_options=dict(scale=0.5, layers=[1, 2]))
     model = _perturbed(cfg, seed=3)
-    scales = {i: model.blocks[i].attn.values.scale.gain.item() for i in (1, 2)}
+    scales = {i: model.blocks[i].attn.values.scale.gain.item() for i in (1, 2)}  # (scaled: its entry)
     assert all(abs(s - 0.5) > 1e-3 for s in scales.values())  # moved from the option's 0.5
     assert model.blocks[0].attn.values.scale is None
 
@@ -186,5 +218,5 @@ def test_worked_example_decodes_with_a_cache_trains_and_checks_its_options(scale
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale=0.0))
     with pytest.raises(ConfigError, match="does not take"):
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(sclae=2.0))
-    with pytest.raises(ConfigError, match="must be float"):
+    with pytest.raises(ConfigError, match="must be a number"):
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale="big"))

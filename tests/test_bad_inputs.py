@@ -11,7 +11,7 @@ import torch
 
 import blocklab
 from blocklab.cli import main
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig
 from blocklab.training.checkpoint import latest_checkpoint, list_checkpoints
 

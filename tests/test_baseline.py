@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from blocklab import ModelConfig, Transformer
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
 
 

@@ -21,7 +21,7 @@ from blocklab.compare import (
     resolve_compare,
     run_configs,
 )
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model.cache import cache_bytes_per_token
 from blocklab.recipes import recipe_optim
 from blocklab.report import plots as report_plots

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from blocklab.config import ConfigError
 from blocklab.data import prepare_data
 from blocklab.data.sources import paragraphs
+from blocklab.errors import ConfigError
 from test_data import byte_cfg, byte_stream, ref_split, write_files
 
 

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from blocklab import ModelConfig, Transformer
-from blocklab.config import ConfigError
 from blocklab.data import byte_tokenizer
+from blocklab.errors import ConfigError
 from blocklab.eval import (
     MCExample,
     continuation_ids,

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from blocklab import ModelConfig, Transformer
-from blocklab.config import ConfigError
 from blocklab.data import byte_tokenizer
+from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
 from blocklab.finetune.loop import FinetuneConfig, finetune, prepare_encoder
 from blocklab.finetune.model import SequenceClassifier, encode_example, final_hidden_states, pool

@@ -243,20 +243,20 @@ def test_a_wrapped_map_runs_as_itself():
     assert_same_forward_and_gradients(unfused, fused)
 
 
-class OldStyleValues(ValuePath):
-    """A value path written to the interface before fusion: forward(x, q, k, carry), no `fuses_values`."""
+class OwnMapValues(ValuePath):
+    """A value path that calls its W^V itself (not through `value_projection`), so it sets
+    `fuses_values = False`: the block must not compute x W^V for it."""
 
-    def __init__(self, cfg, layer):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
+    fuses_values = False
 
-    def forward(self, x, q, k, carry):
-        return LayerValues(q, k, 0.5 * self.w_v(x)), carry
+    def layer_values(self, x, carry, projected):
+        assert projected is None
+        return LayerValues(0.5 * self.w_v(x)), carry
 
 
 def test_a_value_path_that_does_not_declare_fusion_keeps_its_own_w_v(monkeypatch):
-    """A path without `fuses_values` is called as before (no `projected` argument); Q and K still fuse."""
-    monkeypatch.setitem(VALUE_PATHS, "old-style", Registered(OldStyleValues))
+    """A path with `fuses_values = False` gets no `projected` values; Q and K still fuse."""
+    monkeypatch.setitem(VALUE_PATHS, "old-style", Registered(OwnMapValues, "V = x W^V / 2"))
     unfused, fused = pair("parallel+old-style")
     ids = tokens(batch=1, t=5)
     assert ran_maps(unfused, ids) - ran_maps(fused, ids) == {

@@ -15,9 +15,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from blocklab import evidence
+from blocklab import ModelConfig, evidence
 from blocklab.compare import Entry
-from blocklab.config import ModelConfig
 from blocklab.report import plots as report_plots
 from blocklab.report import write_report
 from blocklab.training import TrainConfig

@@ -13,7 +13,7 @@ import torch
 
 from blocklab import ModelConfig, Transformer
 from blocklab.cli import main
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, loop, memory, train
 from blocklab.training.metrics import read_metrics, resume_gap
 from blocklab.training.optim import OptimConfig, build_optimizers

@@ -18,7 +18,7 @@ import pytest
 from blocklab import cli
 from blocklab import compare as compare_module
 from blocklab.compare import Entry
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.launch import LocalLauncher, RunsFailed, RunsPending, parse_jobs, plan, resolve_jobs
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import run_lock

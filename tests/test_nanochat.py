@@ -10,7 +10,7 @@ import torch
 from tests.nanochat_reference import nanochat_logits, random_nanochat_weights
 
 from blocklab import ModelConfig, Transformer
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.interop.nanochat import config_from_nanochat, from_nanochat, state_dict_from_nanochat
 from blocklab.model.trunk import Backout, ResidualScalars, Smear
 

@@ -9,7 +9,7 @@ import pytest
 
 from blocklab.cli import main
 from blocklab.compare import compare
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.training.metrics import read_metrics
 from helpers import compare_base, write_code_corpus
 

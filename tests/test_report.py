@@ -12,10 +12,9 @@ import pytest
 import torch
 from torch import nn
 
+from blocklab import ModelConfig, report
 from blocklab import compare as compare_module
-from blocklab import report
 from blocklab.compare import Entry
-from blocklab.config import ModelConfig
 from blocklab.model import Transformer
 from blocklab.report import stats as report_stats
 from blocklab.report import tables as report_tables

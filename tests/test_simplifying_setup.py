@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from blocklab import ModelConfig, Transformer
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.model.norms import RMSNormEpsOutside, make_norm
 
 

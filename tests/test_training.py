@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, TrainingError, loop, progress, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget

@@ -17,7 +17,7 @@ import torch
 
 import blocklab
 from blocklab import ConfigError
-from blocklab.model.value_paths import VALUE_PATHS, target_layers
+from blocklab.model.value_paths import VALUE_PATHS, target_layers, value_layers
 from blocklab.model.value_paths.bank import init_table_from_embedding
 from value_reference import reference_logits
 
@@ -693,7 +693,7 @@ def test_options_check_their_own_values_without_a_config():
     assert ResFormerOptions(lambda1=1, neutreno=0.2).lambda1 == 1  # an int passes for a float
     with pytest.raises(ConfigError, match=r"'neutreno'\] = 1.5 is not allowed.*\[0, 1\)"):
         ResFormerOptions(neutreno=1.5)
-    with pytest.raises(ConfigError, match=r"'learnable'\] = 1 is not allowed: it must be true or false"):
+    with pytest.raises(ConfigError, match=r"'learnable'\] = 1 is not allowed: it must be True or False"):
         ResFormerOptions(learnable=1)
     with pytest.raises(ConfigError, match="one of 'value', 'query', 'key'"):
         ResFormerOptions(residual_on="hidden")
@@ -740,12 +740,14 @@ def test_reparam_tie_combines_with_paths_that_keep_every_value_projection(arch):
     ("pre-ln+bov", dict(layers=[0, 2], shared=True)), ("pre-ln+v1-value", dict(layers="all")),
 ])
 def test_has_value_map_agrees_with_the_built_layers(arch, options):
-    """Validation reads `has_value_map` (reparam_tie); it must match which layers own a W_V module."""
+    """Validation reads `value_layers` (reparam_tie); it must match which layers own a W_V module, and a
+    layer owns one exactly when it reads values it projects itself (or, x0-value, projects x0)."""
     cfg = make_cfg(arch, options)
     model = blocklab.Transformer(cfg)
-    cls = VALUE_PATHS[cfg.value_path].module
-    built = [getattr(b.attn.values, "w_v", None) is not None for b in model.blocks]
-    assert [cls.has_value_map(cfg, i) for i in range(cfg.n_layers)] == built
+    built = [i for i, b in enumerate(model.blocks) if getattr(b.attn.values, "w_v", None) is not None]
+    assert value_layers(cfg) == built
+    own = [i for i, b in enumerate(model.blocks) if b.attn.values.caches_values]
+    assert set(own) <= set(built) and (set(built) - set(own) == set() or cfg.value_path == "x0-value")
 
 
 def test_list_presets_names_every_value_path():

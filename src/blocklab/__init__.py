@@ -11,24 +11,25 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it
+# public name -> the module to read it from: the one that defines it, except `ModelConfig` (defined in
+# blocklab.model.config), read from blocklab.presets, which registers the presets `from_preset` reads
 _EXPORTS = {
     "ConfigError": "blocklab.errors",
-    "ModelConfig": "blocklab.config",
+    "ModelConfig": "blocklab.presets",
     "Transformer": "blocklab.model",
     "count_parameters": "blocklab.accounting",
     "flops_per_token": "blocklab.accounting",
     "list_presets": "blocklab.presets",
 }
-_SUBMODULES = {"analysis", "compare", "config", "data", "eval", "finetune", "interop", "model", "ops",
+_SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "model", "ops",
                "presets", "training"}
 
 if TYPE_CHECKING:
     from blocklab import interop, ops
     from blocklab.accounting import count_parameters, flops_per_token
-    from blocklab.config import ModelConfig
     from blocklab.errors import ConfigError
     from blocklab.model import Transformer
+    from blocklab.model.config import ModelConfig
     from blocklab.presets import list_presets
 
 

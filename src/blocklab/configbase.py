@@ -1,7 +1,8 @@
 """One base for blocklab's configuration dataclasses (model, data, optimiser, training, fine-tuning).
 
 Every config reads and writes plain dicts the same way, and every unknown key, whether passed as a
-keyword, in a dict or in a YAML file, is a `ConfigError` that names the class and the closest fields:
+keyword, in a dict or in a YAML file, is a `ConfigError` that names the class and the closest fields.
+`check_types` checks each field's value against its annotated type, the one way blocklab does so:
 
     @config_dataclass
     class DataConfig(ConfigBase):
@@ -16,7 +17,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-from typing import Any, TypeVar
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from blocklab.errors import ConfigError
 
@@ -26,6 +30,80 @@ C = TypeVar("C", bound="ConfigBase")
 def is_count(value: Any, low: int = 0) -> bool:
     """Whether `value` is an int of at least `low` (steps, seeds, threads ...); a bool is not a count."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+# (does a value pass, what the message says it must be): the rule of one annotated type
+Rule = tuple[Callable[[Any], bool], str]
+
+
+def _class_rule(kind: type) -> Rule:
+    if kind is bool:
+        return (lambda v: isinstance(v, bool)), "it must be True or False"
+    if kind is int:
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool)), "it must be an integer"
+    if kind is float:
+        return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "it must be a number"
+    if kind in (list, tuple):  # JSON and YAML read a tuple back as a list
+        return (lambda v: isinstance(v, (list, tuple))), "it must be a list"
+    names: dict[type, str] = {str: "a string", dict: "a dict"}
+    words = names.get(kind, f"of type {kind.__name__}")
+    return (lambda v: isinstance(v, kind)), f"it must be {words}"
+
+
+def type_rule(hint: Any) -> Rule | None:
+    """How `check_type` checks a value of the type `hint`; None: a type it leaves to later checks.
+
+    A `Literal` holds one of its choices; bool, int, float, str, dict and list (also `list[int]` ...)
+    their own type, where ints pass for floats and bools never pass for numbers (True == 1); `X | None`
+    is None or an X. Other unions (e.g. ``str | list[int]``) and `Any` are left to the checks that read
+    them.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any:  # a class since Python 3.11, which isinstance refuses
+        return None
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        return ((lambda v: any(v == c and isinstance(v, bool) == isinstance(c, bool) for c in choices)),
+                f"choose one of {', '.join(map(repr, choices))}")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        rule = type_rule(args[0]) if len(args) == 1 else None
+        if rule is None:
+            return None
+        test, words = rule
+        return (lambda v: v is None or test(v)), f"{words} or None"
+    kind = origin or hint
+    return _class_rule(kind) if isinstance(kind, type) else None
+
+
+def check_type(label: str, value: Any, hint: Any) -> None:
+    """Raise ConfigError unless `value` is of the type `hint` (see `type_rule`). `label` names the
+    setting in the message: ``"ModelConfig.d_model"``, ``"value_path_options['layers']"``."""
+    _apply(type_rule(hint), label, value)
+
+
+def _apply(rule: Rule | None, label: str, value: Any) -> None:
+    if rule is not None and not rule[0](value):
+        raise ConfigError(f"{label} = {value!r} is not allowed: {rule[1]}.")
+
+
+_RULES: dict[type, list[tuple[str, Rule | None]]] = {}  # per dataclass: its fields' rules, in order
+
+
+def _field_rules(cls: type) -> list[tuple[str, Rule | None]]:
+    if cls not in _RULES:
+        hints = typing.get_type_hints(cls)
+        _RULES[cls] = [(f.name, type_rule(hints[f.name])) for f in dataclasses.fields(cls)]
+    return _RULES[cls]
+
+
+def check_types(obj: Any, label: str = "") -> None:
+    """`check_type` on every field of the dataclass instance `obj`, in field order, against its
+    annotation. `label` names a field in the message, with ``{}`` for the field's name: by default
+    ``"<class name>.{}"`` (``"ModelConfig.{}"``); a value path's options: ``"value_path_options[{!r}]"``."""
+    label = label or f"{type(obj).__name__}.{{}}"
+    for name, rule in _field_rules(type(obj)):
+        _apply(rule, label.format(name), getattr(obj, name))
 
 
 def check_fields(cls: type, data: Any) -> None:

@@ -27,8 +27,8 @@ def _flops_per_token(run: Path) -> float:
     import torch
 
     from blocklab.accounting import flops_per_token
-    from blocklab.config import ModelConfig
     from blocklab.model import Transformer
+    from blocklab.model.config import ModelConfig
 
     with torch.device("meta"):
         model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))

@@ -4,7 +4,8 @@ An architecture name is a block preset, optionally joined with a value path by `
 ``"sas-p"``, ``"pre-ln+resformer"``. A bare value-path name means ``pre-ln+<value path>``.
 
 This module sits above the model: it imports `ModelConfig` and registers `resolve` with it, so that
-`ModelConfig.from_preset` reads these names without the model importing upward.
+`ModelConfig.from_preset` reads these names without the model importing upward. `blocklab.ModelConfig`
+is read from here, so that its `from_preset` always finds them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blocklab.errors import ConfigError
-from blocklab.model.config import register_presets
+from blocklab.model.config import ModelConfig, register_presets  # noqa: F401 (blocklab.ModelConfig)
 from blocklab.model.value_paths import VALUE_PATHS
 
 

@@ -84,10 +84,14 @@ def trace(model: nn.Module, input_ids: Tensor) -> list[LayerTrace]:
     """
     records: list[dict[str, Tensor]] = [{} for _ in model.blocks]
 
+    def on_heads(i: int):
+        def hook(_module, _args, output):
+            records[i].update(q=output[0], k=output[1])  # the queries and keys the layer attends with
+        return hook
+
     def on_values(i: int):
         def hook(_module, _args, output):
-            values, _ = output  # LayerValues and the carry
-            records[i].update(q=values.q, k=values.k, v=values.v)
+            records[i]["v"] = output[0].v  # LayerValues and the carry
         return hook
 
     def on_layer_output(i: int):  # the input of the next block (or of the final norm): what layer i
@@ -98,6 +102,7 @@ def trace(model: nn.Module, input_ids: Tensor) -> list[LayerTrace]:
     handles = []
     try:
         for i, block in enumerate(model.blocks):
+            handles.append(block.attn.heads.register_forward_hook(on_heads(i)))
             handles.append(block.attn.values.register_forward_hook(on_values(i)))
             following = model.blocks[i + 1] if i + 1 < len(model.blocks) else model.norm
             handles.append(following.register_forward_pre_hook(on_layer_output(i)))

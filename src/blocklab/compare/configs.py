@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from blocklab.compare.grids import GRIDS, Entry
-from blocklab.config import ModelConfig
 from blocklab.errors import ConfigError
+from blocklab.model.config import ModelConfig
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim

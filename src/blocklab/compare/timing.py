@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from blocklab.compare.grids import Entry
-from blocklab.config import ModelConfig
+from blocklab.model.config import ModelConfig
 from blocklab.training import TrainConfig
 
 # The throughput table of the report: after all training, each architecture's training step is timed

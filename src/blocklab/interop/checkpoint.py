@@ -34,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
 from blocklab import diskfull, integrity, locks
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.errors import ConfigError
 from blocklab.filemodes import as_created
 from blocklab.interop import hf_export, hf_remote
 from blocklab.interop.export_files import (
@@ -45,6 +45,7 @@ from blocklab.interop.export_files import (
     export_metadata,
 )
 from blocklab.model import Transformer
+from blocklab.model.config import ModelConfig
 
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"

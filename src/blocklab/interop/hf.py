@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.errors import ConfigError
 from blocklab.model import Transformer
+from blocklab.model.config import ModelConfig
 
 # HF activation name -> blocklab mlp_act, for GPT-2's plain MLP
 _GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",

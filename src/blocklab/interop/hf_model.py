@@ -48,7 +48,6 @@ from transformers import (
 )
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
-from blocklab.config import ModelConfig
 from blocklab.interop.export_files import auto_map, write_modules
 from blocklab.interop.hf_surface import (
     OUTPUT_FLAGS,
@@ -62,6 +61,7 @@ from blocklab.interop.hf_surface import (
 )
 from blocklab.model import Transformer
 from blocklab.model.cache import KVCache
+from blocklab.model.config import ModelConfig
 from blocklab.model.generate import left_padded
 
 MODEL_TYPE = "blocklab"

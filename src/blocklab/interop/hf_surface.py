@@ -44,10 +44,10 @@ class Record:
     def on_block_input(self, _block: nn.Module, args: tuple[Any, ...]) -> None:
         self.inputs.append(args[0])
 
-    def on_values(self, attn: nn.Module) -> Callable[..., None]:
-        def hook(_module: nn.Module, _args: Any, output: tuple[Any, Carry]) -> None:
-            values, carry = output  # the layer's LayerValues (after the value path) and the carry
-            self.queries_keys.append((attn, values.q, values.k, getattr(carry, "key_valid", None)))
+    def on_heads(self, attn: nn.Module) -> Callable[..., None]:
+        def hook(_module: nn.Module, args: tuple[Tensor, Tensor, Tensor | None], _output: Any) -> None:
+            q, k, key_valid = args  # the queries and keys the layer attends with, and the padding mask
+            self.queries_keys.append((attn, q, k, key_valid))
         return hook
 
     def outputs(self, model: Transformer, x: Tensor) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def recording(model: Transformer, hidden: bool, attentions: bool, cached: bool) 
             if hidden:
                 handles.append(block.register_forward_pre_hook(record.on_block_input))
             if attentions:
-                handles.append(block.attn.values.register_forward_hook(record.on_values(block.attn)))
+                handles.append(block.attn.heads.register_forward_hook(record.on_heads(block.attn)))
         yield record
     finally:
         for handle in handles:

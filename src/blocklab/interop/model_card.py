@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from blocklab.accounting import count_parameters
-from blocklab.config import ModelConfig
 from blocklab.model import Transformer
 from blocklab.model.cache import cache_bytes_per_token
-from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.model.config import ModelConfig
+from blocklab.model.value_paths import BANK_OF_VALUES, VALUE_PATHS, VALUE_RESIDUAL  # noqa: F401 (cited here)
 from blocklab.presets import BLOCK_PRESETS, split_arch
 
 if TYPE_CHECKING:
@@ -31,19 +31,7 @@ if TYPE_CHECKING:
 # the card's licence: the project's own (pyproject.toml, LICENSE); change it where the training data asks
 LICENSE = "mit"
 SIMPLIFYING = "He & Hofmann, *Simplifying Transformer Blocks*, ICLR 2024 (arXiv:2311.01906)"
-VALUE_RESIDUAL = ("Zhou et al., *Value Residual Learning for Alleviating Attention Concentration in "
-                  "Transformers*, ACL 2025 (arXiv:2410.17897)")
-BANK_OF_VALUES = ("*Do Value Vectors in Deep Layers Need Context from the Residual Stream?* "
-                  "(arXiv:2606.02780)")
 VASWANI = "Vaswani et al., *Attention Is All You Need*, NeurIPS 2017 (arXiv:1706.03762)"
-# value path -> the paper that proposes it or compares against it
-VALUE_PATH_PAPERS = {
-    **dict.fromkeys(("resformer", "resformer-constant", "resformer-sparse", "resformer-learnable",
-                     "resformer-mix", "resformer-learnable-plus", "resformer-dense", "svformer", "neutreno",
-                     "denseformer", "cla", "cross-layer-attn"), VALUE_RESIDUAL),
-    **dict.fromkeys(("bov", "bov-resformer", "x0-value", "v1-value", "v-scale", "value-embed"),
-                    BANK_OF_VALUES),
-}
 NATIVE_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
@@ -95,7 +83,8 @@ def _block_paper(block: str) -> str | None:
 def papers(model: Transformer, arch: Arch | None = None) -> list[str]:
     """The papers `model` comes from: its block preset's and its value path's."""
     arch = arch or architecture(model.cfg)
-    found = [_block_paper(arch.block), VALUE_PATH_PAPERS.get(arch.value_path)]
+    entry = VALUE_PATHS.get(arch.value_path)
+    found = [_block_paper(arch.block), entry.paper if entry is not None else None]
     return [paper for paper in found if paper]
 
 

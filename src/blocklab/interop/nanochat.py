@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from blocklab.config import ConfigError, ModelConfig
+import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
+from blocklab.errors import ConfigError
 from blocklab.model import Transformer
+from blocklab.model.config import ModelConfig
 
 NANOCHAT_HEAD_DIM = 128  # nanochat's d_model is a multiple of its head size, 128
 

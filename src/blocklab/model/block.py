@@ -16,10 +16,10 @@ Attention-matrix forms (Simplifying Transformer Blocks):
     shaped:   alpha I + beta A - gamma C   Eq. (5), shaped attention (Noci et al., 2023)
 with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
 
-One forward pass: Q and K heads -> the value path gives V (and any change to Q, K, another layer's
-keys and values, an output offset) as data -> with a KV cache, the cache stores what this layer
-keeps and returns every visible key and value -> `attend` runs the attention through `blocklab.ops`
--> the projection W^O.
+One forward pass: Q and K heads (a CLA follower takes its group's keys from the carry) -> the value
+path gives V (and another layer's keys and values, an output offset) as data -> with a KV cache, the
+cache stores what this layer keeps and returns every visible key and value -> `attend` runs the
+attention through `blocklab.ops` -> the projection W^O.
 
 MLP (`MLP`): d -> hidden -> d with one of the usual activations, or a gated one.
 
@@ -48,10 +48,10 @@ from blocklab.model.linear_maps import fused_linear, make_proj_map, plain_linear
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 from blocklab.model.value_paths import make_value_path
+from blocklab.model.value_paths.base import carried
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
-    from blocklab.model.fields import MLPShape
+    from blocklab.model.config import MLPShape, ModelConfig
 
 
 def _skip(init: float, trainable: bool) -> Gain | None:
@@ -168,6 +168,7 @@ class Attention(nn.Module):
         self.logit_scale = cfg.attn_logit_scale  # s in softmax(s q.k / sqrt(d_h)); on q (nanochat: 1.2^2)
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
         self.values = make_value_path(cfg, layer)
+        self.heads = Heads()
         qk_bias = cfg.bias or cfg.qk_bias  # Simplifying's code: biases on Q and K only
         self.q = nn.Linear(shape.d_model, shape.q_dim, bias=qk_bias)
         self.k = nn.Linear(shape.d_model, shape.kv_dim, bias=qk_bias) if self.values.owns_keys else None
@@ -231,7 +232,7 @@ class Attention(nn.Module):
 
     def queries_keys(self, x: Tensor, positions: Tensor, q_x: Tensor | None = None,
                      k_x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Q and K heads after QK-norm and RoPE; K is None when the value path supplies it (CLA).
+        """Q and K heads after QK-norm and RoPE; K is None in a layer without W_K (a CLA follower).
 
         q_x, k_x: x W_Q and x W_K when the block computed them (fused projections).
         """
@@ -259,25 +260,40 @@ class Attention(nn.Module):
             v_x = rest[0] if rest else None
         q, k = self.queries_keys(x, carry.positions, q_x, k_x)
         path = self.values
+        if k is None:  # a CLA follower attends over its group's first layer's keys
+            k = carried(carry.shared_keys)
+        elif path.shares_keys:
+            carry = carry.update(shared_keys=k)
+        if path.mixes_heads:  # ResFormer's query- or key-residual ablation
+            q, k, carry = path.mix_heads(q, k, carry)
+        q, k = self.heads(q, k, carry.key_valid)
         # for the current tokens only; x W^V goes to a path that declared it reads it (`input_value_map`)
-        out, carry = path(x, q, k, carry) if v_x is None else path(x, q, k, carry, v_x)
+        out, carry = path(x, carry, v_x)
         cache = carry.cache
         if cache is None:
-            keys, values = out.k, ops.split_heads(out.v, self.head_dim)
+            keys, values = k, ops.split_heads(out.v, self.head_dim)
             if self.contiguous_values:
                 values = values.contiguous()
             other_kv, past_sum = out.other_kv, None
         else:  # the cached past and the current tokens: every key and value these queries may see
-            seen = cache.update(self.layer, out.k, out.v)
+            seen = cache.update(self.layer, k, out.v)
             values = ops.split_heads(path.values_from_cache(seen.value_source, carry), self.head_dim)
             keys, other_kv, past_sum = seen.keys, seen.other_kv, seen.value_sum
         valid = carry.key_valid
         if valid is not None:  # this layer's keys are the last T_k positions
             valid = valid[:, valid.shape[1] - keys.shape[-2]:]
-        y = self.attend(out.q, keys, values, other_kv, past_sum, valid)
+        y = self.attend(q, keys, values, other_kv, past_sum, valid)
         if out.offset is not None:
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
         return self.proj(ops.merge_heads(y)), carry
+
+
+class Heads(nn.Module):
+    """The queries and keys a layer attends with, passed through unchanged: as a module, so that a
+    forward hook sees them (diagnostics, HF's ``output_attentions``) with the padding mask."""
+
+    def forward(self, q: Tensor, k: Tensor, key_valid: Tensor | None) -> tuple[Tensor, Tensor]:  # noqa: ARG002
+        return q, k
 
 
 # ----------------------------------------------------------------------------------------------

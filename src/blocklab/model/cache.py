@@ -1,7 +1,7 @@
 """A KV cache that keeps, for each layer, only what that layer's attention will read again.
 
-The layout follows from each value path's `key_layer`, `value_layer` and `reads_layers`
-(model/value_paths/base.py), never from its name:
+The layout follows from each layer's `LayerRole` (its `key_layer`, `value_layer` and `reads_layer`,
+model/value_paths/base.py), never from the value path's name:
 
     standard, ResFormer family, NeuTRENO, DenseFormer,   K and V per layer (the V attention uses:
     value-embed, cross-layer attention                     ResFormer's mixed V, value-embed's V + g E)
@@ -112,13 +112,6 @@ class CacheLayout:
             for other in path.reads_layers:
                 key_readers.setdefault(other, []).append(w)
                 value_readers.setdefault(other, []).append(w)
-        for layer, path in enumerate(paths):
-            own_keys, own_values = path.key_layer == layer, path.value_layer == layer
-            if own_keys != path.owns_keys or own_values != path.caches_values:
-                raise AssertionError(f"layer {layer}: {type(path).__name__}'s key_layer / value_layer "
-                                     "disagree with owns_keys / caches_values")
-            if len(path.reads_layers) > 1:
-                raise AssertionError(f"layer {layer}: {type(path).__name__} reads more than one other layer")
         return cls(windows=windows,
                    routes=tuple((p.key_layer, p.value_layer, p.reads_layers) for p in paths),
                    key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},

@@ -50,8 +50,12 @@ class Carry:
     # `positions` is (B, T), each row counting its own real tokens. None: no padding
     key_valid: Tensor | None = None
     # -- set by a layer for the layers after it ---------------------------------------------------
-    # V of the source layer (V_1), (B, T, kv_dim): ResFormer, SVFormer, NeuTRENO, v1-value, bov-resformer
+    # V of the source layer (V_1), (B, T, kv_dim): ResFormer, SVFormer, NeuTRENO, v1-value, bov-resformer,
+    # cross-layer attention; written by `ValuePath.forward` in the layer whose role says so
     first_values: Tensor | None = None
+    # (B, H_kv, T, D) the keys (after RoPE) of the last layer whose keys others attend over: a CLA group's
+    # first layer, cross-layer attention's layer 0; written by that layer's attention (model/block.py)
+    shared_keys: Tensor | None = None
     # -- the value path's own state, set by its layers or its model-level module -------------------
     # (None until it sets one): e.g. DenseFormer's block outputs, CLA's shared K and V, BoV's shared table
     path_state: Any = None

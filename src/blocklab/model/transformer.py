@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +17,7 @@ from blocklab.model.carry import Carry
 from blocklab.model.compiled_step import CompiledStep, Step
 from blocklab.model.compiled_trunk import CompiledTrunk
 from blocklab.model.head_loss import linear_cross_entropy, padded_rows
-from blocklab.model.init_schemes import init_projection_
-from blocklab.model.linear_maps import ReparamLinear, tie_reparam_inits
+from blocklab.model.init_schemes import init_nanochat, init_normal
 from blocklab.model.norms import norm_of
 from blocklab.model.offload import host_tables, offload_tables
 from blocklab.model.trunk import Backout, Smear
@@ -27,25 +25,6 @@ from blocklab.model.value_paths import make_shared_module
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
-
-
-@runtime_checkable
-class _Resettable(Protocol):
-    """A module that initialises its own parameters and buffers (`Gain`, `ReparamLinear`, norms)."""
-
-    def reset_parameters(self) -> None: ...
-
-
-@runtime_checkable
-class _InitFromModel(Protocol):
-    """A module whose initialisation reads other parts of the model (value paths, shared modules)."""
-
-    def init_from_model(self, token_embedding: Tensor) -> None: ...
-
-
-def _reparam(module: object) -> ReparamLinear:
-    assert isinstance(module, ReparamLinear), "tied inits need reparameterised W_V and W_P in every layer"
-    return module
 
 
 class Transformer(nn.Module):
@@ -82,31 +61,9 @@ class Transformer(nn.Module):
     # -- initialisation ------------------------------------------------------------------------
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Initialise every parameter and buffer (also after building on the meta device)."""
-        cfg = self.cfg
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, std=cfg.init_std)
-                bias = getattr(module, "bias", None)  # an nn.Embedding has none
-                if bias is not None:
-                    nn.init.zeros_(bias)
-            elif module is not self and isinstance(module, _Resettable):
-                module.reset_parameters()
-        if cfg.embed_init_std is not None:
-            nn.init.normal_(self.tok_emb.weight, std=cfg.embed_init_std)
-        q_std = cfg.init_std if cfg.query_init_std is None else cfg.query_init_std
-        blocks = self.block_list()
-        for block in blocks:
-            nn.init.normal_(block.attn.q.weight, std=q_std)
-        if cfg.init_scheme == "nanochat":
-            nanochat_init(self)
-        if cfg.reparam_tie != "none":
-            values = [_reparam(b.attn.values.w_v) for b in blocks]
-            projs = [_reparam(b.attn.proj) for b in blocks]
-            tie_reparam_inits(values, projs, cfg.reparam_tie)
-        for module in self.modules():  # inits that need the rest of the model (BoV tables)
-            if module is not self and isinstance(module, _InitFromModel):
-                module.init_from_model(self.tok_emb.weight)
+        """Initialise every parameter and buffer under ``cfg.init_scheme`` (model/init_schemes.py), also
+        after building on the meta device."""
+        {"normal": init_normal, "nanochat": init_nanochat}[self.cfg.init_scheme](self)
 
     # -- typed access to the blocks --------------------------------------------------------------
     def block(self, layer: int) -> Block:
@@ -240,7 +197,8 @@ class Transformer(nn.Module):
         padding; each row then computes what it would alone (model/padding.py)."""
         if checked:
             self._check_inputs(input_ids, cache)
-        real = padding.real_tokens(attention_mask, input_ids, 0 if cache is None else cache.length)
+        real = None if attention_mask is None else padding.real_tokens(
+            attention_mask, input_ids, 0 if cache is None else cache.length)
         if real is not None and (cache is None or cache.padding is None) and bool(real.all()):
             real = None  # nothing padded (so far): the unmasked kernels
         if cache is not None:
@@ -338,7 +296,8 @@ class Transformer(nn.Module):
         `logit_softcap`. The head runs against W padded with zero rows (`head_padding`); the padded
         columns are cut off before anything reads them."""
         weight = self.head_weight()
-        vocab, rows = weight.shape[0], padded_rows(weight.shape[0], self.head_padding(weight))
+        vocab, multiple = weight.shape[0], self.head_padding(weight)
+        rows = vocab if multiple == 1 else padded_rows(vocab, multiple)
         if rows == vocab:
             logits = F.linear(h, weight)
         else:
@@ -380,32 +339,3 @@ class Transformer(nn.Module):
                         stop_tokens=stop_tokens, seed=seed, pad_token=pad_token, cache=cache, compile=compile,
                         attention_mask=attention_mask)
 
-
-def _linear(module: object) -> nn.Linear | None:
-    """The module if it is a plain trainable linear map (identity and reparameterised maps keep theirs)."""
-    return module if isinstance(module, nn.Linear) else None
-
-
-@torch.no_grad()
-def nanochat_init(model: Transformer) -> None:
-    """Overwrite the default init with nanochat's (model/init_schemes.py's docstring); value-path tables
-    and gates keep the inits their paths give them, and Bank of Values tables are built afterwards from
-    these W^V."""
-    s = math.sqrt(3.0 / model.cfg.d_model)
-    nn.init.normal_(model.tok_emb.weight, std=0.8)
-    if model.head is not None:
-        nn.init.normal_(model.head.weight, std=0.001)
-    if model.smear is not None:
-        nn.init.uniform_(model.smear.gate.weight, 0.0, 0.02)
-    for block in model.block_list():
-        attn = block.attn
-        w_v = getattr(attn.values, "w_v", None)
-        for module in (attn.q, attn.k, w_v):
-            linear = _linear(module)
-            if linear is not None:
-                init_projection_(linear.weight, model.cfg)
-        proj = _linear(attn.proj)
-        if proj is not None:
-            nn.init.zeros_(proj.weight)
-        nn.init.uniform_(block.mlp.fc.weight, -0.4 * s, 0.4 * s)
-        nn.init.zeros_(block.mlp.out.weight)

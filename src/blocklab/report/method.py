@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from blocklab.config import ModelConfig
+from blocklab.model.config import ModelConfig
 from blocklab.report.data import environment
 from blocklab.training import TrainConfig
 from blocklab.training.config import BUDGETS

@@ -12,8 +12,8 @@ def params_rows(archs: list[str] | None, sizes: list[str]) -> list[dict[str, Any
     built on the meta device (no memory). `archs` None: every block preset, then every value path on a
     Pre-LN block."""
     from blocklab.accounting import count_parameters, flops_per_token
-    from blocklab.config import ModelConfig
     from blocklab.model import Transformer
+    from blocklab.model.config import ModelConfig
     from blocklab.model.value_paths import VALUE_PATHS
     from blocklab.presets import BLOCK_PRESETS
 

@@ -20,10 +20,11 @@ from typing import Any
 
 import yaml
 
-from blocklab.config import ModelConfig
+import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
 from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.data import DataConfig
 from blocklab.errors import ConfigError
+from blocklab.model.config import ModelConfig
 from blocklab.pathtext import require_text
 from blocklab.training.optim import OptimConfig
 

@@ -23,12 +23,12 @@ from tqdm.std import tqdm as std_tqdm
 
 from blocklab import locks
 from blocklab.accounting import count_parameters, flops_per_token
-from blocklab.config import ConfigError, ModelConfig
 from blocklab.data import Batches, bits_per_byte, prepare_data
 from blocklab.diskfull import said_plainly
-from blocklab.errors import TrainingError
+from blocklab.errors import ConfigError, TrainingError
 from blocklab.filemodes import atomic_write_text
 from blocklab.model import Transformer
+from blocklab.model.config import ModelConfig
 from blocklab.training import checkpoint as ckpt
 from blocklab.training import distributed, init_from, memory, rundir
 from blocklab.training.budget import Budget

@@ -31,6 +31,8 @@ from typing import NamedTuple
 
 from torch import Tensor
 
+from blocklab.model.value_paths import OWN_VALUE_WEIGHT, scalar_role
+
 B_REF = 2 ** 19  # nanochat's reference batch in tokens
 D_REF = 768  # the width its AdamW learning rates were tuned at
 
@@ -61,9 +63,9 @@ def nanochat_group(name: str, general: str) -> str:
     """The recipe's group of parameter `name`, given its group under blocklab's default rules."""
     if name.startswith(("smear.", "backout.")):
         return "smear"
-    # Bank of Values' alpha (the coefficient on a layer's own V: x0-value's a, ResFormer's lambda_2)
+    # the weight on a layer's own V (x0-value's a, ResFormer's lambda_2: the value paths' registry says which)
     # shares the residual scalars' settings
-    if name.endswith((".resid_lambda.gain", ".values.main.gain", ".values.lambda2.gain")):
+    if name.endswith(".resid_lambda.gain") or scalar_role(name) == OWN_VALUE_WEIGHT:
         return "resid_scalars"
     if name.endswith(".x0_lambda.gain"):
         return "x0_scalars"

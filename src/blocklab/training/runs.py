@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from blocklab.config import ModelConfig
 from blocklab.data import Tokenizer, load_tokenizer
 from blocklab.errors import ConfigError
 from blocklab.model import Transformer
+from blocklab.model.config import ModelConfig
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import TrainConfig
 

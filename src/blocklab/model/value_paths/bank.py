@@ -17,7 +17,7 @@ x0 is the raw token embedding, RMSNorm is parameter-free. Target layers default 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -27,22 +27,21 @@ from torch import Tensor, nn
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.init_schemes import init_projection_
-from blocklab.model.linear_maps import ReparamLinear
+from blocklab.model.linear_maps import ReparamLinear, init_projection_, make_value_map
 from blocklab.model.offload import TableKey, ValueRows, offload_error, value_rows_of
 from blocklab.model.value_paths.base import (
-    LayerSpec,
+    LayerRole,
     LayerValues,
     SharedModule,
     ValuePath,
-    ValuePathOptions,
-    resolve_options,
-    target_layers,
+    carried,
     value_map,
+    value_map_of,
 )
+from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
 
 if TYPE_CHECKING:
-    from blocklab.model.fields import ModelFields
+    from blocklab.model.config import ModelConfig
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -88,19 +87,19 @@ class _Substitutive(ValuePath):
     options: ClassVar[type[BankOptions]] = BankOptions
     opts: BankOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.target = layer in self.targets(cfg)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: BankOptions):
+        super().__init__(cfg, layer, opts)
+        self.target = layer in self.targets(cfg, opts)
         if self.target:
-            self.coef = Gain(self.opts.coef, self.opts.learnable)
+            self.coef = Gain(opts.coef, opts.learnable)
 
     @classmethod
-    def targets(cls, cfg: ModelFields) -> frozenset[int]:
-        return target_layers(resolve_options(cls.options, cfg).layers, cfg.n_layers)
+    def targets(cls, cfg: ModelConfig, opts: BankOptions) -> frozenset[int]:
+        return target_layers(opts.layers, cfg.n_layers)
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        cls.targets(cfg)
+    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+        cls.targets(cfg, opts)
 
 
 class BankOfValues(_Substitutive):
@@ -108,24 +107,23 @@ class BankOfValues(_Substitutive):
 
     E_v is initialised to RMSNorm(embedding) W^V with a freshly initialised W^V of that layer, so
     the first forward pass equals the x0-value variant. Option ``shared``: one table for every
-    target layer (initialised from the first target layer).
+    target layer (initialised from the first target layer). A KV cache keeps the token ids of the
+    target layers, not their V (Bank of Values Sec. 4, "Inference").
     """
 
-    description = "Bank of Values: deep layers look values up by token id, v = gamma_v E_v[id]"
-    fuses_values = True
     offloaded = False  # E_v lives in host memory (`offload_value_tables`, model/offload.py)
     options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
     opts: BankOfValuesOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: BankOfValuesOptions):
+        super().__init__(cfg, layer, opts)
         self.cfg = cfg
-        self.caches_values = not self.target
-        if self.target:  # the cache keeps the token ids, not V (Bank of Values Sec. 4, "Inference")
-            self.value_layer = None
-        self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
-        if self.target and not self.opts.shared:
+        if self.target and not opts.shared:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
+
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: BankOfValuesOptions, layer: int) -> LayerRole:
+        return LayerRole(layer, None if layer in cls.targets(cfg, opts) else layer)
 
     def table(self, carry: Carry) -> Tensor:
         table = carry.path_state if self.opts.shared else self.value_table
@@ -137,20 +135,17 @@ class BankOfValues(_Substitutive):
         """Which offloaded table this layer reads (model/offload.py): its own (its index), or None: shared."""
         return None if self.opts.shared else self.layer
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:
-            return LayerValues(q, k, self.value_projection(x, projected)), carry
+            return LayerValues(self.value_projection(x, projected)), carry
         rows = value_rows_of(carry)
         if rows is not None:  # offloaded tables: the current tokens' slots in the compact rows
             assert rows.current is not None, "the cache assigns slots when the forward pass begins"
-            v = self.coef(F.embedding(rows.current, self.rows_table(rows, carry)))
-            return LayerValues(q, k, v), carry
+            return LayerValues(self.coef(F.embedding(rows.current, self.rows_table(rows, carry)))), carry
         if self.offloaded:
             raise offload_error("a forward pass without a KV cache (or with one made before offloading) "
                                 f"reached Bank of Values layer {self.layer}")
-        return LayerValues(q, k, self.coef(F.embedding(carry.token_ids, self.table(carry)))), carry
+        return LayerValues(self.coef(F.embedding(carry.token_ids, self.table(carry)))), carry
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         if not self.target:
@@ -166,7 +161,8 @@ class BankOfValues(_Substitutive):
             raise offload_error(f"Bank of Values layer {self.layer} ran with gradients enabled")
         return rows.table(self.table_key)
 
-    def init_from_model(self, token_embedding: Tensor) -> None:
+    def init_weights(self, token_embedding: Tensor) -> None:
+        super().init_weights(token_embedding)  # gamma_v
         if self.target and not self.opts.shared:
             init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.layer)
 
@@ -177,14 +173,10 @@ class BankOfValues(_Substitutive):
                                       w_v=value_map(baseline[self.layer]))
 
     @classmethod
-    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer not in cls.targets(cfg)
-
-    @classmethod
-    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
-        if not resolve_options(cls.options, cfg).shared:
+    def make_shared(cls, cfg: ModelConfig, opts: BankOfValuesOptions) -> SharedModule | None:
+        if not opts.shared:
             return None
-        return SharedValueTable(cfg, min(cls.targets(cfg)))  # validation made the targets non-empty
+        return SharedValueTable(cfg, min(cls.targets(cfg, opts)))  # validation made the targets non-empty
 
 
 class ResFormerBank(BankOfValues):
@@ -198,34 +190,30 @@ class ResFormerBank(BankOfValues):
     a table lookup and the mix adds nothing a table cannot learn.
     """
 
-    description = "Bank of Values in the last third, Identity-ResFormer's (V_n + V_1) / 2 below it"
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: BankOfValuesOptions, layer: int) -> LayerRole:
+        return replace(super().role(cfg, opts, layer), first_values=layer == 0)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        if self.target:
-            return super().forward(x, q, k, carry, projected)
-        assert k is not None and self.w_v is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+        if self.target or self.layer == 0:
+            return super().layer_values(x, carry, projected)
         v = self.value_projection(x, projected)
-        if self.layer == 0:
-            return LayerValues(q, k, v), carry.update(first_values=v)
-        assert carry.first_values is not None, "layer 0 runs first and fills the carry"
-        return LayerValues(q, k, 0.5 * (v + carry.first_values)), carry
+        return LayerValues(0.5 * (v + carried(carry.first_values))), carry
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        if 0 in cls.targets(cfg):
-            layers = resolve_options(cls.options, cfg).layers
-            raise ConfigError(f"value_path_options['layers'] = {layers!r} is not "
+    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+        if 0 in cls.targets(cfg, opts):
+            raise ConfigError(f"value_path_options['layers'] = {opts.layers!r} is not "
                               "allowed for bov-resformer: layer 0 is the source of V_1, so the table layers "
                               f"must lie in [1, {cfg.n_layers}).")
 
 
 @torch.no_grad()
-def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelFields, layer: int,
+def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig, layer: int,
                               w_v: nn.Module | None = None) -> None:
     """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
     if w_v is None:
-        w_v = ValuePath.make_value_map(cfg, layer).to(embedding.device, embedding.dtype)
+        w_v = make_value_map(cfg.value_form_of(layer), cfg).to(embedding.device, embedding.dtype)
         if isinstance(w_v, nn.Linear):  # as the model initialises a W^V (nanochat's law under its scheme)
             init_projection_(w_v.weight, cfg)
         elif isinstance(w_v, ReparamLinear):
@@ -237,7 +225,7 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelFields
 class SharedValueTable(SharedModule):
     """One BoV table used by every target layer, initialised from the first target layer."""
 
-    def __init__(self, cfg: ModelFields, first_target: int):
+    def __init__(self, cfg: ModelConfig, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
@@ -251,7 +239,7 @@ class SharedValueTable(SharedModule):
                                 "reached the shared Bank of Values table")
         return carry.update(path_state=self.value_table)  # the value path's state: the shared table
 
-    def init_from_model(self, token_embedding: Tensor) -> None:
+    def init_weights(self, token_embedding: Tensor) -> None:
         init_table_from_embedding(self.value_table, token_embedding, self.cfg, self.first_target)
 
     def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
@@ -271,94 +259,74 @@ class X0Value(_Substitutive):
     starts at zero) is trained; the stream's x0 mixes in the previous token, so the cache keeps values.
     """
 
-    description = "x0-value (BoV Table 1): v = c RMSNorm(x0) W^V in the target layers"
-    fuses_values = True
     options: ClassVar[type[X0ValueOptions]] = X0ValueOptions
     opts: X0ValueOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
-        self.adds = self.target and self.opts.add
+    def __init__(self, cfg: ModelConfig, layer: int, opts: X0ValueOptions):
+        super().__init__(cfg, layer, opts)
+        self.adds = self.target and opts.add
         if self.adds:  # a, b replace the coefficient c
-            learnable = self.opts.learnable
-            self.main = Gain(1.0 if learnable else 0.5, learnable)
-            self.coef = Gain(0.0 if learnable else 0.5, learnable)
-        self.by_id = self.target and not self.adds and self.opts.x0 == "embedding"
-        if self.by_id:  # v is a function of the token id: the cache keeps ids and recomputes v
-            self.caches_values, self.value_layer = False, None
+            self.main = Gain(1.0 if opts.learnable else 0.5, opts.learnable)
+            self.coef = Gain(0.0 if opts.learnable else 0.5, opts.learnable)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: X0ValueOptions, layer: int) -> LayerRole:
+        # a target layer whose v is a function of the token id: the cache keeps ids and recomputes v
+        by_id = layer in cls.targets(cfg, opts) and not opts.add and opts.x0 == "embedding"
+        return LayerRole(layer, None if by_id else layer, value_map=True)  # W^V in every layer
+
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         if not self.target:
-            return LayerValues(q, k, self.value_projection(x, projected)), carry
-        x0 = carry.token_embeddings if self.opts.x0 == "embedding" else carry.x0
-        assert x0 is not None
-        v = self.x0_values(x0)
+            return LayerValues(self.value_projection(x, projected)), carry
+        v = self.x0_values(carried(carry.token_embeddings if self.opts.x0 == "embedding" else carry.x0))
         if self.adds:
             v = self.main(self.value_projection(x, projected)) + v
-        return LayerValues(q, k, v), carry
+        return LayerValues(v), carry
 
     def input_value_map(self) -> nn.Linear | None:
         """A substitutive target layer keeps W^V only for RMSNorm(x0) W^V: it reads no x W^V."""
         return super().input_value_map() if self.adds or not self.target else None
 
     def x0_values(self, token_embeddings: Tensor) -> Tensor:
-        return self.coef(self.w_v(_rms(token_embeddings)))
+        return self.coef(value_map_of(self)(_rms(token_embeddings)))
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
-        if not self.by_id:  # cached values (the stream's x0 or an added x W^V depend on more than the id)
+        if self.value_layer is not None:  # cached values (the stream's x0 or an added x W^V)
             return source
         # one value map per cached token and step: the memory of BoV at the compute of a projection
-        assert carry.embedding_table is not None
-        return self.x0_values(F.embedding(source, carry.embedding_table))
+        return self.x0_values(F.embedding(source, carried(carry.embedding_table)))
 
 
 class V1Value(_Substitutive):
-    """v_p = c V_1 in the target layers (Bank of Values Table 1, the "V1" rows), no W_V there.
+    """v_p = c V_1 in the target layers (Bank of Values Table 1, the "V1" rows), no W_V there; the
+    KV cache keeps V_1 once (layer 0's values).
 
     Layer 0 produces V_1, so it can never be a target: ``layers="all"`` means every layer but
     layer 0 (layers >= 1), as in Table 1's row "V1, All" (11 target layers of 12) and nanochat's
     `gpt_base_v_from_v1_every_layer`. An explicit list or ``last-K`` that names layer 0 is an error.
     """
 
-    description = "v1-value (BoV Table 1): v = c V_1 in the target layers"
-    fuses_values = True
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: BankOptions, layer: int) -> LayerRole:
+        return LayerRole(layer, 0 if layer in cls.targets(cfg, opts) else layer, first_values=layer == 0)
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.caches_values = not self.target
-        self.w_v = self.make_value_map(cfg, layer) if self.has_value_map(cfg, layer) else None
-        if self.target:  # the cache keeps V_1 once (layer 0's values)
-            self.value_layer = 0
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+        if self.target:
+            return LayerValues(self.coef(carried(carry.first_values))), carry
+        return LayerValues(self.value_projection(x, projected)), carry
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
-        if self.w_v is None:
-            assert carry.first_values is not None, "layer 0 fills V_1 in the carry"
-            return LayerValues(q, k, self.coef(carry.first_values)), carry
-        v = self.value_projection(x, projected)
-        return LayerValues(q, k, v), (carry.update(first_values=v) if self.layer == 0 else carry)
-
-    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
+    def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         return self.coef(source) if self.target else source
 
     @classmethod
-    def targets(cls, cfg: ModelFields) -> frozenset[int]:
-        layers = resolve_options(cls.options, cfg).layers
-        if layers == "all":  # every layer after the source of V_1
+    def targets(cls, cfg: ModelConfig, opts: BankOptions) -> frozenset[int]:
+        if opts.layers == "all":  # every layer after the source of V_1
             return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
-        return target_layers(layers, cfg.n_layers)
+        return target_layers(opts.layers, cfg.n_layers)
 
     @classmethod
-    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer not in cls.targets(cfg)
-
-    @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        if 0 in cls.targets(cfg):
+    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+        if 0 in cls.targets(cfg, opts):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")
 
@@ -368,18 +336,9 @@ class VScale(_Substitutive):
     init 1), Bank of Values Table 1's "V gamma" row, the control that separates what a learned
     scale alone does from what the new value sources do."""
 
-    description = "v-scale (BoV Table 1 control): v = c x W^V in the target layers"
-    fuses_values = True
-
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
-
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         v = self.value_projection(x, projected)
-        return LayerValues(q, k, self.coef(v) if self.target else v), carry
+        return LayerValues(self.coef(v) if self.target else v), carry
 
 
 # -- for the registry (model/value_paths/__init__.py) ----------------------------------------------

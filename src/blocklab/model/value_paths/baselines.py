@@ -12,17 +12,11 @@ from blocklab import ops
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import (
-    LayerValues,
-    SharedModule,
-    ValuePath,
-    ValuePathOptions,
-    carried,
-    resolve_options,
-)
+from blocklab.model.value_paths.base import LayerRole, LayerValues, SharedModule, ValuePath, carried
+from blocklab.model.value_paths.options import ValuePathOptions
 
 if TYPE_CHECKING:
-    from blocklab.model.fields import ModelFields
+    from blocklab.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -37,23 +31,18 @@ class NeuTRENO(ValuePath):
     A token-wise correction lambda (V_1 - V_n) added to the attention output of each head.
     """
 
-    description = "NeuTRENO: U_n = (A_n - lambda I) V_n + lambda V_1, lambda = 0.4"
-    fuses_values = True
     options: ClassVar[type[NeuTRENOOptions]] = NeuTRENOOptions
     opts: NeuTRENOOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: NeuTRENOOptions, layer: int) -> LayerRole:
+        return LayerRole(layer, layer, first_values=layer == 0)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         v = self.value_projection(x, projected)
         if self.layer == 0:
-            return LayerValues(q, k, v), carry.update(first_values=v)
-        offset = self.opts.lambda_ * (carried(carry.first_values) - v)
-        return LayerValues(q, k, v, offset=offset), carry
+            return LayerValues(v), carry
+        return LayerValues(v, offset=self.opts.lambda_ * (carried(carry.first_values) - v)), carry
 
 
 @dataclass(frozen=True)
@@ -81,23 +70,11 @@ class DenseFormer(ValuePath):
     The values are the standard ones; the weights live in the model-level `DepthWeights`.
     """
 
-    description = "DenseFormer: depth-weighted averaging of block outputs, identity at init"
-    fuses_values = True
     options: ClassVar[type[DenseFormerOptions]] = DenseFormerOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
-
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
-        return LayerValues(q, k, self.value_projection(x, projected)), carry
-
     @classmethod
-    def make_shared(cls, cfg: ModelFields) -> SharedModule:
-        o = resolve_options(cls.options, cfg)
-        return DepthWeights(cfg.n_layers, o.dilation, o.period)
+    def make_shared(cls, cfg: ModelConfig, opts: DenseFormerOptions) -> SharedModule:
+        return DepthWeights(cfg.n_layers, opts.dilation, opts.period)
 
 
 _OLD_DWA = re.compile(r"blocks\.(\d+)\.attn\.values\.dwa\.gain$")
@@ -148,46 +125,30 @@ class CrossLayerKVOptions(ValuePathOptions):
 class CrossLayerKV(ValuePath):
     """CLA (Brandon et al. 2024): layers in consecutive groups of `group` share one K and V.
 
-    The first layer of each group owns W_K and W_V; the others have only W_Q and W_O and reuse
-    its keys (after RoPE) and values.
+    The first layer of each group owns W_K and W_V; the others have only W_Q and W_O and attend over
+    its keys (after RoPE; the attention passes them on) and values (this path's carry state).
     """
 
-    description = "CLA: K and V shared by consecutive groups of k layers (default 2)"
-    fuses_values = True
     options: ClassVar[type[CrossLayerKVOptions]] = CrossLayerKVOptions
     opts: CrossLayerKVOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.leader = self.has_value_map(cfg, layer)
-        self.owns_keys = self.caches_values = self.leader
-        self.key_layer = self.value_layer = layer - layer % self.opts.group  # one cache entry per group
-        self.w_v = self.make_value_map(cfg, layer) if self.leader else None
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: CrossLayerKVOptions, layer: int) -> LayerRole:
+        leader = layer - layer % opts.group  # one cache entry per group
+        return LayerRole(key_layer=leader, value_layer=leader)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        if self.w_v is not None:
-            assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+        if self.w_v is not None:  # the group's first layer: its V is this path's state
             v = self.value_projection(x, projected)
-            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: the leader's K, V
-        k, v = _given_pair(carry.path_state)
-        return LayerValues(q, k, v), carry
+            return LayerValues(v), carry.update(path_state=v)
+        return LayerValues(carried(carry.path_state)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        group = resolve_options(cls.options, cfg).group
+    def validate(cls, cfg: ModelConfig, opts: CrossLayerKVOptions) -> None:
+        group = opts.group
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
                               f"holds 2 to n_layers={cfg.n_layers} layers.")
-
-    @classmethod
-    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer % resolve_options(cls.options, cfg).group == 0  # the group's leader
-
-
-def _given_pair(pair: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-    assert pair is not None, "the layer that owns the keys and values runs first and fills the carry"
-    return pair
 
 
 class CrossLayerAttention(ValuePath):
@@ -196,30 +157,27 @@ class CrossLayerAttention(ValuePath):
         U_n = softmax(Q_n [K_n; K_m]^T / sqrt(d)) [V_n; V_m],   m = the first layer,
 
     each half under the same mask (`ops.cross_layer_attention`). It costs about twice the attention
-    of Eq. (1). While decoding, the cache supplies layer 0's keys and values (`reads_layers`).
+    of Eq. (1). Layer 0's keys come through the carry (the attention shares them) and its values are
+    V_1; while decoding, the cache supplies both (`reads_layer`).
     """
 
-    description = "cross-layer attention (Eq. 2): attend over the concatenated K, V of layer 1"
-    fuses_values = True
-
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: ValuePathOptions):
+        super().__init__(cfg, layer, opts)
         self.head_dim = cfg.attention_shape.head_dim
-        self.key_sets = 1 if layer == 0 else 2
-        self.reads_layers = () if layer == 0 else (0,)
-
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
-        v = self.value_projection(x, projected)
-        if self.layer == 0:
-            return LayerValues(q, k, v), carry.update(path_state=(k, v))  # its state: layer 0's K, V
-        first_k, first_v = _given_pair(carry.path_state)
-        return LayerValues(q, k, v, other_kv=(first_k, ops.split_heads(first_v, self.head_dim))), carry
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
+    def role(cls, cfg: ModelConfig, opts: ValuePathOptions, layer: int) -> LayerRole:
+        return LayerRole(layer, layer, reads_layer=None if layer == 0 else 0, first_values=layer == 0)
+
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x, projected)
+        if self.layer == 0:
+            return LayerValues(v), carry
+        first = (carried(carry.shared_keys), ops.split_heads(carried(carry.first_values), self.head_dim))
+        return LayerValues(v, other_kv=first), carry
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, opts: ValuePathOptions) -> None:
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")

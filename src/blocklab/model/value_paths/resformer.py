@@ -25,19 +25,11 @@ from torch import Tensor, nn
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import (
-    LayerSpec,
-    LayerValues,
-    SharedModule,
-    ValuePath,
-    ValuePathOptions,
-    carried,
-    resolve_options,
-    target_layers,
-)
+from blocklab.model.value_paths.base import LayerRole, LayerValues, SharedModule, ValuePath, carried
+from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
 
 if TYPE_CHECKING:
-    from blocklab.model.fields import ModelFields
+    from blocklab.model.config import ModelConfig
 
 
 @dataclass
@@ -86,30 +78,6 @@ class ResFormerOptions(ValuePathOptions):
 
 
 @dataclass(frozen=True)
-class ConstantResFormerOptions(ResFormerOptions):
-    """Constant-ResFormer: lambda_1 = 2, lambda_2 = 1."""
-
-    lambda1: float = 2.0
-    lambda2: float = 1.0
-
-
-@dataclass(frozen=True)
-class SparseResFormerOptions(ResFormerOptions):
-    """Sparse-ResFormer: lambda_1 = 5, lambda_2 = 1 in the last three layers."""
-
-    lambda1: float = 5.0
-    lambda2: float = 1.0
-    layers: LayerSpec = "last-3"
-
-
-@dataclass(frozen=True)
-class LearnableResFormerOptions(ResFormerOptions):
-    """Learnable-ResFormer: both lambdas learned per layer."""
-
-    learnable: bool = True
-
-
-@dataclass(frozen=True)
 class LearnedMixOptions(ResFormerOptions):
     """The learned-mix ResFormer reads ``layers``, ``source`` and ``neutreno``; its gate replaces the
     lambdas and it mixes values only, so the rest keep Identity-ResFormer's defaults."""
@@ -127,85 +95,71 @@ class LearnedMixOptions(ResFormerOptions):
 
 class ValueResidual(ValuePath):
     """V'_n = lambda_1 V_s + lambda_2 V_n in the target layers after the source layer s (options:
-    `ResFormerOptions`)."""
+    `ResFormerOptions`; Constant-, Sparse- and Learnable-ResFormer are its registry entries with other
+    defaults). With ``residual_on`` "query" or "key" the heads mix instead (`mix_heads`)."""
 
-    description = "Identity-ResFormer: U_n = 1/2 A_n (V_n + V_1) for n >= 2"
-    fuses_values = True
     options: ClassVar[type[ResFormerOptions]] = ResFormerOptions
     opts: ResFormerOptions
+    adaptive = False  # True: lambda_{n,1} comes from the model-level `AdaptiveSourceWeights`
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        o = self.opts
-        self.w_v = self.make_value_map(cfg, layer)
-        self.is_source = layer == o.source
-        self.mixes = layer > o.source and layer in target_layers(o.layers, cfg.n_layers)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: ResFormerOptions):
+        super().__init__(cfg, layer, opts)
+        self.mixes = layer in mixing_layers(opts, cfg.n_layers)
+        self.mixes_heads = opts.residual_on != "value" and (self.mixes or layer == opts.source)
         if self.mixes:
-            self.lambda1 = self.make_lambda1(cfg, layer)
-            self.lambda2 = Gain(o.lambda2, o.learnable)
-
-    def make_lambda1(self, cfg: ModelFields, layer: int) -> nn.Module:  # noqa: ARG002 (overridden)
-        return Gain(self.opts.lambda1, self.opts.learnable)
-
-    def source_weight(self, first: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
-        return self.lambda1(first)
-
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
-        v = self.value_projection(x, projected)
-        on = self.opts.residual_on
-        offset = None
-        if self.is_source:
-            if on == "value":
-                carry = carry.update(first_values=v)
-            else:  # the query- or key-residual ablation keeps the source's heads as its own state
-                heads = q if on == "query" else k
-                carry = carry.update(path_state=replace(source_state(carry), heads=heads))
-        elif self.mixes:
-            if on == "value":
-                v1 = carried(carry.first_values)
-                v = self.mix(x, v1, v, carry)
-                if self.opts.neutreno:  # token-local, so a KV cache needs nothing more
-                    offset = self.opts.neutreno * (v1 - v)
-            elif on == "query":
-                q = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(q)
-            else:
-                k = self.source_weight(carried(source_state(carry).heads), carry) + self.lambda2(k)
-        return LayerValues(q, k, v, offset=offset), carry
-
-    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (overridden)
-        """V'_n from the source value V_1 and this layer's V_n (and its input x)."""
-        return self.source_weight(v1, carry) + self.lambda2(v)
+            if not self.adaptive:
+                self.lambda1 = Gain(opts.lambda1, opts.learnable)
+            self.lambda2 = Gain(opts.lambda2, opts.learnable)
+        self.mix_index = mixing_layers(opts, cfg.n_layers).index(layer) if self.mixes else -1
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        o = resolve_options(cls.options, cfg)
-        if not 0 <= o.source < cfg.n_layers - 1:
-            raise ConfigError(f"value_path_options['source'] = {o.source!r} is not allowed: it is the "
+    def role(cls, cfg: ModelConfig, opts: ResFormerOptions, layer: int) -> LayerRole:
+        return LayerRole(layer, layer, first_values=layer == opts.source and opts.residual_on == "value")
+
+    def source_term(self, source: Tensor, carry: Carry) -> Tensor:
+        """lambda_{n,1} times the source's values (or heads)."""
+        weights = source_state(carry).weights
+        return self.lambda1(source) if weights is None else weights[self.mix_index] * source
+
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x, projected)
+        if not self.mixes or self.opts.residual_on != "value":
+            return LayerValues(v), carry
+        v1 = carried(carry.first_values)
+        mixed = self.mix(x, v1, v, carry)
+        # NeuTRENO's token-wise correction: token-local, so a KV cache needs nothing more
+        offset = self.opts.neutreno * (v1 - mixed) if self.opts.neutreno else None
+        return LayerValues(mixed, offset=offset), carry
+
+    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:
+        """V'_n from the source value V_1 and this layer's V_n (and its input x)."""
+        return self.source_term(v1, carry) + self.lambda2(v)
+
+    def mix_heads(self, q: Tensor, k: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
+        """The query- or key-residual ablation (Fig. 9): the source keeps its heads, later layers mix."""
+        query = self.opts.residual_on == "query"
+        if not self.mixes:  # the source layer
+            return q, k, carry.update(path_state=replace(source_state(carry), heads=q if query else k))
+        mixed = self.source_term(carried(source_state(carry).heads), carry) + self.lambda2(q if query else k)
+        return (mixed, k, carry) if query else (q, mixed, carry)
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig, opts: ResFormerOptions) -> None:
+        if not 0 <= opts.source < cfg.n_layers - 1:
+            raise ConfigError(f"value_path_options['source'] = {opts.source!r} is not allowed: it is the "
                               f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
-        targets = target_layers(o.layers, cfg.n_layers)
-        if max(targets) <= o.source:  # only layers after the source mix, so nothing would change
+        targets = target_layers(opts.layers, cfg.n_layers)
+        if max(targets) <= opts.source:  # only layers after the source mix, so nothing would change
             raise ConfigError(
-                f"value_path_options['layers'] = {o.layers!r} has no layer after source={o.source}: "
-                f"only layers > source receive the source's {o.residual_on}, so value_path="
+                f"value_path_options['layers'] = {opts.layers!r} has no layer after source={opts.source}: "
+                f"only layers > source receive the source's {opts.residual_on}, so value_path="
                 f"{cfg.value_path!r} would be the standard Transformer; name at least one layer in "
-                f"({o.source}, {cfg.n_layers}).")
+                f"({opts.source}, {cfg.n_layers}).")
 
 
-class ConstantResFormer(ValueResidual):
-    description = "Constant-ResFormer: U_n = A_n (V_n + lambda V_1), lambda = 2"
-    options = ConstantResFormerOptions
-
-
-class SparseResFormer(ValueResidual):
-    description = "Sparse-ResFormer: V_n + lambda V_1 only in chosen layers (last 3, lambda = 5)"
-    options = SparseResFormerOptions
-
-
-class LearnableResFormer(ValueResidual):
-    description = "Learnable-ResFormer: lambda_{n,1} V_1 + lambda_{n,2} V_n, both learned per layer"
-    options = LearnableResFormerOptions
+def mixing_layers(opts: ResFormerOptions, n_layers: int) -> list[int]:
+    """The layers that mix in the source's values: the target layers after the source."""
+    return sorted(i for i in target_layers(opts.layers, n_layers) if i > opts.source)
 
 
 class LearnedMixResFormer(ValueResidual):
@@ -216,16 +170,15 @@ class LearnedMixResFormer(ValueResidual):
     ResFormer. Options: ``layers``, ``source``, ``neutreno`` (`LearnedMixOptions`); no lambdas.
     """
 
-    description = "learned-mix ResFormer: V'_n = m V_n + (1 - m) V_1, m = sigmoid(W x + b) per token, head"
     options = LearnedMixOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.n_kv_heads = cfg.attention_shape.n_kv_heads
+    def __init__(self, cfg: ModelConfig, layer: int, opts: ResFormerOptions):
+        super().__init__(cfg, layer, opts)
+        self.n_kv_heads, self.init_std = cfg.attention_shape.n_kv_heads, cfg.init_std
         if self.mixes:
             self.gate = nn.Linear(cfg.d_model, self.n_kv_heads, bias=True)
 
-    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:  # noqa: ARG002 (the interface)
+    def mix(self, x: Tensor, v1: Tensor, v: Tensor, carry: Carry) -> Tensor:
         b, t, width = v.shape
         m = torch.sigmoid(self.gate(x))[..., None]  # (B, T, n_kv_heads, 1)
         heads = v.view(b, t, self.n_kv_heads, -1)
@@ -233,6 +186,13 @@ class LearnedMixResFormer(ValueResidual):
         # not torch.lerp: under autocast V_1 (a bf16 projection) and V_n (SAS's identity values, the
         # float32 stream) can differ in dtype, and lerp does not promote
         return (v1 + m * (heads - v1)).view(b, t, width)
+
+    @torch.no_grad()
+    def init_weights(self, token_embedding: Tensor) -> None:
+        super().init_weights(token_embedding)
+        if self.mixes:  # W_m ~ N(0, init_std), b_m = 0: m starts near 1/2
+            nn.init.normal_(self.gate.weight, std=self.init_std)
+            nn.init.zeros_(self.gate.bias)
 
 
 class AdaptiveSourceWeights(SharedModule):
@@ -258,30 +218,15 @@ class AdaptiveSourceWeights(SharedModule):
         self.scale.param.zero_()  # lambda = 0: no V_1 anywhere
 
 
-class LearnableResFormerPlus(LearnableResFormer):
-    description = ("Learnable-ResFormer Plus: lambda_{n,1} = lambda softmax(lambda')_n with an "
-                   "adaptive initialisation that gives deeper layers more V_1")
+class LearnableResFormerPlus(ValueResidual):
+    """Learnable-ResFormer whose lambda_{n,1} come from the model-level `AdaptiveSourceWeights`
+    (through the carry); lambda_{n,2} stay per layer."""
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self._mix_index = _mixing_layers(self.opts, cfg).index(layer) if self.mixes else -1
-
-    def make_lambda1(self, cfg: ModelFields, layer: int) -> nn.Module:  # noqa: ARG002 (an override)
-        return nn.Identity()  # the weight comes from the shared module through the carry
-
-    def source_weight(self, first: Tensor, carry: Carry) -> Tensor:
-        weights = source_state(carry).weights
-        assert weights is not None, "the shared module fills the weights before the first block"
-        return weights[self._mix_index] * first
+    adaptive = True
 
     @classmethod
-    def make_shared(cls, cfg: ModelFields) -> SharedModule:
-        opts = resolve_options(cls.options, cfg)
-        return AdaptiveSourceWeights(_mixing_layers(opts, cfg), cfg.n_layers)
-
-
-def _mixing_layers(opts: ResFormerOptions, cfg: ModelFields) -> list[int]:
-    return sorted(i for i in target_layers(opts.layers, cfg.n_layers) if i > opts.source)
+    def make_shared(cls, cfg: ModelConfig, opts: ResFormerOptions) -> SharedModule:
+        return AdaptiveSourceWeights(mixing_layers(opts, cfg.n_layers), cfg.n_layers)
 
 
 class DenseResFormer(ValuePath):
@@ -290,19 +235,13 @@ class DenseResFormer(ValuePath):
     Initialised as Identity-ResFormer (lambda_{n,n} = lambda_{n,1} = 1/2, the rest 0).
     """
 
-    description = "Dense-ResFormer: V_n = lambda_{n,n} H_{n-1} W^V_n + sum_{i<n} lambda_{n,i} V_i"
-    fuses_values = True
-
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.w_v = self.make_value_map(cfg, layer)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: ValuePathOptions):
+        super().__init__(cfg, layer, opts)
         if layer > 0:
             init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
             self.lambdas = Gain(init, trainable=True)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         v = self.value_projection(x, projected)
         raw = (*(carry.path_state or ()), v)  # its state: the raw V of every layer so far
         carry = carry.update(path_state=raw)
@@ -311,7 +250,7 @@ class DenseResFormer(ValuePath):
             v = w[0] * raw[0]
             for i in range(1, len(raw)):
                 v = v + w[i] * raw[i]
-        return LayerValues(q, k, v), carry
+        return LayerValues(v), carry
 
     @torch.no_grad()
     def start_at_baseline(self) -> None:
@@ -327,39 +266,28 @@ class SVFormerOptions(ValuePathOptions):
 
 
 class SVFormer(ValuePath):
-    """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values."""
+    """U_n = A_n V_1 (Eq. 10): only the first layer (and optional anchor layers) project values;
+    each other layer reads (and the KV cache keeps once) the latest projecting layer's."""
 
-    description = "SVFormer: every layer attends over the first layer's values, U_n = A_n V_1"
-    fuses_values = True
     options: ClassVar[type[SVFormerOptions]] = SVFormerOptions
     opts: SVFormerOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        self.projects = self.has_value_map(cfg, layer)
-        self.caches_values = self.projects
-        # the cache keeps V once per projecting layer; the others read the latest one's
-        self.value_layer = max(a for a in (0, *self.opts.anchors) if a <= layer)
-        self.w_v = self.make_value_map(cfg, layer) if self.projects else None
+    @classmethod
+    def role(cls, cfg: ModelConfig, opts: SVFormerOptions, layer: int) -> LayerRole:
+        anchor = max(a for a in (0, *opts.anchors) if a <= layer)
+        return LayerRole(layer, anchor, first_values=anchor == layer)
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:  # a projecting layer
-            v = self.value_projection(x, projected)
-            return LayerValues(q, k, v), carry.update(first_values=v)
-        return LayerValues(q, k, carried(carry.first_values)), carry
+            return LayerValues(self.value_projection(x, projected)), carry
+        return LayerValues(carried(carry.first_values)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        anchors = resolve_options(cls.options, cfg).anchors
+    def validate(cls, cfg: ModelConfig, opts: SVFormerOptions) -> None:
+        anchors = opts.anchors
         if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
-
-    @classmethod
-    def has_value_map(cls, cfg: ModelFields, layer: int) -> bool:
-        return layer == 0 or layer in resolve_options(cls.options, cfg).anchors
 
 
 # -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
@@ -368,10 +296,7 @@ RESFORMER_TITLES = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
 DENSE_TITLES = {"lambdas": "Dense-ResFormer lambdas"}
 
 
-def resformer_baseline_options(cls: type[ValuePath], cfg: ModelFields,
-                               given: dict[str, Any]) -> dict[str, Any]:
-    """The options under which a ResFormer (`cls`) starts where the baseline is (`given` win):
-    learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
-    options = resolve_options(cls.options, cfg.replace(value_path_options=given))
-    learnable = isinstance(options, ResFormerOptions) and options.learnable
-    return {"lambda1": 0.0, "lambda2": 1.0, **given} if learnable else given
+def resformer_baseline_options(options: ResFormerOptions, given: dict[str, Any]) -> dict[str, Any]:
+    """The options under which a ResFormer (resolved: `options`) starts where the baseline is (`given`
+    win): learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
+    return {"lambda1": 0.0, "lambda2": 1.0, **given} if options.learnable else given

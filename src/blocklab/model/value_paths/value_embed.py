@@ -16,18 +16,11 @@ from torch import Tensor, nn
 from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.value_paths.base import (
-    LayerSpec,
-    LayerValues,
-    SharedModule,
-    ValuePath,
-    ValuePathOptions,
-    resolve_options,
-    target_layers,
-)
+from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, reset_gains
+from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
 
 if TYPE_CHECKING:
-    from blocklab.model.fields import ModelFields
+    from blocklab.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -63,15 +56,12 @@ class ValueEmbed(ValuePath):
     `ValueEmbedOptions`.
     """
 
-    description = "value embeddings: V + gate * E_v[token id] on every second layer (nanochat)"
-    fuses_values = True
     options: ClassVar[type[ValueEmbedOptions]] = ValueEmbedOptions
     opts: ValueEmbedOptions
 
-    def __init__(self, cfg: ModelFields, layer: int):
-        super().__init__(cfg, layer)
-        o = self.opts
-        self.w_v = self.make_value_map(cfg, layer)
+    def __init__(self, cfg: ModelConfig, layer: int, opts: ValueEmbedOptions):
+        super().__init__(cfg, layer, opts)
+        o = opts
         shape = cfg.attention_shape
         self.n_kv_heads, self.head_dim, self.d_model = shape.n_kv_heads, shape.head_dim, cfg.d_model
         shared = o.shared_tables
@@ -92,9 +82,7 @@ class ValueEmbed(ValuePath):
             return self.value_table
         return carry.path_state[self.table_index]
 
-    def forward(self, x: Tensor, q: Tensor, k: Tensor | None, carry: Carry,
-                projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
-        assert k is not None
+    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
         v = self.value_projection(x, projected)
         lam = self.opts.gate == "lambda"
         if lam:
@@ -108,10 +96,11 @@ class ValueEmbed(ValuePath):
                 b, t, _ = v.shape
                 g = 3 * torch.sigmoid(self.gate(x[..., : self.channels]))  # (B, T, n_kv_heads)
                 v = v + (g[..., None] * e.view(b, t, self.n_kv_heads, self.head_dim)).view(b, t, -1)
-        return LayerValues(q, k, v), carry
+        return LayerValues(v), carry
 
     @torch.no_grad()
-    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
+    def init_weights(self, token_embedding: Tensor) -> None:
+        reset_gains(self)  # lambda_0, lambda_1
         if self.target and self.table_index is None:
             nn.init.normal_(self.value_table, std=self.d_model ** -0.5)
         if self.target and self.opts.gate == "nanochat":
@@ -125,13 +114,12 @@ class ValueEmbed(ValuePath):
             self.lambda0.param.fill_(1.0)
 
     @classmethod
-    def make_shared(cls, cfg: ModelFields) -> SharedModule | None:
-        n = resolve_options(cls.options, cfg).shared_tables
+    def make_shared(cls, cfg: ModelConfig, opts: ValueEmbedOptions) -> SharedModule | None:
+        n = opts.shared_tables
         return ValueEmbedTables(n, cfg.vocab_size, cfg.attention_shape.kv_dim, cfg.d_model) if n else None
 
     @classmethod
-    def validate(cls, cfg: ModelFields) -> None:
-        opts = resolve_options(cls.options, cfg)
+    def validate(cls, cfg: ModelConfig, opts: ValueEmbedOptions) -> None:
         target_layers(opts.layers, cfg.n_layers)
         n = opts.shared_tables
         if not 0 <= 2 * n <= cfg.n_layers:
@@ -169,7 +157,7 @@ class ValueEmbedTables(SharedModule):
         return carry.update(path_state=tuple(self.table_list()))  # the value path's state: the tables
 
     @torch.no_grad()
-    def init_from_model(self, token_embedding: Tensor) -> None:  # noqa: ARG002 (the interface)
+    def init_weights(self, token_embedding: Tensor) -> None:
         for table in self.table_list():
             nn.init.normal_(table, std=self.d_model ** -0.5)
 

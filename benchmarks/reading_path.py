@@ -1,0 +1,82 @@
+"""How much of blocklab a reader walks through to follow one forward pass (issue 40's measure).
+
+For each architecture, a profiler records every blocklab function that runs during ``model(ids)`` (no
+cache, no padding, CPU, size tiny at 2 layers). A function that runs is code the reader follows; the
+registry (model/value_paths/__init__.py), which says which value path a config builds, is counted too.
+The table gives the files reached, their whole lengths, and the lines of the functions that ran.
+
+    python benchmarks/reading_path.py [--archs pre-ln,sas-p+resformer]
+        [--out benchmarks/results/reading-path.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+REGISTRY = SRC / "blocklab" / "model" / "value_paths" / "__init__.py"
+
+
+def reading_path(arch: str) -> dict:
+    from blocklab import ModelConfig, Transformer
+
+    cfg = ModelConfig.from_preset(arch, "tiny", n_layers=2, vocab_size=64)
+    model = Transformer(cfg).eval()
+    ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+    ran: dict[str, dict[str, int]] = defaultdict(dict)  # file -> function -> its lines
+
+    def profile(frame, event, _arg):
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(str(SRC)):
+            key = f"{code.co_name}:{code.co_firstlineno}"
+            if key not in ran[code.co_filename]:
+                try:
+                    ran[code.co_filename][key] = len(inspect.getsourcelines(code)[0])
+                except OSError:
+                    ran[code.co_filename][key] = 0
+
+    with torch.no_grad():
+        sys.setprofile(profile)
+        try:
+            model(ids)
+        finally:
+            sys.setprofile(None)
+    files = sorted(set(ran) | {str(REGISTRY)})
+    rows = {Path(f).relative_to(SRC).as_posix(): {"file_lines": len(Path(f).read_text().splitlines()),
+                                                   "functions": len(ran.get(f, {})),
+                                                   "function_lines": sum(ran.get(f, {}).values())}
+            for f in files}
+    return {"arch": arch, "files": rows, "n_files": len(rows),
+            "file_lines": sum(r["file_lines"] for r in rows.values()),
+            "function_lines": sum(r["function_lines"] for r in rows.values())}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--archs", default="pre-ln,sas-p+resformer")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "reading-path.json"))
+    opts = parser.parse_args(argv)
+    results = [reading_path(arch) for arch in opts.archs.split(",")]
+    print("| arch | files | whole files' lines | lines of the functions that ran |")
+    print("|---|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['arch']} | {r['n_files']} | {r['file_lines']} | {r['function_lines']} |")
+    for r in results:
+        print(f"\n{r['arch']}:")
+        for name, row in r["files"].items():
+            print(f"  {row['file_lines']:5d} lines, {row['functions']:3d} functions ran "
+                  f"({row['function_lines']} lines)  {name}")
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(opts.out).write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
