@@ -19,6 +19,23 @@ small files are results). The MFU table goes to `--results` (default benchmarks/
 A piece that was cut off resumes where it stopped: finished runs are reused, unfinished ones resume
 from their last checkpoint. `--smoke` swaps in a 2-layer d-32 model, 3 steps, byte tokens and
 `bench_gpu.py --smoke`, and writes under `--out` only: the tests run it on the CPU.
+
+The `gpu-mid` campaign (issue 41) is trained a piece at a time, one piece per GPU call, into the
+committed store (`blocklab.reproduce.pieces`):
+
+    python benchmarks/gpu_campaign.py status                 # what remains: runs, estimated GPU minutes
+    python benchmarks/gpu_campaign.py next --minutes 7 --export OUT/gpu-mid.tgz
+                                                             # the next runs for 7 minutes, then what remains
+    python benchmarks/gpu_campaign.py next --smoke --device cpu --minutes 5   # the same at toy sizes
+
+`next` trains the learning-rate sweep first, then the claims' runs at 3 seeds at the swept rates, then
+more seeds for checks still undecided (up to 9), as `blocklab reproduce --scale gpu-mid` would; it
+starts a run only while its estimated time fits in the minutes left, resumes a cut-off run from its
+checkpoint where one is (the same machine), records the GPU and commit of each run it finishes
+(`trained_on.json`), deletes its weights, and rewrites the tarball `--export` after every run (the
+small files of the scale's store, for `tar xzf TARBALL -C benchmarks/reproduction-data`). `--claims`
+narrows the campaign; `--scale` picks another scale. `benchmarks/gpu_session.sh` runs it with
+CAMPAIGN_MIN=M.
 """
 
 from __future__ import annotations
@@ -26,6 +43,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +55,55 @@ PIECES = {
     "sas-p": ("gpu-sas-p-short", ["sas-matches-pre-ln", "sas-p-throughput"]),
 }
 SMOKE_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2, "mlp_hidden": 64}
+CAMPAIGN_SCALE = "gpu-mid"
+# 3 layers: learned-lambda-deeper fits a slope over the layers after the first
+CAMPAIGN_SMOKE_MODEL = {**SMOKE_MODEL, "n_layers": 3}
+
+
+def smoke_scale(scale, opts: argparse.Namespace):
+    """`scale` at a toy size on `--device`: 4 steps (a sweep of 2) of 4 x 32 byte tokens, d 32 x 3
+    layers, a checkpoint and a validation every 2 steps, one seed more at most for undecided checks."""
+    data = {"source": str(opts.data), "tokenizer": "byte"} if opts.data else {"tokenizer": "byte"}
+    train = {**scale.train, "eval_batches": 1, "log_every": 1, "ckpt_every": 2, "data": data,
+             "device": opts.device}
+    return replace(scale, description=f"a toy smoke of {scale.size} (d 32 x 3 layers, 4 x 32 byte tokens)",
+                   steps=4, sweep_steps=2, eval_every=2, batch_size=4, seq_len=32,
+                   model=CAMPAIGN_SMOKE_MODEL, train=train, timing_rounds=2, timing_steps=1,
+                   max_seeds=scale.seeds + 1 if scale.max_seeds else None)
+
+
+def run_campaign(opts: argparse.Namespace) -> list[str]:
+    """`next`: train the campaign's next runs for `--minutes` (`pieces.run_piece`) and print what
+    remains; `status` (or `next --dry-run`): only what remains."""
+    from blocklab.claims import select
+    from blocklab.reproduce import SCALES
+    from blocklab.reproduce.estimate import Estimator, remaining
+    from blocklab.reproduce.orchestrate import scale_claims
+    from blocklab.reproduce.pieces import run_device, run_piece
+
+    scale = SCALES[opts.scale]
+    if opts.smoke:
+        scale = smoke_scale(scale, opts)
+    claims = scale_claims(select([c.strip() for c in opts.claims.split(",")] if opts.claims else None), scale)
+    root = opts.out / opts.scale
+    if opts.piece == "status" or opts.dry_run:
+        device = run_device(scale.train.get("device", "auto"))
+        if device == "cpu" and scale.trains_on == "gpu" and not opts.smoke:
+            device = "any GPU"  # a plan made on a machine without one: the GPU runs' rate, or the prior
+        left = remaining(claims, scale, root, Estimator(root, device))
+        lines = left.lines()
+    else:
+        if opts.minutes is None:
+            raise SystemExit("gpu_campaign.py next needs --minutes: the budget of this piece")
+        piece = run_piece(claims, scale, opts.scale, opts.out, opts.minutes, export=opts.export)
+        lines = [f"piece: trained {len(piece.trained)} runs in {piece.seconds / 60:.1f} min on "
+                 f"{piece.device}"]
+        if piece.rep is not None:
+            lines += [f"{opts.scale}: {r.claim.id}: {r.verdict}" for r in piece.rep.results]
+        lines += piece.remaining.lines()
+    if opts.export is not None and opts.export.is_file():
+        lines.append(f"export: {opts.export} (tar xzf it -C benchmarks/reproduction-data)")
+    return lines
 
 
 def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
@@ -72,17 +139,35 @@ def run_mfu(opts: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> list[str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("piece", choices=["mfu", *PIECES, "all"])
+    p.add_argument("piece", choices=["mfu", *PIECES, "all", "next", "status"])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--out", type=Path, default=HERE / "reproduction-data")
+    p.add_argument("--out", type=Path,
+                   help="the run store (default reproduction-data beside this script; with next --smoke, a "
+                   "new temporary folder)")
     p.add_argument("--results", type=Path, default=HERE / "results" / "gpu.json")
     p.add_argument("--budget-s", type=float, default=300.0, help="bench_gpu.py's budget for the MFU table")
     p.add_argument("--smoke", action="store_true", help="toy sizes on any device: seconds")
     p.add_argument("--data", type=Path,
                    help="with --smoke: a folder of text files instead of the embedded corpus")
+    p.add_argument("--minutes", type=float,
+                   help="next: this piece's budget; no run starts whose estimate does not fit")
+    p.add_argument("--scale", default=CAMPAIGN_SCALE,
+                   help="next, status: the campaign's scale (default gpu-mid)")
+    p.add_argument("--claims",
+                   help="next, status: comma-separated claim ids (default: all the scale judges)")
+    p.add_argument("--export", type=Path, help="next: write the scale's small files to this tarball after "
+                   "every run (for a GPU call's $OUT)")
+    p.add_argument("--dry-run", action="store_true", help="next: print what remains, train nothing")
     opts = p.parse_args(argv)
+    if opts.out is None:
+        opts.out = Path(tempfile.mkdtemp(prefix="campaign-smoke-")) if opts.smoke and opts.piece in (
+            "next", "status") else HERE / "reproduction-data"
     start = time.perf_counter()
     lines: list[str] = []
+    if opts.piece in ("next", "status"):
+        lines = run_campaign(opts)
+        print("\n".join(lines) + f"\ncampaign: {time.perf_counter() - start:.0f} s")
+        return lines
     for piece in (["mfu", *PIECES] if opts.piece == "all" else [opts.piece]):
         lines += run_mfu(opts) if piece == "mfu" else run_claims(piece, opts)
     print("\n".join(lines) + f"\ncampaign: {time.perf_counter() - start:.0f} s")

@@ -24,12 +24,34 @@
 #   7. gpu_campaign.py PIECE with what is left (default resformer: the ResFormer-82M claim, 400 steps,
 #      3 seeds, 131 s measured on an H200, so it may be cut short after steps 1-4; sas-p, the
 #      codeparrot-18l claims, about 6 minutes by its first runs: a call of its own, below)
+#   8. with CAMPAIGN_MIN=M only (then step 7 only if PIECE is set too): gpu_campaign.py next, the next
+#      runs of the gpu-mid campaign (issue 41) for M minutes (fractions allowed), cut to what is left of
+#      TOTAL_S less 40 s; each run starts only if its estimate fits, so the step ends within about a run
+#      of M. It trains in CAMPAIGN_OUT (default /tmp/blocklab-campaign, outside the tree, so that a run
+#      cut off on this machine keeps its files and resumes from its checkpoint on the next call while
+#      the machine stays warm), first seeded with the tree's benchmarks/reproduction-data/<scale> (the
+#      finished runs the tree sends are reused), and rewrites $OUT/gpu-mid.tgz after every run it
+#      finishes (CAMPAIGN_SCALE picks another scale). Estimated, not yet measured: about 30 s a run on
+#      an H100-class GPU.
 # Steps 2, 4, 5 and 7 took 307 s measured on an H200 (2026-11-26) with the MFU table and without step 3.
 # Run from the repository root on the GPU machine: OUT=/some/dir bash benchmarks/gpu_session.sh
 # (PIECE=sas-p PIECE_S=380 SKIP_CHECKS=1 SKIP_BENCH=1 for the SAS-P piece alone)
 # Logs, the JSON results and a tarball of the claim's run store (weights left out) land in $OUT.
+#
+# A campaign call: the next gpu-mid runs and nothing else (the device tool returns at most 8 files from
+# $OUT, so leave the other steps out), with the commit of the tree it sends (the copy there may have no
+# git folder; name it COMMIT=<hash>+changes when the tree differs from the commit):
+#   run: COMMIT=<git rev-parse --short HEAD> SKIP_BENCH=1 SKIP_CHECKS=1 CAMPAIGN_MIN=8 bash benchmarks/gpu_session.sh
+#        (timeout_s 600)
+# then here, with the reply's files_at folder:
+#   tar xzf FILES_AT/gpu-mid.tgz -C benchmarks/reproduction-data     # the finished runs' small files
+#   python benchmarks/gpu_campaign.py status                            # what remains, in GPU minutes
+#   blocklab reproduce --scale cpu,cpu-deep,gpu-mid --no-train --partial --out benchmarks/reproduction-data \
+#       --report benchmarks/REPRODUCTION.md
+#   git add benchmarks/reproduction-data/gpu-mid benchmarks/REPRODUCTION.md   # and commit
 set -o pipefail
 export PYTHONPATH=src:tests:benchmarks PYTHONUNBUFFERED=1
+[ -z "${COMMIT:-}" ] || export BLOCKLAB_COMMIT=$COMMIT  # what the runs' records name if git cannot
 OUT=${OUT:?set OUT to a folder for the results}
 RUNS=${RUNS:-/tmp/blocklab-gpu-runs}
 TOTAL_S=${TOTAL_S:-570}
@@ -62,7 +84,22 @@ cat "$OUT/gpu.txt"
     --size small --repeats 3 --out "$OUT/batched-generation-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step smoke 60 python3 benchmarks/gpu_campaign.py all --smoke --device cuda --out /tmp/blocklab-smoke
 [ -z "${MFU:-}" ] || step mfu 160 python3 benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$OUT/gpu.json"
-step "${PIECE:-resformer}" "${PIECE_S:-200}" python3 benchmarks/gpu_campaign.py "${PIECE:-resformer}" --out "$RUNS"
-tar czf "$OUT/runs.tgz" --exclude=checkpoints -C "$RUNS" . 2>/dev/null
+if [ -z "${CAMPAIGN_MIN:-}" ] || [ -n "${PIECE:-}" ]; then
+    step "${PIECE:-resformer}" "${PIECE_S:-200}" python3 benchmarks/gpu_campaign.py "${PIECE:-resformer}" --out "$RUNS"
+    tar czf "$OUT/runs.tgz" --exclude=checkpoints -C "$RUNS" . 2>/dev/null
+fi
+if [ -n "${CAMPAIGN_MIN:-}" ]; then
+    scale=${CAMPAIGN_SCALE:-gpu-mid}
+    store=${CAMPAIGN_OUT:-/tmp/blocklab-campaign}
+    mkdir -p "$store"
+    [ ! -d "benchmarks/reproduction-data/$scale" ] || cp -r "benchmarks/reproduction-data/$scale" "$store/"
+    budget=$(awk -v m="$CAMPAIGN_MIN" 'BEGIN { printf "%d", m * 60 }')
+    left=$((TOTAL_S - (SECONDS - START) - 40))  # 40 s: the last run's overrun, the timing pass, the tarball
+    [ "$budget" -gt "$left" ] && budget=$left
+    step campaign $((budget + 40)) python3 benchmarks/gpu_campaign.py next --scale "$scale" \
+        --minutes "$(awk -v s="$budget" 'BEGIN { print s / 60 }')" --out "$store" \
+        --export "$OUT/$scale.tgz"
+    grep -A8 '^remaining' "$OUT/campaign.log"
+fi
 echo "== session: $((SECONDS - START)) s"
 ls -la "$OUT"

@@ -12,10 +12,11 @@ import torch
 import yaml
 from scipy import stats
 
+from blocklab import ModelConfig
 from blocklab.accounting import flops_per_token
 from blocklab.claims import CLAIMS, PAPERS, select
 from blocklab.cli import main
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.errors import ConfigError
 from blocklab.evidence import RELATIONS
 from blocklab.model import Transformer
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
@@ -278,7 +279,7 @@ def test_cli_quick_runs_the_quick_claims(corpus, tmp_path, monkeypatch, capsys):
         line = next(line for line in printed.splitlines() if f" {claim.id} " in line)
         scope = line.split("(", 1)[1].rstrip(")")
         assert f"*Scope of this verdict:* {scope}." in md
-        assert caveat in scope and "size tiny at 4 layers, 0.00064M tokens" in scope
+        assert caveat in scope and "size tiny at 4 layers, d 32, 0.00064M tokens" in scope
         if claim.id == "resformer-beats-pre-ln":
             assert "3 seeds" in scope
     assert not (set(c.id for c in CLAIMS) - set(c.id for c in select(quick=True))) & set(
@@ -368,7 +369,9 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
     saved = json.loads((root / "reproduction.json").read_text())
     assert [c["verdict"] for c in saved["claims"]] == ["pending"]
     page = summary.read_text()
-    assert "--partial" in page and "| pending |" in page and "1 pending of 1 claims" in page
+    # the page's scale column says how far the runs have got: the sweep's 8 and 12 claim runs, one missing
+    assert "--partial" in page and "| partial: 19 of 20 runs |" in page and "1 pending of 1 claims" in page
+    assert "19 of the 20 runs planned so far have finished" in page
     assert json.loads((out / "t4" / "reproduction.json").read_text())["claims"][0]["verdict"] != "pending"
 
 

@@ -19,8 +19,12 @@ One module per job:
 - timing: throughput from an interleaved timing pass after training;
 - campaign: the log of what trained the committed runs;
 - orchestrate: `reproduce` itself;
-- page, page_tables, page_plots: the reproduction page (benchmarks/REPRODUCTION.md), markdown and
-  HTML, built with the comparison report's pieces (`blocklab.report`).
+- pieces, estimate: a scale trained a piece at a time within a budget of minutes (one lent GPU call,
+  benchmarks/gpu_campaign.py next), each run's record of the GPU and commit that trained it, the
+  estimated time of the runs left;
+- page, page_tables, page_plots, page_scales: the reproduction page (benchmarks/REPRODUCTION.md),
+  markdown and HTML, built with the comparison report's pieces (`blocklab.report`); page_scales the
+  page's columns by scale, how each check moves as models grow, and what trained a GPU scale.
 """
 
 from blocklab.reproduce.campaign import CAMPAIGN, machine, read_campaign, record_launch

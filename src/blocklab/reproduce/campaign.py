@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 CAMPAIGN = "campaign.jsonl"
+COMMIT_VARIABLE = "BLOCKLAB_COMMIT"
 
 
 def record_launch(root: Path, launch, seconds: float) -> None:
@@ -38,7 +39,8 @@ def read_campaign(root: Path) -> list[dict[str, Any]]:
 
 
 def machine() -> dict[str, Any]:
-    """What ran the runs: CPU, GPU (None without CUDA), threads, versions, commit and date."""
+    """What ran the runs: CPU, GPU (None without CUDA), threads, versions, commit and date. The commit is
+    git's (with "+changes" when the package differs from it), else $BLOCKLAB_COMMIT, else None."""
     import subprocess
 
     import torch
@@ -63,6 +65,8 @@ def machine() -> dict[str, Any]:
             commit += "+changes"  # the package that ran differs from this commit
     except (OSError, subprocess.SubprocessError):
         commit = None
+    # a copy of the working tree without its git folder (a lent GPU machine's): the commit its sender named
+    commit = commit or os.environ.get(COMMIT_VARIABLE) or None
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),

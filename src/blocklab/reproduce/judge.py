@@ -12,7 +12,8 @@ from typing import Any
 from blocklab import evidence
 from blocklab.claims import Check, Claim
 from blocklab.compare import Entry, run_configs
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.errors import ConfigError
+from blocklab.model.config import ModelConfig
 from blocklab.reproduce.metrics import FORMULAS, METRICS
 from blocklab.reproduce.planning import NotFinished, Sweep, check_settings, not_finished
 from blocklab.reproduce.scales import Scale
@@ -74,7 +75,8 @@ class Measurements:
         return out
 
 
-def _model_config(scale: Scale, arch: str, setting: str) -> ModelConfig:
+def scale_model_config(scale: Scale, arch: str, setting: str) -> ModelConfig:
+    """The model `arch` trains at `scale` in `setting` (seed-independent)."""
     from blocklab.data import prepare_data
 
     cfg = run_configs([Entry.parse(arch)], 1, Path("unused"), scale.base(setting))[0][1]
@@ -89,14 +91,14 @@ def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
 def evaluate_check(check: Check, scale: Scale, measured: Measurements) -> CheckResult:
     metric = METRICS[check.metric]
     if metric.exact:
-        cfg = _model_config(scale, check.arch, check.setting)
+        cfg = scale_model_config(scale, check.arch, check.setting)
         value = metric.compute(cfg)
         if check.relation == "equals":
             if check.baseline is not None:
-                value /= metric.compute(_model_config(scale, check.baseline, check.setting))
+                value /= metric.compute(scale_model_config(scale, check.baseline, check.setting))
             reference = FORMULAS[check.expected](cfg)
         else:
-            reference = metric.compute(_model_config(scale, check.baseline, check.setting))
+            reference = metric.compute(scale_model_config(scale, check.baseline, check.setting))
         return CheckResult(
             check, evidence.exact_verdict(value, reference, check.relation), value=value, reference=reference
         )

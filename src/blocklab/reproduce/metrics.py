@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import evidence
-from blocklab.config import ConfigError, ModelConfig
+from blocklab.errors import ConfigError
+from blocklab.model.config import ModelConfig
 
 
 def run_summary(run: Path) -> dict[str, Any]:
@@ -111,6 +112,9 @@ class Metric:
     # measured per round of the interleaved timing pass after training (`time_throughput`), not per
     # seed from a run's logs: more seeds do not narrow it
     timed: bool = False
+    # measured from the run's weights (its last checkpoint), then kept in reproduce_metrics.json: a run
+    # whose weights are deleted once it finishes (the GPU campaign's) computes it first
+    from_weights: bool = False
 
 
 METRICS: dict[str, Metric] = {
@@ -119,7 +123,8 @@ METRICS: dict[str, Metric] = {
     "val_bpb": Metric("final validation bits per byte", False, lambda run: run_summary(run)["val_bpb"]),
     "tokens_per_s": Metric("training tokens/s, interleaved timing after training (per round)", False,
                            None, timed=True),
-    "deep_entropy": Metric("importance entropy, deeper half of the layers (nats)", False, deep_entropy),
+    "deep_entropy": Metric("importance entropy, deeper half of the layers (nats)", False, deep_entropy,
+                           from_weights=True),
     "lambda_v1_slope": Metric("slope of learned lambda_1 over layers", False, lambda_v1_slope),
     "params": Metric("parameters", True, _params),
     "flops_per_token": Metric("training FLOPs per token", True, _flops),

@@ -4,11 +4,12 @@ give each claim its verdict.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from blocklab.claims import Claim
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.reproduce.campaign import record_launch
 from blocklab.reproduce.judge import Measurements, Reproduction, judge_claims, more_seeds
 from blocklab.reproduce.metrics import METRICS
@@ -34,11 +35,40 @@ def _scale(scale: str | Scale, name: str | None = None) -> tuple[str, Scale]:
     return scale, SCALES[scale]
 
 
-def _starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> dict[tuple[str, str], int]:
-    """Seeds per (setting, arch): the scale's, or as many as have finished in the store."""
-    return {(setting, arch): max(scale.seeds,
+# The seeds each (setting, arch) was given when undecided checks asked for more, kept so that a call
+# cut off before they all trained (a GPU campaign's piece) plans the same seeds again, wherever it
+# stopped: OUT/<scale>/seeds.json, {setting: {arch: seeds}}.
+SEEDS = "seeds.json"
+
+
+def planned_seeds(root: Path) -> dict[tuple[str, str], int]:
+    path = root / SEEDS
+    if not path.is_file():
+        return {}
+    return {(s, a): n for s, archs in json.loads(path.read_text()).items() for a, n in archs.items()}
+
+
+def _keep_planned_seeds(root: Path, seeds: dict[tuple[str, str], int], scale: Scale) -> None:
+    merged = {**planned_seeds(root), **{k: n for k, n in seeds.items() if n > scale.seeds}}
+    nested: dict[str, dict[str, int]] = {}
+    for (setting, arch), n in sorted(merged.items()):
+        nested.setdefault(setting, {})[arch] = n
+    root.mkdir(parents=True, exist_ok=True)
+    (root / SEEDS).write_text(json.dumps(nested, indent=2) + "\n")
+
+
+def starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> dict[tuple[str, str], int]:
+    """Seeds per (setting, arch): the scale's, as many as have finished in the store, or as many as an
+    earlier call planned (`SEEDS`), whichever is most."""
+    planned = planned_seeds(root)
+    return {(setting, arch): max(scale.seeds, planned.get((setting, arch), 0),
                                  finished_seeds(root / scale.group(run_group(setting, arch)), arch))
             for setting, archs in needed.items() for arch in archs}
+
+
+def scale_claims(claims: list[Claim], scale: Scale) -> list[Claim]:
+    """The claims judged at `scale`: those without a tag it leaves out."""
+    return [c for c in claims if not set(c.tags) & set(scale.leaves_out)]
 
 
 def _plannable(claims: list[Claim], ready: set[str] | None, train: bool) -> list[Claim]:
@@ -66,10 +96,10 @@ def reproduce(
 
     With a sweep (`Scale.lr_sweep`), every architecture's sweep trains first and its runs take the
     best rate. Every (setting, arch) gets `scale.seeds` seeds, or as many as have finished in the
-    store; then, while a measured check is undecided (`CheckResult.undecided`) and has fewer than
-    `scale.max_seeds` seeds, its architectures get `scale.seeds` more and the claims are judged again.
-    Throughput checks read an interleaved timing pass after training (`time_throughput`), never the
-    runs' logged tokens/s.
+    store or an earlier call planned (`SEEDS`); then, while a measured check is undecided
+    (`CheckResult.undecided`) and has fewer than `scale.max_seeds` seeds, its architectures get
+    `scale.seeds` more and the claims are judged again. Throughput checks read an interleaved timing
+    pass after training (`time_throughput`), never the runs' logged tokens/s.
     With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
     training call left them; with `partial` too, a claim whose runs have not all finished reads
     pending instead of stopping the call. `name` names a `scale` given as a Scale (its folder;
@@ -81,7 +111,7 @@ def reproduce(
 
     start = time.perf_counter()
     name, scale = _scale(scale, name)
-    claims = [c for c in claims if not set(c.tags) & set(scale.leaves_out)]
+    claims = scale_claims(claims, scale)
     if not claims:
         raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
     root = Path(out) / name
@@ -108,7 +138,7 @@ def reproduce(
         sweeps = read_sweep(swept, scale, partial=partial and not train)
     factors = {arch: s.best for arch, s in sweeps.items()} or None
     ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
-    seeds = _starting_seeds(needed, scale, root)
+    seeds = starting_seeds(needed, scale, root)
     claims_to_plan = _plannable(claims, ready, train)
     while True:
         runs = plan(claims_to_plan, scale, root, factors, seeds)
@@ -126,6 +156,6 @@ def reproduce(
             break
         log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, up to {max(more.values())}")
         seeds.update(more)
-    launched = launches[-1] if launches else None
-    return Reproduction(results, scale, name, runs, time.perf_counter() - start, launched, sweeps, root,
-                        measured)
+        _keep_planned_seeds(root, seeds, scale)
+    return Reproduction(results, scale, name, runs, time.perf_counter() - start,
+                        launches[-1] if launches else None, sweeps, root, measured)

@@ -21,6 +21,7 @@ from blocklab.reproduce import (
     ClaimResult,
     Reproduction,
     machine,
+    page_scales,
     read_campaign,
     unique_runs,
 )
@@ -35,8 +36,6 @@ from blocklab.reproduce.page_tables import (
     VERDICTS,
     check_cells,
     combination_rows,
-    interval_text,
-    relation_text,
     sweep_rows,
     timing_rows,
 )
@@ -48,6 +47,7 @@ def scope(rep: Reproduction, result: ClaimResult) -> str:
     caveat (the quick scale's verdicts are not evidence)."""
     s = rep.scale
     parts = [f"size {s.size}" + (f" at {s.model['n_layers']} layers" if "n_layers" in s.model else "")
+             + (f", d {s.model['d_model']}" if "d_model" in s.model else "")
              + f", {s.steps * s.batch_size * s.seq_len / 1e6:.2g}M tokens"]
     seeds = sorted({k.interval.n for k in result.checks if k.interval is not None
                     and not METRICS[k.check.metric].timed})
@@ -182,7 +182,9 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     ]
     md += md_table(["claim", "paper", "where", "claim", "verdict"], summary)
     tables = [("Do the papers' gains add up?", COMBINATION_TEXT, COMBINATION_HEAD, combination_rows(rep)),
-              ("Throughput", TIMING_TEXT, TIMING_HEAD, timing_rows(rep))]
+              ("Throughput", TIMING_TEXT, TIMING_HEAD, timing_rows(rep)),
+              ("Which GPU trained which runs", page_scales.TRAINED_ON_TEXT, page_scales.RUN_HEAD,
+               page_scales.run_rows(rep))]
     if rep.sweeps:
         tables.append(("Learning rates", SWEEP_TEXT.format(steps=rep.scale.sweep_steps), *sweep_rows(rep)))
     extra_html = ""
@@ -295,19 +297,14 @@ def _jsonable(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else str(x)
 
 
-def _loss_claim(result: ClaimResult) -> bool:
-    return any(r.check.metric == "val_loss" for r in result.checks)
-
-
 def write_summary(reps: list[Reproduction], path: str | Path, command: str, notes: Path | None = None
                   ) -> Path:
     """One page over several scales (benchmarks/REPRODUCTION.md): how it was made and regenerated, the
-    verdict of every claim at every scale, the measured checks at a glance, the combination table and
-    the learning rates, with links to each scale's own report (OUT/<scale>/reproduction.md, written
-    beside it). A function of the run data and `notes` (a markdown file included as it is), so
-    regenerating it from the same data gives the same bytes."""
-    from blocklab.claims import PAPERS
-
+    verdict of every claim at every scale (a campaign under way says how far its runs have got), the
+    measured checks at a glance and as models grow, what trained a GPU scale's runs, the combination
+    table and the learning rates, with links to each scale's own report (OUT/<scale>/reproduction.md,
+    written beside it). A function of the run data and `notes` (a markdown file included as it is),
+    so regenerating it from the same data gives the same bytes."""
     path = Path(path)
     names = [rep.scale_name for rep in reps]
 
@@ -315,7 +312,8 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
         assert rep.out is not None
         return os.path.relpath(rep.out / "reproduction.md", path.parent)
 
-    md = ["# Reproduction of the papers' claims on CPU", "",
+    where = "CPU and GPU" if any(rep.scale.trains_on == "gpu" for rep in reps) else "CPU"
+    md = [f"# Reproduction of the papers' claims on {where}", "",
           f"Generated from the committed run data by `{command}`; do not edit it by hand (the reading below "
           "comes from the notes file beside the data). Each scale's full report, with per-seed values "
           "and figures, is linked below.", ""]
@@ -323,42 +321,21 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
     for rep in reps:
         md += [f"**[{rep.scale_name}]({link(rep)})**. " + method_text(rep, machine()), ""]
     md += ["## Verdicts", ""]
-    for rep in reps:
-        counts = {v: sum(r.verdict == v for r in rep.results) for v in VERDICTS}
-        loss = [r for r in rep.results if _loss_claim(r)]
-        open_loss = sum(r.verdict == "inconclusive" for r in loss)
-        waiting = sum(r.verdict == PENDING for r in loss)
-        md.append(f"- `{rep.scale_name}`: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
-                  + f" of {len(rep.results)} claims; {open_loss} of the {len(loss)} loss claims "
-                  "inconclusive" + (f", {waiting} pending" if waiting else "") + ".")
+    md += [page_scales.count_line(rep) for rep in reps]
     md.append("")
-    by_scale = [{r.claim.id: r for r in rep.results} for rep in reps]
-    ids = list(dict.fromkeys(r.claim.id for rep in reps for r in rep.results))
-    rows = []
-    for cid in ids:
-        claim = next(results[cid].claim for results in by_scale if cid in results)
-        rows.append([cid, PAPERS[claim.paper].split(" (")[0], claim.where, claim.statement,
-                     *(results[cid].verdict if cid in results else "-" for results in by_scale)])
-    md += md_table(["claim", "paper", "where", "claim", *names], rows)
+    md += md_table(["claim", "paper", "where", "claim", *names], page_scales.verdict_rows(reps))
     md += ["", "## The measured checks", "",
            "Mean paired difference and 95% t-interval over n seeds, and the check's verdict, per scale.", ""]
-    rows = []
-    for cid in ids:
-        per_scale = [results.get(cid) for results in by_scale]
-        first = next(r for r in per_scale if r is not None)
-        for k, check in enumerate(first.checks):
-            if METRICS[check.check.metric].exact:
-                continue
-            cells = []
-            for r in per_scale:
-                iv = r.checks[k].interval if r is not None else None
-                cells.append("-" if r is None else PENDING if iv is None else
-                             f"{interval_text(iv)} (n={iv.n}) {r.checks[k].verdict}")
-            rows.append([cid, check.describe(), relation_text(check), *cells])
-    md += md_table(["claim", "check", "expected", *names], rows)
+    md += md_table(["claim", "check", "expected", *names], page_scales.check_rows(reps))
+    if len(reps) > 1:
+        md += ["", "## Does it hold as models grow?", "", *page_scales.growth_lines(reps)]
+    for rep in reps:
+        if rep.scale.trains_on == "gpu":
+            md += ["", f"## Which GPU trained which runs (`{rep.scale_name}`)", "",
+                   *page_scales.trained_on_lines(rep)]
     for rep in reps:
         combos = combination_rows(rep)
-        if combos:
+        if any(row[-1] != PENDING for row in combos):  # a scale not yet run has no table to show
             md += ["", f"## Do the papers' gains add up? (`{rep.scale_name}`)", "", COMBINATION_TEXT, ""]
             md += md_table(COMBINATION_HEAD, combos)
     for rep in reps:

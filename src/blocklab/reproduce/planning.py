@@ -10,7 +10,7 @@ from pathlib import Path
 
 from blocklab.claims import Check, Claim
 from blocklab.compare import Entry, run_configs, slug
-from blocklab.config import ConfigError
+from blocklab.errors import ConfigError
 from blocklab.reproduce.metrics import METRICS, run_summary
 from blocklab.reproduce.scales import Scale, run_group
 from blocklab.training import TrainConfig
@@ -48,13 +48,16 @@ def _entry(arch: str, scale: Scale, factor: float | None) -> Entry:
     return Entry(arch, arch, train={"optim": scaled_rates(arch, scale, factor)})
 
 
+SWEEP = "lr-sweep"  # the sweep's group: OUT/<size>-lr-sweep
+
+
 def sweep_plan(archs: list[str], scale: Scale, out: Path) -> list[tuple[str, float, TrainConfig]]:
     """The sweep's runs: seed 0 of every arch at every factor of `scale.lr_sweep`, `scale.sweep_steps`
     steps at equal steps, in OUT/<size>-lr-sweep/runs/<arch>-lrx<factor>-seed0."""
     base = {**scale.base("steps"), "max_steps": scale.sweep_steps}
     tried = [(arch, f, Entry(f"{arch}-lrx{f:.3g}", arch, train={"optim": scaled_rates(arch, scale, f)}))
              for arch in archs for f in scale.lr_sweep]
-    configs = run_configs([e for *_, e in tried], 1, out / f"{scale.size}-lr-sweep", base)
+    configs = run_configs([e for *_, e in tried], 1, out / f"{scale.size}-{SWEEP}", base)
     return [(arch, f, cfg) for (arch, f, _), (_, cfg) in zip(tried, configs, strict=True)]
 
 
