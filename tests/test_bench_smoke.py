@@ -327,6 +327,7 @@ def test_bench_decode_refuses_an_unknown_compile_mode():
         bench_decode.parse_args(["--compile", "graphs"])
 
 
+@pytest.mark.slow  # about 15 s; the default suite runs the gpu-mid pieces' own smoke (test_gpu_campaign.py)
 def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
     """benchmarks/gpu_campaign.py all --smoke: the MFU table and both GPU claims' pieces at a toy size on
     the CPU; the runs keep their small files (no weights), each piece writes its report, and

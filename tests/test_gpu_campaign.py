@@ -335,6 +335,7 @@ def test_gpu_session_runs_a_campaign_step(tmp_path):
     assert "== campaign: exit 0" in done.stdout and "learning-rate sweep: 48 runs" in done.stdout
 
 
+@pytest.mark.slow  # about 20 s: CI's slow tier runs it (.ci/run)
 def test_campaign_smoke_trains_every_claim(tmp_path):
     """`gpu_campaign.py next --smoke` over every claim: the sweep of 16 architectures, 63 claim runs,
     the timing pass and a round of more seeds (129 toy runs, 15 s on an idle 2-core machine), so that

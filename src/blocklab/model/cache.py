@@ -390,14 +390,13 @@ class KVCache:
         forward pass (a decoding step that failed to compile before running anything)."""
         return self.length, self._chunk is not None, self._broken
 
-    def update(self, layer: int, k: Tensor | None, v: Tensor) -> Seen:
+    def update(self, layer: int, k: Tensor, v: Tensor) -> Seen:
         """Store layer `layer`'s new keys (B, H_kv, T, D) and values (B, T, kv_dim) as the layout says,
         and return what its queries may see (`Seen`): every visible key, the cached source of its
         values, another layer's keys and values it reads, and its running value sum."""
         key_layer, value_layer, reads = self.layout.routes[layer]
         start = _first_position(self.length, self.layout.windows[layer])
         if key_layer == layer:  # its own keys: what it stores is what it reads
-            assert k is not None
             keys = self._write("keys", layer, self.keys[layer], k.transpose(1, 2), start)
         else:
             keys = self._read("keys", key_layer, start)

@@ -28,7 +28,7 @@ class LayerCache(Protocol):
     """What attention asks of a KV cache (model/cache.py's `KVCache`): the carry names only this, so
     it sits below the cache, which reads the value paths."""
 
-    def update(self, layer: int, k: Tensor | None, v: Tensor) -> Seen:
+    def update(self, layer: int, k: Tensor, v: Tensor) -> Seen:
         """Store this layer's new keys and values; return everything its queries may see."""
         ...
 
