@@ -57,7 +57,7 @@ class Carry:
     # first layer, cross-layer attention's layer 0; written by that layer's attention (model/block.py)
     shared_keys: Tensor | None = None
     # -- the value path's own state, set by its layers or its model-level module -------------------
-    # (None until it sets one): e.g. DenseFormer's block outputs, CLA's shared K and V, BoV's shared table
+    # (None until it sets one): e.g. DenseFormer's block outputs, CLA's shared V, BoV's shared table
     path_state: Any = None
 
     def update(self, **changes: Any) -> Carry:
