@@ -10,7 +10,8 @@ Every `ModelConfig` is checked on construction (`__post_init__`): each field aga
 (`blocklab.configbase.check_types`), then the rules between fields below, then the value path's rules.
 Two things sit above this module and register themselves with it, so that it imports neither:
 - the value-path registry (model/value_paths/) checks `value_path` and its options
-  (`register_value_path_checks`; the `blocklab.model` package registers it on import);
+  (`register_value_path_checks`, called by the registry as it loads, which the `blocklab.model`
+  package does on import);
 - the named presets (`blocklab.presets`) resolve `ModelConfig.from_preset` (`register_presets`);
   `blocklab.ModelConfig` loads them for you.
 """
