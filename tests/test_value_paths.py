@@ -735,19 +735,30 @@ def test_reparam_tie_combines_with_paths_that_keep_every_value_projection(arch):
     assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
 
 
-@pytest.mark.parametrize("arch, options", [(f"pre-ln+{vp}", {}) for vp in VALUE_PATHS] + [
-    ("pre-ln+svformer", dict(anchors=[2])), ("pre-ln+cla", dict(group=3)),
-    ("pre-ln+bov", dict(layers=[0, 2], shared=True)), ("pre-ln+v1-value", dict(layers="all")),
+# Which of 4 layers own W^V and W_K, from the papers (0-based; "last-third" of 4 layers is 2 and 3):
+# SVFormer projects V in layer 0 and its anchors, CLA in each group's first layer, Bank of Values and
+# v1-value in the layers outside their targets; x0-value keeps W^V everywhere (it projects RMSNorm(x0))
+ALL = [0, 1, 2, 3]
+VALUE_MAPS = {"svformer": [0], "cla": [0, 2], "bov": [0, 1], "bov-resformer": [0, 1], "v1-value": [0, 1]}
+OWN_MAPS = {("svformer", "anchors=[2]"): [0, 2], ("cla", "group=3"): [0, 3], ("v1-value", "layers=all"): [0],
+            ("bov", "layers=[0, 2],shared=True"): [1, 3]}
+KEY_MAPS = {"cla": [0, 2], ("cla", "group=3"): [0, 3]}
+
+
+@pytest.mark.parametrize("path, options", [(vp, {}) for vp in VALUE_PATHS] + [
+    ("svformer", dict(anchors=[2])), ("cla", dict(group=3)),
+    ("bov", dict(layers=[0, 2], shared=True)), ("v1-value", dict(layers="all")),
 ])
-def test_has_value_map_agrees_with_the_built_layers(arch, options):
-    """Validation reads `value_layers` (reparam_tie); it must match which layers own a W_V module, and a
-    layer owns one exactly when it reads values it projects itself (or, x0-value, projects x0)."""
-    cfg = make_cfg(arch, options)
+def test_the_layers_that_own_w_v_and_w_k_are_the_papers(path, options):
+    """The layers with a W^V module, those validation counts (`value_layers`, read for reparam_tie) and
+    those with a W_K module, against the hand-written table above."""
+    key = (path, ",".join(f"{k}={v}" for k, v in options.items())) if options else path
+    cfg = make_cfg(f"pre-ln+{path}", options)
     model = blocklab.Transformer(cfg)
     built = [i for i, b in enumerate(model.blocks) if getattr(b.attn.values, "w_v", None) is not None]
-    assert value_layers(cfg) == built
-    own = [i for i, b in enumerate(model.blocks) if b.attn.values.caches_values]
-    assert set(own) <= set(built) and (set(built) - set(own) == set() or cfg.value_path == "x0-value")
+    expected = OWN_MAPS.get(key, VALUE_MAPS.get(path, ALL)) if options else VALUE_MAPS.get(path, ALL)
+    assert built == expected and value_layers(cfg) == expected
+    assert [i for i, b in enumerate(model.blocks) if b.attn.k is not None] == KEY_MAPS.get(key, ALL)
 
 
 def test_list_presets_names_every_value_path():
