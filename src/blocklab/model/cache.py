@@ -85,11 +85,11 @@ class CacheLayout:
     `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
     stored when some layer computes its values from them (`has_ids`); `summed_layers`: the layers
     whose centering term reads a running sum of their values; `routes[i]`: layer i's `key_layer`,
-    `value_layer` and `reads_layers`, copied from its value path.
+    `value_layer` and `reads_layer`, copied from its value path's `LayerRole`.
     """
 
     windows: tuple[int | None, ...]
-    routes: tuple[tuple[int, int | None, tuple[int, ...]], ...]
+    routes: tuple[tuple[int, int | None, int | None], ...]
     key_spans: dict[int, int | None]
     value_spans: dict[int, int | None]
     has_ids: bool
@@ -109,11 +109,11 @@ class CacheLayout:
                 id_readers.append(w)
             else:
                 value_readers.setdefault(path.value_layer, []).append(w)
-            for other in path.reads_layers:
-                key_readers.setdefault(other, []).append(w)
-                value_readers.setdefault(other, []).append(w)
+            if path.reads_layer is not None:
+                key_readers.setdefault(path.reads_layer, []).append(w)
+                value_readers.setdefault(path.reads_layer, []).append(w)
         return cls(windows=windows,
-                   routes=tuple((p.key_layer, p.value_layer, p.reads_layers) for p in paths),
+                   routes=tuple((p.key_layer, p.value_layer, p.reads_layer) for p in paths),
                    key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
                    value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
                    has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None,
@@ -406,10 +406,10 @@ class KVCache:
         else:
             source = self._read("token_ids" if value_layer is None else "values", value_layer, start)
         other = None
-        if reads:  # the other layer's keys and values at the positions this layer sees
+        if reads is not None:  # the other layer's keys and values at the positions this layer sees
             first = self.length + self._chunk_length() - keys.shape[-2]
-            other = (self._read("keys", reads[0], first).transpose(1, 2),
-                     ops.split_heads(self._read("values", reads[0], first), self.head_dim))
+            other = (self._read("keys", reads, first).transpose(1, 2),
+                     ops.split_heads(self._read("values", reads, first), self.head_dim))
         return Seen(keys, source, other, self._add_to_sum(layer, v) if self.value_sums else None)
 
     def _chunk_length(self) -> int:

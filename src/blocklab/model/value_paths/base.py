@@ -85,8 +85,7 @@ class ValuePath(nn.Module):
         self.layer, self.opts = layer, opts
         roles = [self.role(cfg, opts, i) for i in range(cfg.n_layers)]
         self.key_layer, self.value_layer = roles[layer].key_layer, roles[layer].value_layer
-        reads = roles[layer].reads_layer
-        self.reads_layers: tuple[int, ...] = () if reads is None else (reads,)
+        self.reads_layer = roles[layer].reads_layer
         self.writes_first_values = roles[layer].first_values
         # another layer attends over this layer's keys: the attention puts them into the carry
         self.shares_keys = any(j != layer and layer in (r.key_layer, r.reads_layer)
@@ -118,7 +117,7 @@ class ValuePath(nn.Module):
     @property
     def key_sets(self) -> int:
         """How many sets of T keys a query attends over (FLOPs accounting)."""
-        return 1 + len(self.reads_layers)
+        return 1 if self.reads_layer is None else 2
 
     # -- the forward pass ----------------------------------------------------------------------
     def forward(self, x: Tensor, carry: Carry, projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
