@@ -24,12 +24,12 @@ from tests.helpers import write_code_corpus
 from blocklab import ModelConfig
 from blocklab.claims import select
 from blocklab.cli import main as cli
-from blocklab.evidence import t_interval
+from blocklab.evidence import t_interval, welch_interval
 from blocklab.launch.store import Outcome
 from blocklab.model import Transformer
 from blocklab.reproduce import SCALES, needed_archs, plan, sweep_plan, unique_runs
 from blocklab.reproduce.estimate import PRIOR, TRAINED_ON, Estimator, run_steps
-from blocklab.reproduce.page_scales import NOT_YET_RUN, reading, verdict_rows, welch
+from blocklab.reproduce.page_scales import NOT_YET_RUN, reading, verdict_rows
 from blocklab.reproduce.pieces import BudgetLauncher
 from blocklab.training import TrainConfig
 
@@ -166,7 +166,7 @@ def test_a_cut_off_run_that_lost_its_config_starts_again(tmp_path):
 def test_welch_interval_and_reading_against_scipy():
     rng = np.random.default_rng(1)
     a, b = rng.normal(-0.05, 0.01, 5), rng.normal(-0.01, 0.02, 10)
-    diff, low, high = welch(list(a), list(b))
+    diff, low, high = welch_interval(list(a), list(b))
     ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
     assert (diff, low, high) == pytest.approx((a.mean() - b.mean(), ci.low, ci.high), rel=1e-6)
     small, large = t_interval(list(b)), t_interval(list(a))

@@ -135,6 +135,20 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Inter
     return Interval(xs, mean, mean - half, mean + half, confidence)
 
 
+def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE
+          ) -> tuple[float, float, float]:
+    """mean(a) - mean(b) and its Welch t-interval (independent samples, unequal variances): the
+    change of a paired difference between two scales, whose seeds are not paired with each other."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, diff, diff
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(0.5 + confidence / 2, df) * se
+    return diff, diff - half, diff + half
+
+
 def paired_differences(values: dict[int, float], baseline: dict[int, float]) -> list[float]:
     """values[seed] - baseline[seed] over the seeds both have, in seed order."""
     seeds = sorted(set(values) & set(baseline))

@@ -5,8 +5,6 @@ as models grow, and which GPU and commit trained the runs of a GPU scale.
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -109,20 +107,6 @@ def check_rows(reps: list[Reproduction]) -> list[list[str]]:
     return rows
 
 
-def welch(a: Sequence[float], b: Sequence[float], confidence: float = evidence.CONFIDENCE
-          ) -> tuple[float, float, float]:
-    """mean(a) - mean(b) and its Welch t-interval (independent samples, unequal variances): the
-    change of a paired difference between two scales, whose seeds are not paired with each other."""
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return diff, diff, diff
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    half = evidence.t_quantile(0.5 + confidence / 2, df) * se
-    return diff, diff - half, diff + half
-
-
 def reading(measured: list[tuple[str, evidence.Interval]]) -> str:
     """How a check's paired difference changes from the first scale that measured it to the last."""
     if not measured:
@@ -130,7 +114,7 @@ def reading(measured: list[tuple[str, evidence.Interval]]) -> str:
     if len(measured) == 1:
         return f"Measured at `{measured[0][0]}` only so far."
     (a, x), (b, y) = measured[0], measured[-1]
-    change, low, high = welch(y.values, x.values)
+    change, low, high = evidence.welch_interval(y.values, x.values)
     text = f"change {change:+.3f} [{low:+.3f}, {high:+.3f}] (Welch)"
     if low <= 0 <= high:
         return f"From `{a}` to `{b}` no change is shown: {text}."
