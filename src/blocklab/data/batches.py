@@ -116,8 +116,9 @@ class Batches:
 
     def window_starts(self, step: int) -> np.ndarray:
         """Token offsets of the windows of the global batch of `step` (all ranks)."""
-        check_batch_fits(self.batch_size, self.seq_len, self.window, self.n_windows, len(self.tokens),
-                         self.split)
+        if self.batch_size > self.n_windows:  # a validation split's `get` (training ones refused up front)
+            check_batch_fits(self.batch_size, self.seq_len, self.window, self.n_windows, len(self.tokens),
+                             self.split)
         g = step * self.batch_size + np.arange(self.batch_size)
         epochs, pos = np.divmod(g, self.n_windows)
         starts = np.empty(self.batch_size, dtype=np.int64)
