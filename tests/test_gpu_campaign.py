@@ -326,11 +326,13 @@ def test_gpu_session_runs_a_campaign_step(tmp_path):
     out = tmp_path / "OUT"
     out.mkdir()
     env = {**os.environ, "OUT": str(out), "SKIP_BENCH": "1", "SKIP_CHECKS": "1", "CAMPAIGN_MIN": "0.05",
-           "CAMPAIGN_OUT": str(tmp_path / "store"), "COMMIT": "abc1234"}
+           "CAMPAIGN_OUT": str(tmp_path / "store"), "COMMIT": "abc1234", "LOGS": str(tmp_path / "logs"),
+           "PYTHON": sys.executable}
     done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    log = (out / "campaign.log").read_text()
+    with tarfile.open(out / "logs.tgz") as packed:  # what the device tool brings back
+        log = packed.extractfile("./campaign.log").read().decode()
     assert "piece: trained 0 runs" in log and "remaining: 111 runs" in log, log
     assert "== campaign: exit 0" in done.stdout and "learning-rate sweep: 48 runs" in done.stdout
 

@@ -246,8 +246,10 @@ def _scan_innermost(x: Tensor) -> bool:
 
 def prefix_sums(x: Tensor, acc: torch.dtype) -> Tensor:
     """S[..., i, :] = sum_{j <= i} x[..., j, :] in dtype `acc`: one cumsum (after one transposing,
-    casting copy where `SCAN_T_INNERMOST` says so; the result is then a transposed view)."""
-    if _scan_innermost(x):
+    casting copy where `SCAN_T_INNERMOST` says so; the result is then a transposed view). Under
+    torch.compile the plain cumsum: inductor picks the layout (its Triton code generation failed on
+    the transposed scan's output read under bf16 autocast, on an H100 with torch 2.11)."""
+    if _scan_innermost(x) and not torch.compiler.is_compiling():
         xt = x.transpose(-1, -2).to(acc, memory_format=torch.contiguous_format, copy=True)
         return xt.cumsum_(-1).transpose(-1, -2)
     return torch.cumsum(x, dim=-2, dtype=acc)
