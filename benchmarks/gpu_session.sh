@@ -44,6 +44,11 @@
 # step), a tarball of the claim's run store (weights left out) in $OUT/runs.tgz. PYTHON names the
 # interpreter (default python3).
 #
+# A ladder call: LADDER=gpu-resformer LADDER_MIN=8 (with SKIP_BENCH=1 SKIP_CHECKS=1; no step 7) trains the
+# next runs of that scaling ladder for about 8 minutes (`blocklab scaling --minutes`), resuming in
+# LADDER_OUT (default /tmp/blocklab-ladders) seeded with the tree's benchmarks/reproduction-data/ladder-<name>,
+# and rewrites $OUT/ladder-<name>.tgz after every run; here: tar xzf it -C benchmarks/reproduction-data.
+#
 # A campaign call: the next gpu-mid runs and nothing else (the device tool returns at most 8 files from
 # $OUT, so leave the other steps out), with the commit of the tree it sends (the copy there may have no
 # git folder; name it COMMIT=<hash>+changes when the tree differs from the commit):
@@ -97,7 +102,7 @@ cat "$LOGS/gpu.txt"
     --size small --repeats 3 --out "$LOGS/batched-generation-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step smoke 60 "$PY" benchmarks/gpu_campaign.py all --smoke --device cuda --out /tmp/blocklab-smoke
 [ -z "${MFU:-}" ] || step mfu 160 "$PY" benchmarks/gpu_campaign.py mfu --budget-s 125 --results "$LOGS/gpu.json"
-if [ -z "${SKIP_PIECE:-}" ] && { [ -z "${CAMPAIGN_MIN:-}" ] || [ -n "${PIECE:-}" ]; }; then
+if [ -z "${SKIP_PIECE:-}" ] && [ -z "${LADDER:-}" ] && { [ -z "${CAMPAIGN_MIN:-}" ] || [ -n "${PIECE:-}" ]; }; then
     step "${PIECE:-resformer}" "${PIECE_S:-200}" "$PY" benchmarks/gpu_campaign.py "${PIECE:-resformer}" --out "$RUNS"
     tar czf "$OUT/runs.tgz" --exclude=checkpoints -C "$RUNS" . 2>/dev/null
 fi
@@ -113,6 +118,16 @@ if [ -n "${CAMPAIGN_MIN:-}" ]; then
         --minutes "$(awk -v s="$budget" 'BEGIN { print s / 60 }')" --out "$store" \
         --export "$OUT/$scale.tgz"
     grep -A8 '^remaining' "$LOGS/campaign.log"
+fi
+if [ -n "${LADDER:-}" ]; then  # the next runs of a scaling ladder (blocklab scaling --minutes)
+    store=${LADDER_OUT:-/tmp/blocklab-ladders}
+    mkdir -p "$store"
+    [ ! -d "benchmarks/reproduction-data/ladder-$LADDER" ] || cp -r "benchmarks/reproduction-data/ladder-$LADDER" "$store/"
+    budget=$(awk -v m="${LADDER_MIN:-8}" 'BEGIN { printf "%d", m * 60 }')
+    left=$((TOTAL_S - (SECONDS - START) - 40))
+    [ "$budget" -gt "$left" ] && budget=$left
+    step ladder $((budget + 40)) "$PY" -m blocklab scaling --ladder "$LADDER" --out "$store" \
+        --minutes "$(awk -v s="$budget" 'BEGIN { print s / 60 }')" --export "$OUT/ladder-$LADDER.tgz"
 fi
 echo "== session: $((SECONDS - START)) s"
 pack

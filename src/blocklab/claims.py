@@ -283,3 +283,71 @@ def select(ids: list[str] | None = None, papers: list[str] | None = None, quick:
     if quick:
         chosen = [c for c in chosen if "quick" in c.tags]
     return chosen
+
+
+# The papers' headline numbers: claims about how loss scales with size or data, judged on a ladder
+# (`blocklab scaling`, `blocklab.scaling.judge`) rather than on one size's runs.
+MEASURES = ("parameters", "data", "gain across sizes")
+DIRECTIONS = ("fewer", "more", "lower")
+
+
+@dataclass(frozen=True)
+class Headline:
+    """A headline number: `arch` against `baseline` on a ladder.
+
+    measure "parameters": the fraction of parameters `arch` saves at equal loss (the ladder's law of
+    each, read at the middle of the ladder); "data": the fraction of tokens it saves to reach the
+    baseline's final loss on the largest rung; "gain across sizes": its paired loss difference at the
+    smallest and at the largest rung. direction: "fewer" (a saving above 0), "more" (below 0), or
+    "lower" (a lower loss at both ends). paper_value: the paper's fraction (0.104 for 10.4% fewer;
+    -0.122 for 12.2% more), None where the paper gives no one number.
+    """
+
+    id: str
+    paper: str  # a key of PAPERS
+    where: str
+    statement: str
+    paper_result: str
+    measure: str
+    arch: str
+    baseline: str
+    direction: str
+    paper_value: float | None = None
+    notes: str = ""
+
+    @property
+    def archs(self) -> tuple[str, str]:
+        return self.baseline, self.arch
+
+
+HEADLINES: tuple[Headline, ...] = (
+    Headline(
+        "resformer-fewer-parameters", "value-residual", "Abstract, Sec. 4.2, Fig. 6 (left)",
+        "ResFormer reaches the Transformer's validation loss with fewer parameters.",
+        "82M-468M models on 20B tokens: equivalent loss with 10.4% fewer parameters (9.8-11.3% across sizes "
+        "from Table 5's losses)", "parameters", "resformer", "pre-ln", "fewer", 0.104),
+    Headline(
+        "resformer-less-data", "value-residual", "Abstract, Sec. 4.2, Fig. 6 (right)",
+        "ResFormer reaches the Transformer's final validation loss with fewer training tokens.",
+        "468M model evaluated every 2B of 20B tokens: 13.6% less training data", "data", "resformer",
+        "pre-ln", "fewer", 0.136),
+    Headline(
+        "svformer-more-parameters", "value-residual", "Sec. 4.5, Fig. 15c",
+        "SVFormer needs more parameters than the Transformer to reach the same validation loss.",
+        "Llama-like and GPT2-like models: a 12.2% increase in parameters for the same loss", "parameters",
+        "svformer", "pre-ln", "more", -0.122),
+    Headline(
+        "bov-gain-across-sizes", "bank-of-values", "Table 1, Sec. 4 (135M and 780M)",
+        "Bank of Values' lower loss holds at a small and at a large model size.",
+        "nanochat d12 (135M) and d24 (780M) at equal FLOPs: lower BPB than the baseline at both sizes",
+        "gain across sizes", "bov", "pre-ln", "lower",
+        notes="the ladder trains equal tokens: BoV spends fewer FLOPs per token than Pre-LN, so a lower loss "
+        "at equal tokens is a lower loss at equal FLOPs too (more tokens would only lower it further)."),
+    Headline(
+        "sas-p-fewer-parameters", "simplifying", "Abstract, Sec. 5, Fig. 5",
+        "SAS-P matches Pre-LN's loss with fewer parameters.",
+        "18-layer, 768-wide models on CodeParrot: the same loss per step with ~15% fewer parameters "
+        "(167M to 146M)", "parameters", "sas-p", "pre-ln", "fewer", 0.15),
+)
+
+HEADLINES_BY_ID = {h.id: h for h in HEADLINES}

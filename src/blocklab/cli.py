@@ -14,6 +14,7 @@ from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
+from blocklab.scaling import cli as scaling_cli
 
 # torch and the model load inside the commands, so that --help and --version answer at once.
 
@@ -22,6 +23,7 @@ EXAMPLES = """examples:
   blocklab train arch=sas-p size=tiny max_steps=300 --out runs/sas-p
   blocklab train arch=pre-ln+bov model.value_path_options.layers=[2,3] max_steps=300
   blocklab compare --archs pre-ln,sas-p,bov --seeds 3 --threads 2 --out runs/cmp
+  blocklab scaling --archs pre-ln,resformer --ladder cpu --seeds 3 --out runs/scaling
   blocklab generate --run runs/sas-p --prompt "def main("
   blocklab diagnose --run runs/sas-p
   blocklab export --run runs/sas-p --out exported/sas-p
@@ -176,7 +178,10 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
             chosen = (("claims", args.claims), ("paper", args.paper))
             command += "".join(f" --{k} {v}" for k, v in chosen if v)
             command += " --quick" if args.quick else ""
-        path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md")
+        from blocklab.scaling.report import headline_section
+
+        path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md",
+                             extra=headline_section(Path(args.out), Path(report).parent))
         print(f"report: {path} (each scale's in {args.out}/<scale>/reproduction.md)")
     for rep in reps:  # each verdict with the scope the report gives it
         for r in rep.results:
@@ -429,6 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_compare(sub)
     _add_reproduce(sub)
+    scaling_cli.add_parsers(sub)
     _add_plot(sub)
     _add_diagnose(sub)
     _add_export(sub)

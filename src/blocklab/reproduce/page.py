@@ -297,14 +297,16 @@ def _jsonable(x: Any) -> Any:
     return None if isinstance(x, float) and math.isnan(x) else str(x)
 
 
-def write_summary(reps: list[Reproduction], path: str | Path, command: str, notes: Path | None = None
-                  ) -> Path:
+def write_summary(reps: list[Reproduction], path: str | Path, command: str, notes: Path | None = None,
+                  extra: list[str] | None = None) -> Path:
     """One page over several scales (benchmarks/REPRODUCTION.md): how it was made and regenerated, the
     verdict of every claim at every scale (a campaign under way says how far its runs have got), the
     measured checks at a glance and as models grow, what trained a GPU scale's runs, the combination
     table and the learning rates, with links to each scale's own report (OUT/<scale>/reproduction.md,
     written beside it). A function of the run data and `notes` (a markdown file included as it is),
-    so regenerating it from the same data gives the same bytes."""
+    so regenerating it from the same data gives the same bytes. `extra`: markdown lines of a section of
+    the page's own (the papers' headline numbers, `blocklab.scaling.report.headline_section`), placed
+    after the checks as models grow."""
     path = Path(path)
     names = [rep.scale_name for rep in reps]
 
@@ -329,6 +331,8 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
     md += md_table(["claim", "check", "expected", *names], page_scales.check_rows(reps))
     if len(reps) > 1:
         md += ["", "## Does it hold as models grow?", "", *page_scales.growth_lines(reps)]
+    if extra:
+        md += ["", *extra]
     for rep in reps:
         if rep.scale.trains_on == "gpu":
             md += ["", f"## Which GPU trained which runs (`{rep.scale_name}`)", "",

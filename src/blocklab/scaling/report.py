@@ -1,0 +1,233 @@
+"""The scaling report: the headline verdicts first, then loss against parameters with the fitted laws,
+the equivalences at each rung, the fits and their residuals, and the method last; markdown, one
+self-contained HTML page and JSON, as `blocklab compare` writes them (`blocklab.report`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from blocklab.claims import PAPERS
+from blocklab.report import md_table, render_html, render_markdown
+from blocklab.scaling.fit import fit
+from blocklab.scaling.judge import (
+    READINGS,
+    VERDICT_READING,
+    ScalingResult,
+    interval_pct,
+    result_record,
+    shared_law,
+)
+
+def _fmt_n(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
+
+
+def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
+    """Loss against parameters (log axis): each architecture's mean over seeds at each rung with +-1 seed
+    standard deviation, and the law the equivalences read (the power law where none is shared)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = result.data
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for k, arch in enumerate(data.archs):
+        f = result.fits[(arch, reading)]
+        sds = [statistics.stdev([data.points[(arch, r)][s].val_loss for s in result.seeds])
+               if len(result.seeds) > 1 else 0.0 for r in data.rungs]
+        ax.errorbar(f.sizes, f.means, yerr=sds, fmt="o", color=f"C{k}", markersize=4, capsize=2, label=arch)
+        law, _ = shared_law([result.fits[(result.baseline, reading)], f])
+        curve = fit(law or "power law", f.sizes, f.means)
+        lo, hi = math.log(min(f.sizes)) - 0.1, math.log(max(f.sizes)) + 0.1
+        xs = [math.exp(lo + (hi - lo) * i / 60) for i in range(61)]
+        ax.plot(xs, [curve(x) for x in xs], color=f"C{k}", linewidth=1, linestyle="-" if law else ":")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"parameters ({reading}; log scale)")
+    ax.set_ylabel("final validation loss (nats/token)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def verdict_table(result: ScalingResult) -> tuple[list[str], list[list[str]]]:
+    head = ["claim", "verdict", "ours", "the paper", "paper's number in our interval", "what more would tell"]
+    rows = []
+    for h in result.headlines:
+        paper = "-" if h.claim.paper_value is None else f"{100 * h.claim.paper_value:+.1f}%"
+        inside = "-" if h.paper_inside is None else ("yes" if h.paper_inside else "no")
+        rows.append([h.claim.id, f"**{h.verdict}**", h.text, f"{paper}: {h.claim.paper_result}", inside,
+                     h.more or "-"])
+    return head, rows
+
+
+def figure_path(out: Path, reading: str) -> Path:
+    return out / f"loss_vs_params_{reading.replace('-', '_')}.png"
+
+
+def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> list[tuple]:
+    """The report's blocks (`blocklab.report`): verdicts, figures, tables, method."""
+    data, base = result.data, result.baseline
+    blocks: list[tuple] = [(level, "Verdicts")]
+    if result.headlines:
+        blocks.append(("table", *verdict_table(result)))
+    else:
+        blocks.append(("p", f"No headline claim compares these architectures with {base} (see `blocklab "
+                       "scaling --list`); the equivalences below are measured all the same."))
+    blocks.append(("p", f"Seeds: {', '.join(map(str, result.seeds))} (those that finished every rung for every "
+                   "architecture). A saving is the fraction of parameters (or tokens) an architecture "
+                   f"needs less than {base} for the same loss; negative: more. Intervals are 95% t-intervals "
+                   "over seeds, each seed's ladder fitted on its own."))
+    for reading in READINGS:
+        path = plot_ladder(result, reading, figure_path(figures, reading))
+        blocks.append(("figure", path, f"loss against parameters ({reading})",
+                       f"final validation loss against parameters counted as {READINGS[reading]}: the mean over "
+                       "seeds at each rung (bars: one seed standard deviation) and the law fitted to the means "
+                       "(solid: the law the equivalences read; dotted: the power law, which does not describe "
+                       "the points)."))
+    blocks.append((level, "Parameter equivalence at each rung"))
+    for reading in READINGS:
+        head = ["architecture", "law", *data.rungs, "middle of the ladder"]
+        rows = []
+        for (arch, r), eq in result.parameters.items():
+            if r != reading:
+                continue
+            if eq.interval is None:
+                rows.append([arch, "refused", *["-"] * len(data.rungs), eq.why])
+                continue
+            rows.append([arch, eq.law or "-", *[interval_pct(eq.per_rung[g]) for g in data.rungs],
+                         f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}"])
+        blocks.append(("p", f"Parameters counted as {READINGS[reading]}"
+                       f"{' (the verdicts read these)' if reading == VERDICT_READING else ''}: the fraction of "
+                       f"parameters each architecture saves against {base} at its own size at each rung."))
+        blocks.append(("table", head, rows))
+    blocks.append((level, "Data equivalence on the largest rung"))
+    blocks.append(("table", ["architecture", "tokens saved to reach the baseline's final loss"],
+                   [[a, interval_pct(e.interval)] for a, e in result.data_eq.items()]))
+    blocks.append((level, "Paired loss difference at each rung"))
+    blocks.append(("table", ["architecture", *data.rungs],
+                   [[a, *[str(g[r]) for r in data.rungs]] for a, g in result.gains.items()]))
+    blocks.append((level, "The fits"))
+    rows = []
+    for (arch, reading), f in result.fits.items():
+        for form, c in f.checks.items():
+            test = "-" if c.p is None else f"F = {c.f:.2f}, p = {c.p:.3g}"
+            rows.append([arch, reading, form, c.law.formula(), f"{c.rms:.4f}", test,
+                         "yes" if c.describes else "no"])
+    blocks.append(("p", "Each law fitted to the mean loss over seeds at each rung. Lack of fit: the residuals' "
+                   "variance over the variance of a rung's mean (the seed variance pooled over rungs over the "
+                   "seeds), against Fisher's F; a law with p < 0.01 does not describe the points and is "
+                   "refused (blocklab/scaling/fit.py)."))
+    blocks.append(("table", ["architecture", "parameters", "law", "fit", "residual RMS (nats)", "lack of fit",
+                             "describes the points"], rows))
+    blocks += method_blocks(result, level)
+    return blocks
+
+
+def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
+    ladder = result.data.ladder
+    rows = []
+    for k, rung in enumerate(ladder.rungs):
+        shape = ", ".join(f"{key} {value}" for key, value in rung.model.items())
+        sizes = [_fmt_n(result.fits[(a, "all")].sizes[k]) for a in result.data.archs]
+        rows.append([rung.name, shape, *sizes])
+    papers = sorted({PAPERS[h.claim.paper] for h in result.headlines})
+    return [
+        (level, "Method"),
+        ("p", f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens:,} tokens a run at every rung. "
+         f"Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}"),
+        ("table", ["rung", "shape", *[f"{a} (all)" for a in result.data.archs]], rows),
+        ("p", "Parameter equivalence (Value Residual Learning, Fig. 6 left): at N, the baseline's law needs N' "
+         "parameters for the loss X's law gives at N; X saves 1 - N/N'. Data equivalence (Fig. 6 right): on "
+         "the largest rung X reaches the baseline's final loss after T_X of its T tokens, read between "
+         "evaluations linearly in log tokens; X saves 1 - T_X/T. Intervals are taken over seeds of "
+         "log(N'/N) and log(T/T_X) and read back as fractions; a saving whose interval holds 0 and lies "
+         "within +-3% is 'no effect'. " + (f"Papers: {'; '.join(papers)}." if papers else "")),
+    ]
+
+
+def write_scaling_report(result: ScalingResult, out: Path, command: str = "") -> Path:
+    """OUT/scaling.md, scaling.html and scaling.json, the figures beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Scaling ladder {result.data.name}: {', '.join(result.data.archs)}"
+    blocks = ladder_blocks(result, out)
+    if command:
+        blocks.append(("p", f"Rebuild this report from the runs: `{command}`"))
+    md = out / "scaling.md"
+    md.write_text(render_markdown(title, blocks))
+    (out / "scaling.html").write_text(render_html(title, blocks))
+    (out / "scaling.json").write_text(json.dumps(result_record(result), indent=2) + "\n")
+    return md
+
+
+HEADLINE_TEXT = ("The papers lead with numbers of another kind than the claims above: how much smaller (or "
+                 "how much less trained) a model can be for the same loss. Each is read off a ladder of sizes "
+                 "(`blocklab scaling`, docs/scaling.md): every architecture trained at every rung on the same "
+                 "tokens, loss fitted against parameters per seed, the equivalence read off the fits, a 95% "
+                 "t-interval over seeds. The paper's number stands beside ours.")
+
+
+def ladder_plan_line(name: str, ladder, archs: list[str]) -> str:
+    """A ladder not yet run: its runs and their estimated time on its device."""
+    from blocklab.reproduce.estimate import Estimator
+    from blocklab.scaling.ladders import plan
+
+    runs = plan(archs, ladder, Path("unused") / name)
+    device = "gpu" if ladder.trains_on == "gpu" else "cpu"
+    estimate = Estimator(Path("unused"), device)
+    minutes = sum(estimate.seconds(cfg) for *_, cfg in runs) / 60
+    by_rung = {}
+    for rung, _, cfg in runs:
+        by_rung[rung.name] = by_rung.get(rung.name, 0.0) + estimate.seconds(cfg) / 60
+    rungs = ", ".join(f"{r} {m:.0f} min" for r, m in by_rung.items())
+    return (f"**`{name}`: not yet run.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
+            f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), about {minutes:.0f} {device.upper()} minutes "
+            f"({rungs}), estimated at {estimate.source}. It trains a piece per lent call: "
+            f"`SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
+            "benchmarks/gpu_session.sh`.")
+
+
+def headline_section(store: Path, page_dir: Path) -> list[str]:
+    """The reproduction page's section "The papers' headline numbers": each ladder in `store` with finished
+    seeds (its verdicts, its figure and a link to its report), and the GPU ladders' plans."""
+    import os
+
+    from blocklab.scaling.judge import judge_ladder, read_ladder
+    from blocklab.scaling.ladders import LADDERS
+
+    md = ["## The papers' headline numbers", "", HEADLINE_TEXT]
+    for key, ladder in LADDERS.items():
+        name = f"ladder-{key}"
+        root = store / name
+        if key == "toy" or (not root.is_dir() and ladder.trains_on != "gpu"):
+            continue
+        archs = list(ladder.archs)
+        data = read_ladder(root, ladder, archs, name) if root.is_dir() else None
+        if data is None or not data.seeds():
+            if ladder.trains_on == "gpu":
+                md += ["", ladder_plan_line(name, ladder, archs)]
+            else:
+                md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
+            continue
+        result = judge_ladder(data)
+        write_scaling_report(result, root, f"blocklab scaling --ladder {key} --out {store} --no-train")
+        done = sum(len(seeds) for seeds in data.points.values())
+        total = len(archs) * len(ladder.rungs) * ladder.seeds
+        link = os.path.relpath(root / "scaling.md", page_dir)
+        md += ["", f"**[`{name}`]({link})**: {ladder.description}; seeds {', '.join(map(str, result.seeds))} "
+               f"({done} of {total} runs finished). Learning rate: {ladder.lr_rule}.", ""]
+        head, rows = verdict_table(result)
+        md += md_table(head, rows)
+        figure = os.path.relpath(figure_path(root, VERDICT_READING), page_dir)
+        md += ["", f"![loss against parameters, {name}]({figure})", "",
+               f"Loss against parameters (all, log axis) on `{name}`: the mean over seeds per rung and the "
+               "fitted laws; the equivalences at every rung, both parameter counts, the fits and their "
+               f"residuals are in [its report]({link})."]
+    return md
