@@ -15,8 +15,8 @@ import pytest
 from scipy import optimize, stats
 from tests.helpers import write_code_corpus
 
-from blocklab.cli import main as cli
 from blocklab.claims import HEADLINES
+from blocklab.cli import main as cli
 from blocklab.scaling.fit import (
     PowerLaw,
     Saturating,
@@ -53,7 +53,7 @@ def test_table_5_gives_the_papers_ten_percent_fewer_parameters():
 def test_the_power_law_is_scipys_least_squares_line_in_log_log():
     rng = np.random.default_rng(0)
     n = np.geomspace(1e5, 1e8, 6)
-    loss = 20 * n ** -0.12 * np.exp(rng.normal(0, 0.01, n.size))
+    loss = 20 * n**-0.12 * np.exp(rng.normal(0, 0.01, n.size))
     law = fit_power_law(n.tolist(), loss.tolist())
     ref = stats.linregress(np.log(n), np.log(loss))
     assert law.b == pytest.approx(ref.slope, rel=1e-10)
@@ -63,13 +63,15 @@ def test_the_power_law_is_scipys_least_squares_line_in_log_log():
 
 def test_the_saturating_law_recovers_a_known_law_and_is_no_worse_than_scipys_fit():
     n = np.geomspace(1e5, 1e8, 6)
-    exact = fit_saturating(n.tolist(), (1.8 + 40 * n ** -0.3).tolist())
+    exact = fit_saturating(n.tolist(), (1.8 + 40 * n**-0.3).tolist())
     assert (exact.e, exact.a, exact.alpha) == pytest.approx((1.8, 40, 0.3), rel=1e-4)
     rng = np.random.default_rng(1)
     for _ in range(5):
-        loss = 1.8 + 40 * n ** -0.3 + rng.normal(0, 0.01, n.size)
+        loss = 1.8 + 40 * n**-0.3 + rng.normal(0, 0.01, n.size)
         ours = fit_saturating(n.tolist(), loss.tolist())
-        ref, _ = optimize.curve_fit(lambda x, e, a, al: e + a * x ** -al, n, loss, p0=(1.5, 30, 0.25), maxfev=20000)
+        ref, _ = optimize.curve_fit(
+            lambda x, e, a, al: e + a * x**-al, n, loss, p0=(1.5, 30, 0.25), maxfev=20000
+        )
         sse = sum((ours(x) - y) ** 2 for x, y in zip(n, loss, strict=True))
         sse_ref = float(np.sum((ref[0] + ref[1] * n ** -ref[2] - loss) ** 2))
         assert sse <= sse_ref * (1 + 1e-6) + 1e-12
@@ -84,22 +86,24 @@ def test_the_f_distribution_is_scipys(d1, d2):
 
 def test_the_lack_of_fit_test_refuses_a_bent_ladder_and_rejects_a_true_law_about_1_percent_of_the_time():
     rng = random.Random(2)
-    sizes = [1e5 * 2 ** k for k in range(5)]
+    sizes = [1e5 * 2**k for k in range(5)]
     sd, seeds = 0.01, 3
     refused = 0
     draws = 600
     for _ in range(draws):
-        runs = [[3 * n ** -0.05 + rng.gauss(0, sd) for n in sizes] for _ in range(seeds)]
+        runs = [[3 * n**-0.05 + rng.gauss(0, sd) for n in sizes] for _ in range(seeds)]
         means = [sum(col) / seeds for col in zip(*runs, strict=True)]
         var = sum((r[i] - means[i]) ** 2 for r in runs for i in range(5)) / (5 * (seeds - 1))
-        refused += not check_fit(fit_power_law(sizes, means), sizes, means, var, seeds, 5 * (seeds - 1)).describes
+        refused += not check_fit(
+            fit_power_law(sizes, means), sizes, means, var, seeds, 5 * (seeds - 1)
+        ).describes
     assert refused / draws < 0.03  # REFUSE_P = 0.01; 600 draws: sd of the rate 0.4%
-    bent = [3 * n ** -0.05 + (0.08 if k == 2 else 0.0) for k, n in enumerate(sizes)]  # a bump at one rung
-    check = check_fit(fit_power_law(sizes, bent), sizes, bent, sd ** 2, seeds, 10)
-    hand = (sum(r * r for r in check.residuals) / 3) / (sd ** 2 / seeds)
+    bent = [3 * n**-0.05 + (0.08 if k == 2 else 0.0) for k, n in enumerate(sizes)]  # a bump at one rung
+    check = check_fit(fit_power_law(sizes, bent), sizes, bent, sd**2, seeds, 10)
+    hand = (sum(r * r for r in check.residuals) / 3) / (sd**2 / seeds)
     assert check.f == pytest.approx(hand) and check.p == pytest.approx(stats.f.sf(hand, 3, 10), rel=1e-6)
     assert not check.describes and check.p < 1e-4
-    untestable = check_fit(fit_saturating(sizes[:3], bent[:3]), sizes[:3], bent[:3], sd ** 2, seeds, 6)
+    untestable = check_fit(fit_saturating(sizes[:3], bent[:3]), sizes[:3], bent[:3], sd**2, seeds, 6)
     assert untestable.p is None and not untestable.describes
 
 
@@ -117,21 +121,27 @@ def test_a_curve_is_read_between_evaluations_linearly_in_log_tokens():
 
 
 # -- ladders drawn from a known law -----------------------------------------------------------------------
-def synthetic_ladder(rng: random.Random, saving: float, data_saving: float, seeds: int, sd: float = 0.01
-                     ) -> LadderData:
+def synthetic_ladder(
+    rng: random.Random, saving: float, data_saving: float, seeds: int, sd: float = 0.01
+) -> LadderData:
     """Pre-LN follows L = 6 N^-0.08 and X the same law at N / (1 - saving): X reaches the baseline's loss
     with `saving` fewer parameters everywhere. The largest rung's curves follow L = 2.6 + 30 T^-0.35, X's
     at T / (1 - data_saving). Each seed adds a shared offset (paired seeds) and independent noise."""
     ladder = Ladder("synthetic", "tiny", tuple(Rung(f"r{k}", {}) for k in range(5)), 1, 1, 1, "none")
-    sizes = [2e5 * 2 ** k for k in range(5)]
+    sizes = [2e5 * 2**k for k in range(5)]
     tokens = [0.0] + [1e5 * k for k in range(1, 9)]
     points: dict = {}
     for s in range(seeds):
         shared = rng.gauss(0, sd)
-        for arch, scale, tscale in (("pre-ln", 1.0, 1.0), ("resformer", 1 / (1 - saving), 1 / (1 - data_saving))):
+        for arch, scale, tscale in (
+            ("pre-ln", 1.0, 1.0),
+            ("resformer", 1 / (1 - saving), 1 / (1 - data_saving)),
+        ):
             for k, n in enumerate(sizes):
                 loss = 6 * (n * scale) ** -0.08 + shared + rng.gauss(0, sd)
-                curve = [2.6 + 30 * max(t * tscale, 1.0) ** -0.35 + shared + rng.gauss(0, sd / 4) for t in tokens]
+                curve = [
+                    2.6 + 30 * max(t * tscale, 1.0) ** -0.35 + shared + rng.gauss(0, sd / 4) for t in tokens
+                ]
                 params = {"total": int(n), "non_embedding": int(n * 0.6)}
                 points.setdefault((arch, f"r{k}"), {})[s] = Point(params, loss, tokens, curve)
     return LadderData("synthetic", ladder, ["pre-ln", "resformer"], points)
@@ -173,12 +183,18 @@ def test_a_ladder_no_law_describes_is_inconclusive_and_says_why():
             data.points[(arch, "r2")][seed].val_loss += 0.2
     result = judge_ladder(data)
     h = {h.claim.id: h for h in result.headlines}["resformer-fewer-parameters"]
-    assert h.verdict == "inconclusive" and "residuals beyond the seed noise" in h.text and "more rungs" in h.more
+    assert (
+        h.verdict == "inconclusive" and "residuals beyond the seed noise" in h.text and "more rungs" in h.more
+    )
 
 
 def test_every_headline_names_its_paper_value_and_direction():
     for h in HEADLINES:
-        assert h.direction in ("fewer", "more", "lower") and h.measure in ("parameters", "data", "gain across sizes")
+        assert h.direction in ("fewer", "more", "lower") and h.measure in (
+            "parameters",
+            "data",
+            "gain across sizes",
+        )
         if h.paper_value is not None:
             assert (h.paper_value > 0) == (h.direction == "fewer")
 
@@ -201,8 +217,16 @@ def test_the_cpu_ladder_grows_width_and_depth_together_on_the_same_tokens():
 
 
 def toy(corpus: Path, cache: Path) -> Ladder:
-    return replace(LADDERS["toy"], steps=6, eval_every=2, seeds=2, train={
-        "eval_batches": 2, "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}})
+    return replace(
+        LADDERS["toy"],
+        steps=6,
+        eval_every=2,
+        seeds=2,
+        train={
+            "eval_batches": 2,
+            "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)},
+        },
+    )
 
 
 def test_the_command_trains_resumes_and_rebuilds_the_report_from_the_runs(tmp_path, monkeypatch, capsys):
@@ -234,25 +258,35 @@ def test_a_piece_trains_within_its_minutes_and_leaves_the_rest(tmp_path):
     corpus = write_code_corpus(tmp_path / "corpus")
     ladder = toy(corpus, tmp_path / "cache")
     clock = iter(range(0, 10_000, 7)).__next__  # each call 7 s later: a few runs fit in one minute
-    trained, left = train_piece(["pre-ln", "resformer"], ladder, "ladder-toy", tmp_path / "s", 1.0,
-                                export=tmp_path / "piece.tgz", clock=clock)
+    trained, left = train_piece(
+        ["pre-ln", "resformer"],
+        ladder,
+        "ladder-toy",
+        tmp_path / "s",
+        1.0,
+        export=tmp_path / "piece.tgz",
+        clock=clock,
+    )
     assert 0 < len(trained) < 12 and left == 12 - len(trained)
     for run in trained:
         assert not (Path(run) / "checkpoints").exists() and (Path(run) / "trained_on.json").is_file()
     assert (tmp_path / "piece.tgz").is_file()
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--ladder", "nonsense"], "ladder 'nonsense' is not allowed"),
-    (["--archs", "pre-ln"], "two or more architectures"),
-    (["--archs", "pre-ln,nonsense"], "nonsense"),
-    (["--archs", "pre-ln,pre-ln"], "named twice"),
-    (["--minutes", "nan"], "positive number of minutes"),
-    (["--minutes", "0"], "positive number of minutes"),
-    (["--minutes", "-5"], "positive number of minutes"),
-    (["--seeds", "0"], "--seeds 0 is not allowed"),
-    (["--no-train"], "no seed has finished every rung"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--ladder", "nonsense"], "ladder 'nonsense' is not allowed"),
+        (["--archs", "pre-ln"], "two or more architectures"),
+        (["--archs", "pre-ln,nonsense"], "nonsense"),
+        (["--archs", "pre-ln,pre-ln"], "named twice"),
+        (["--minutes", "nan"], "positive number of minutes"),
+        (["--minutes", "0"], "positive number of minutes"),
+        (["--minutes", "-5"], "positive number of minutes"),
+        (["--seeds", "0"], "--seeds 0 is not allowed"),
+        (["--no-train"], "no seed has finished every rung"),
+    ],
+)
 def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
     code = cli(["scaling", "--ladder", "toy", "--out", str(tmp_path / "s"), *extra])
     err = capsys.readouterr().err
@@ -266,8 +300,9 @@ def test_read_ladder_pairs_runs_by_seed_and_skips_unfinished_ones(tmp_path):
         run.mkdir(parents=True)
         (run / "metrics.jsonl").write_text(json.dumps({"kind": "val", "tokens": 10, "val_loss": 3.0}) + "\n")
         if finished:
-            (run / "summary.json").write_text(json.dumps({"params": {"total": 5, "non_embedding": 3},
-                                                          "val_loss": 3.0}))
+            (run / "summary.json").write_text(
+                json.dumps({"params": {"total": 5, "non_embedding": 3}, "val_loss": 3.0})
+            )
     data = read_ladder(tmp_path, ladder, ["pre-ln"], "x")
     assert data.seeds() == [0] and sorted(data.points[("pre-ln", "a")]) == [0, 1]
     assert PowerLaw(2.0, -0.1).inverse(PowerLaw(2.0, -0.1)(1e6)) == pytest.approx(1e6)
@@ -283,11 +318,26 @@ def test_gpu_session_trains_a_piece_of_a_ladder(tmp_path):
 
     out = tmp_path / "OUT"
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "SKIP_BENCH": "1", "SKIP_CHECKS": "1", "LADDER": "toy",
-           "LADDER_MIN": "0.5", "LADDER_OUT": str(tmp_path / "store"), "LOGS": str(tmp_path / "logs"),
-           "PYTHON": sys.executable, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=Path(__file__).parents[1], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "SKIP_BENCH": "1",
+        "SKIP_CHECKS": "1",
+        "LADDER": "toy",
+        "LADDER_MIN": "0.5",
+        "LADDER_OUT": str(tmp_path / "store"),
+        "LOGS": str(tmp_path / "logs"),
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+    }
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_session.sh"],
+        cwd=Path(__file__).parents[1],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "== ladder: exit 0" in done.stdout, done.stdout
     with tarfile.open(out / "logs.tgz") as packed:
@@ -296,3 +346,20 @@ def test_gpu_session_trains_a_piece_of_a_ladder(tmp_path):
     with tarfile.open(out / "ladder-toy.tgz") as packed:
         names = packed.getnames()
     assert all(n.startswith("ladder-toy/") for n in names) and any(n.endswith("summary.json") for n in names)
+
+
+@pytest.mark.slow  # about 30 s: one Slurm-style job per run through submitit's local executor
+def test_a_ladder_trains_through_the_slurm_launcher_as_in_this_process(tmp_path):
+    pytest.importorskip("submitit")
+    from blocklab.launch.slurm import SlurmLauncher, SlurmSettings
+
+    (tmp_path / "corpus").mkdir()
+    ladder = replace(toy(write_code_corpus(tmp_path / "corpus"), tmp_path / "cache"), seeds=1)
+    settings = SlurmSettings(cluster="local", poll_s=0.2, time_min=10, folder=str(tmp_path / "slurm"))
+    train_ladder(
+        ["pre-ln", "resformer"], ladder, "l", tmp_path / "slurm-store", launcher=SlurmLauncher(settings)
+    )
+    train_ladder(["pre-ln", "resformer"], ladder, "l", tmp_path / "here")
+    for summary in sorted((tmp_path / "here" / "l").glob("*/runs/*/summary.json")):
+        twin = tmp_path / "slurm-store" / "l" / summary.relative_to(tmp_path / "here" / "l")
+        assert json.loads(twin.read_text())["val_loss"] == json.loads(summary.read_text())["val_loss"]

@@ -51,7 +51,7 @@ class PowerLaw:
     name = "power law"
 
     def __call__(self, n: float) -> float:
-        return self.a * n ** self.b
+        return self.a * n**self.b
 
     def inverse(self, loss: float) -> float:
         """The N at which the law reaches `loss`."""
@@ -98,10 +98,13 @@ def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 def _check(sizes: Sequence[float], losses: Sequence[float], least: int) -> None:
     if len(sizes) != len(losses) or len(sizes) < least:
-        raise ValueError(f"a fit needs at least {least} (size, loss) pairs; got {len(sizes)} sizes and "
-                         f"{len(losses)} losses")
-    if any(not (n > 0 and math.isfinite(n)) for n in sizes) or any(not (v > 0 and math.isfinite(v))
-                                                                    for v in losses):
+        raise ValueError(
+            f"a fit needs at least {least} (size, loss) pairs; got {len(sizes)} sizes and "
+            f"{len(losses)} losses"
+        )
+    if any(not (n > 0 and math.isfinite(n)) for n in sizes) or any(
+        not (v > 0 and math.isfinite(v)) for v in losses
+    ):
         raise ValueError(f"sizes and losses must be positive and finite; got {list(sizes)}, {list(losses)}")
 
 
@@ -113,7 +116,7 @@ def fit_power_law(sizes: Sequence[float], losses: Sequence[float]) -> PowerLaw:
 
 def _saturating_at(alpha: float, sizes: Sequence[float], losses: Sequence[float]) -> tuple[float, Saturating]:
     """For a fixed alpha, L = E + A x with x = N^-alpha is a line: E and A by least squares."""
-    a, e = _line([n ** -alpha for n in sizes], losses)
+    a, e = _line([n**-alpha for n in sizes], losses)
     law = Saturating(e, a, alpha)
     return sum((law(n) - v) ** 2 for n, v in zip(sizes, losses, strict=True)), law
 
@@ -172,8 +175,9 @@ class FitCheck:
         return self.p is not None and self.p >= REFUSE_P
 
 
-def check_fit(law: Law, sizes: Sequence[float], means: Sequence[float], seed_variance: float | None,
-              seeds: int, df: int) -> FitCheck:
+def check_fit(
+    law: Law, sizes: Sequence[float], means: Sequence[float], seed_variance: float | None, seeds: int, df: int
+) -> FitCheck:
     """The law's residuals at the rungs' `means` (over `seeds` seeds each) and its lack-of-fit test
     against `seed_variance` (pooled, with `df` degrees of freedom)."""
     residuals = tuple(law(n) - v for n, v in zip(sizes, means, strict=True))
@@ -214,8 +218,12 @@ def tokens_to_reach(tokens: Sequence[float], losses: Sequence[float], target: fl
     return None
 
 
-def data_ratio(base_tokens: Sequence[float], base_losses: Sequence[float], tokens: Sequence[float],
-               losses: Sequence[float]) -> float:
+def data_ratio(
+    base_tokens: Sequence[float],
+    base_losses: Sequence[float],
+    tokens: Sequence[float],
+    losses: Sequence[float],
+) -> float:
     """T / T_X: the baseline's tokens over the tokens X needs to reach the baseline's final loss (below
     1: X needs more, read by symmetry as T_b / T). Both curves end at the same tokens T."""
     total = base_tokens[-1]
@@ -228,7 +236,11 @@ def data_ratio(base_tokens: Sequence[float], base_losses: Sequence[float], token
     return base_reached / total
 
 
-def data_equivalence(base_tokens: Sequence[float], base_losses: Sequence[float], tokens: Sequence[float],
-                     losses: Sequence[float]) -> float:
+def data_equivalence(
+    base_tokens: Sequence[float],
+    base_losses: Sequence[float],
+    tokens: Sequence[float],
+    losses: Sequence[float],
+) -> float:
     """q = 1 - T_X / T: the fraction of the baseline's tokens X saves (negative: needs more)."""
     return saving(data_ratio(base_tokens, base_losses, tokens, losses))

@@ -38,8 +38,10 @@ from blocklab.scaling.fit import (
 )
 from blocklab.scaling.ladders import Ladder
 
-READINGS = {"all": "every parameter (embeddings and value tables included), as the papers count",
-            "non-embedding": "the parameters that cost FLOPs (no embedding, no value table)"}
+READINGS = {
+    "all": "every parameter (embeddings and value tables included), as the papers count",
+    "non-embedding": "the parameters that cost FLOPs (no embedding, no value table)",
+}
 VERDICT_READING = "all"
 # A saving whose interval holds zero and lies within +-3% of the parameters or tokens (a log ratio within
 # +-0.03) is "no effect": it rules out the papers' 10-15%.
@@ -129,7 +131,7 @@ def read_ladder(root: Path, ladder: Ladder, archs: list[str], name: str) -> Ladd
         for arch in archs:
             found = {}
             for run in sorted((root / rung.name / "runs").glob(f"{slug(arch)}-seed*")):
-                seed = run.name[len(slug(arch)) + len("-seed"):]
+                seed = run.name[len(slug(arch)) + len("-seed") :]
                 point = _read_point(run) if run.is_dir() and seed.isdigit() else None
                 if point is not None:
                     found[int(seed)] = point
@@ -213,13 +215,20 @@ def shared_law(fits: list[ArchFit]) -> tuple[str | None, str]:
             elif c.p is None:
                 parts.append(f"{f.arch}'s {form} cannot be tested (as many constants as rungs, or one seed)")
             elif not c.describes:
-                parts.append(f"{f.arch}'s {form} leaves residuals beyond the seed noise (F = {c.f:.1f}, "
-                             f"p = {c.p:.2g})")
+                parts.append(
+                    f"{f.arch}'s {form} leaves residuals beyond the seed noise (F = {c.f:.1f}, p = {c.p:.2g})"
+                )
     return None, "; ".join(parts)
 
 
-def parameter_equivalences(data: LadderData, arch: str, baseline: str, reading: str, seeds: list[int],
-                           fits: dict[tuple[str, str], ArchFit]) -> Equivalence:
+def parameter_equivalences(
+    data: LadderData,
+    arch: str,
+    baseline: str,
+    reading: str,
+    seeds: list[int],
+    fits: dict[tuple[str, str], ArchFit],
+) -> Equivalence:
     law, why = shared_law([fits[(baseline, reading)], fits[(arch, reading)]])
     if law is None:
         return Equivalence(arch, "parameters", reading, None, None, None, why=why)
@@ -232,8 +241,15 @@ def parameter_equivalences(data: LadderData, arch: str, baseline: str, reading: 
         at_mid.append(math.log(parameter_ratio(base_law, own, mid)))
         for r, n in zip(data.rungs, sizes, strict=True):
             per_seed[r].append(math.log(parameter_ratio(base_law, own, n)))
-    return Equivalence(arch, "parameters", reading, law, mid, evidence.t_interval(at_mid),
-                       {r: evidence.t_interval(v) for r, v in per_seed.items()})
+    return Equivalence(
+        arch,
+        "parameters",
+        reading,
+        law,
+        mid,
+        evidence.t_interval(at_mid),
+        {r: evidence.t_interval(v) for r, v in per_seed.items()},
+    )
 
 
 def data_equivalences(data: LadderData, arch: str, baseline: str, seeds: list[int]) -> Equivalence:
@@ -245,9 +261,15 @@ def data_equivalences(data: LadderData, arch: str, baseline: str, seeds: list[in
     return Equivalence(arch, "data", None, None, None, evidence.t_interval(values))
 
 
-def paired_gains(data: LadderData, arch: str, baseline: str, seeds: list[int]) -> dict[str, evidence.Interval]:
-    return {r: evidence.t_interval([data.points[(arch, r)][s].val_loss - data.points[(baseline, r)][s].val_loss
-                                    for s in seeds]) for r in data.rungs}
+def paired_gains(
+    data: LadderData, arch: str, baseline: str, seeds: list[int]
+) -> dict[str, evidence.Interval]:
+    return {
+        r: evidence.t_interval(
+            [data.points[(arch, r)][s].val_loss - data.points[(baseline, r)][s].val_loss for s in seeds]
+        )
+        for r in data.rungs
+    }
 
 
 def _more_text(iv: evidence.Interval) -> str:
@@ -283,24 +305,48 @@ def judge_headline(claim: Headline, result: ScalingResult) -> HeadlineResult:
         verdicts = [evidence.verdict(gains[r], relation, equivalence=evidence.NO_EFFECT_NATS) for r in ends]
         text = "; ".join(f"{r}: {gains[r]} nats" for r in ends)
         verdict = evidence.combine(verdicts)
-        more = "" if verdict != "inconclusive" else "; ".join(
-            f"{r}: {_more_text(gains[r])}" for r, v in zip(ends, verdicts, strict=True) if v == "inconclusive")
-        return HeadlineResult(claim, verdict, None, f"paired loss difference to {claim.baseline}, {text}", more)
-    eq = result.data_eq[claim.arch] if claim.measure == "data" else result.parameters[(claim.arch, VERDICT_READING)]
+        more = (
+            ""
+            if verdict != "inconclusive"
+            else "; ".join(
+                f"{r}: {_more_text(gains[r])}"
+                for r, v in zip(ends, verdicts, strict=True)
+                if v == "inconclusive"
+            )
+        )
+        return HeadlineResult(
+            claim, verdict, None, f"paired loss difference to {claim.baseline}, {text}", more
+        )
+    eq = (
+        result.data_eq[claim.arch]
+        if claim.measure == "data"
+        else result.parameters[(claim.arch, VERDICT_READING)]
+    )
     if eq.interval is None:
-        return HeadlineResult(claim, "inconclusive", None, f"no law describes the ladder: {eq.why}",
-                              "more rungs (sizes), or more seeds if the noise estimate is what is missing")
+        return HeadlineResult(
+            claim,
+            "inconclusive",
+            None,
+            f"no law describes the ladder: {eq.why}",
+            "more rungs (sizes), or more seeds if the noise estimate is what is missing",
+        )
     iv = eq.interval
     verdict = evidence.verdict(iv, relation, equivalence=NO_EFFECT_LOG)
     if claim.measure == "data":
-        text = (f"{claim.arch} needs {interval_pct(iv)} fewer tokens than {claim.baseline} to reach its final "
-                f"loss on the largest rung ({result.data.rungs[-1]})")
+        text = (
+            f"{claim.arch} needs {interval_pct(iv)} fewer tokens than {claim.baseline} to reach its final "
+            f"loss on the largest rung ({result.data.rungs[-1]})"
+        )
     else:
-        text = (f"{claim.arch} reaches {claim.baseline}'s loss with {interval_pct(iv)} fewer parameters "
-                f"({eq.law}, read at N = {eq.at:,.0f}, the middle of the ladder)")
+        text = (
+            f"{claim.arch} reaches {claim.baseline}'s loss with {interval_pct(iv)} fewer parameters "
+            f"({eq.law}, read at N = {eq.at:,.0f}, the middle of the ladder)"
+        )
     paper = None if claim.paper_value is None else -math.log(1 - claim.paper_value)
     inside = None if paper is None or iv.low is None or iv.high is None else iv.low <= paper <= iv.high
-    return HeadlineResult(claim, verdict, iv, text, _more_text(iv) if verdict == "inconclusive" else "", inside)
+    return HeadlineResult(
+        claim, verdict, iv, text, _more_text(iv) if verdict == "inconclusive" else "", inside
+    )
 
 
 def judge_ladder(data: LadderData, baseline: str | None = None) -> ScalingResult:
@@ -312,13 +358,17 @@ def judge_ladder(data: LadderData, baseline: str | None = None) -> ScalingResult
         raise ValueError(f"no seed has finished every rung for every architecture in {data.name}")
     fits = {(a, reading): arch_fit(data, a, reading, seeds) for a in data.archs for reading in READINGS}
     others = [a for a in data.archs if a != baseline]
-    params = {(a, reading): parameter_equivalences(data, a, baseline, reading, seeds, fits)
-              for a in others for reading in READINGS}
+    params = {
+        (a, reading): parameter_equivalences(data, a, baseline, reading, seeds, fits)
+        for a in others
+        for reading in READINGS
+    }
     data_eq = {a: data_equivalences(data, a, baseline, seeds) for a in others}
     gains = {a: paired_gains(data, a, baseline, seeds) for a in others}
     result = ScalingResult(data, baseline, seeds, fits, params, data_eq, gains, [])
-    result.headlines = [judge_headline(h, result) for h in HEADLINES
-                        if h.baseline == baseline and h.arch in others]
+    result.headlines = [
+        judge_headline(h, result) for h in HEADLINES if h.baseline == baseline and h.arch in others
+    ]
     return result
 
 
@@ -329,18 +379,53 @@ def result_record(result: ScalingResult) -> dict[str, Any]:
         return None if i is None else {"values": list(i.values), "mean": i.mean, "low": i.low, "high": i.high}
 
     return {
-        "ladder": result.data.name, "baseline": result.baseline, "seeds": result.seeds,
+        "ladder": result.data.name,
+        "baseline": result.baseline,
+        "seeds": result.seeds,
         "rungs": result.data.rungs,
-        "fits": [{"arch": f.arch, "reading": f.reading, "sizes": f.sizes, "means": f.means,
-                  "laws": {form: {"formula": c.law.formula(), "residuals": list(c.residuals), "f": c.f,
-                                  "p": c.p, "describes": c.describes} for form, c in f.checks.items()}}
-                 for f in result.fits.values()],
-        "parameters": [{"arch": e.arch, "reading": e.reading, "law": e.law, "at": e.at, "interval": iv(e.interval),
-                        "per_rung": {r: iv(v) for r, v in e.per_rung.items()}, "why": e.why}
-                       for e in result.parameters.values()],
+        "fits": [
+            {
+                "arch": f.arch,
+                "reading": f.reading,
+                "sizes": f.sizes,
+                "means": f.means,
+                "laws": {
+                    form: {
+                        "formula": c.law.formula(),
+                        "residuals": list(c.residuals),
+                        "f": c.f,
+                        "p": c.p,
+                        "describes": c.describes,
+                    }
+                    for form, c in f.checks.items()
+                },
+            }
+            for f in result.fits.values()
+        ],
+        "parameters": [
+            {
+                "arch": e.arch,
+                "reading": e.reading,
+                "law": e.law,
+                "at": e.at,
+                "interval": iv(e.interval),
+                "per_rung": {r: iv(v) for r, v in e.per_rung.items()},
+                "why": e.why,
+            }
+            for e in result.parameters.values()
+        ],
         "data": [{"arch": e.arch, "interval": iv(e.interval)} for e in result.data_eq.values()],
         "gains": {a: {r: iv(v) for r, v in g.items()} for a, g in result.gains.items()},
-        "headlines": [{"id": h.claim.id, "verdict": h.verdict, "interval": iv(h.interval), "text": h.text,
-                       "more": h.more, "paper_value": h.claim.paper_value, "paper_inside": h.paper_inside}
-                      for h in result.headlines],
+        "headlines": [
+            {
+                "id": h.claim.id,
+                "verdict": h.verdict,
+                "interval": iv(h.interval),
+                "text": h.text,
+                "more": h.more,
+                "paper_value": h.claim.paper_value,
+                "paper_inside": h.paper_inside,
+            }
+            for h in result.headlines
+        ],
     }

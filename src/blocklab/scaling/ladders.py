@@ -30,12 +30,16 @@ class Rung:
 
 def _cpu_rung(d_model: int, n_layers: int) -> Rung:
     """Size tiny's recipe at width d and depth `n_layers`: heads of 32, MLP 4d."""
-    return Rung(f"d{d_model}-l{n_layers}", {"d_model": d_model, "n_layers": n_layers,
-                                            "n_heads": d_model // 32, "mlp_hidden": 4 * d_model})
+    return Rung(
+        f"d{d_model}-l{n_layers}",
+        {"d_model": d_model, "n_layers": n_layers, "n_heads": d_model // 32, "mlp_hidden": 4 * d_model},
+    )
 
 
 def _llama_rung(name: str, n_layers: int, d_model: int, n_heads: int, mlp_hidden: int) -> Rung:
-    return Rung(name, {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "mlp_hidden": mlp_hidden})
+    return Rung(
+        name, {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "mlp_hidden": mlp_hidden}
+    )
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,14 @@ class Ladder:
     notes: str = ""  # how the ladder was sized (the arithmetic), printed in its report
 
     def base(self) -> dict[str, Any]:
-        base: dict[str, Any] = {"size": self.size, "batch_size": self.batch_size, "seq_len": self.seq_len,
-                                "max_steps": self.steps, "eval_every": self.eval_every, "progress": False}
+        base: dict[str, Any] = {
+            "size": self.size,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "max_steps": self.steps,
+            "eval_every": self.eval_every,
+            "progress": False,
+        }
         if self.lr is not None:
             base["optim"] = {"lr": self.lr}
         return merge(base, self.train)
@@ -70,8 +80,9 @@ class Ladder:
         for rung in self.rungs:
             if rung.name == name:
                 return rung
-        raise ConfigError(f"rung {name!r} is not on this ladder: choose one of "
-                          f"{', '.join(r.name for r in self.rungs)}")
+        raise ConfigError(
+            f"rung {name!r} is not on this ladder: choose one of {', '.join(r.name for r in self.rungs)}"
+        )
 
 
 # The CPU ladder: size tiny's recipe (ReLU MLP, RMSNorm, tied embeddings, RoPE, vocab 4096, context 128)
@@ -89,7 +100,9 @@ LADDERS: dict[str, Ladder] = {
         "32, MLP 4d, vocab 4096), 400 steps of 16 x 128 tokens (0.82M tokens) at every rung",
         "tiny",
         tuple(_cpu_rung(d, d // 32) for d in (64, 96, 128, 160, 192)),
-        steps=400, batch_size=16, seq_len=128,
+        steps=400,
+        batch_size=16,
+        seq_len=128,
         lr_rule="each architecture's recipe rate at size tiny (recipes/main_job_optim.json), the same at "
         "every rung, as Value Residual Learning trains every size at one peak rate (6e-4)",
         notes="sized by measurement: d64-l2 trains at ~23k tokens/s and d192-l6 at ~4.4k on one thread of "
@@ -105,9 +118,17 @@ LADDERS: dict[str, Ladder] = {
         "and 468M (24 x 1024), Llama-like, 500 steps of 32 x 512 tokens (8.2M tokens) at every rung, "
         "lr 6e-4 as in the paper",
         "resformer-82m",
-        (_llama_rung("82m", 8, 512, 8, 1792), _llama_rung("180m", 12, 768, 12, 2688),
-         _llama_rung("320m", 14, 1024, 16, 3584), _llama_rung("468m", 24, 1024, 16, 3584)),
-        steps=500, batch_size=32, seq_len=512, eval_every=50, lr=6e-4,
+        (
+            _llama_rung("82m", 8, 512, 8, 1792),
+            _llama_rung("180m", 12, 768, 12, 2688),
+            _llama_rung("320m", 14, 1024, 16, 3584),
+            _llama_rung("468m", 24, 1024, 16, 3584),
+        ),
+        steps=500,
+        batch_size=32,
+        seq_len=512,
+        eval_every=50,
+        lr=6e-4,
         lr_rule="6e-4 for every architecture and rung, the paper's peak rate (Table 4)",
         train={"data": {"vocab_size": 8192}, "ckpt_every": 250},
         archs=("pre-ln", "resformer", "svformer"),
@@ -121,7 +142,11 @@ LADDERS: dict[str, Ladder] = {
         "evidence",
         "tiny",
         (_cpu_rung(32, 2), _cpu_rung(64, 2), _cpu_rung(96, 3)),
-        steps=20, batch_size=4, seq_len=32, eval_every=10, seeds=2,
+        steps=20,
+        batch_size=4,
+        seq_len=32,
+        eval_every=10,
+        seeds=2,
         lr_rule="each architecture's recipe rate at size tiny",
     ),
 }
@@ -137,23 +162,28 @@ def check_archs(archs: list[str]) -> None:
     from blocklab.presets import split_arch
 
     if not archs:
-        raise ConfigError("no architecture given: name two or more, the baseline first, e.g. "
-                          "--archs pre-ln,resformer")
+        raise ConfigError(
+            "no architecture given: name two or more, the baseline first, e.g. --archs pre-ln,resformer"
+        )
     if len(set(archs)) != len(archs):
         raise ConfigError(f"an architecture is named twice in {','.join(archs)}: name each once")
     for arch in archs:
         split_arch(arch)  # raises a ConfigError naming the known presets
 
 
-def plan(archs: list[str], ladder: Ladder, out: Path, seeds: int | None = None
-         ) -> list[tuple[Rung, Entry, TrainConfig]]:
+def plan(
+    archs: list[str], ladder: Ladder, out: Path, seeds: int | None = None
+) -> list[tuple[Rung, Entry, TrainConfig]]:
     """Every run of the ladder, seed-major and the largest rung first within a seed, so that a ladder cut
     off part-way has whole seeds to fit and two runs at once finish together: (rung, entry, config)."""
     check_archs(archs)
     n = seeds or ladder.seeds
-    by_rung = {rung.name: run_configs([Entry.parse(a) for a in archs], n, out / rung.name,
-                                      merge(ladder.base(), {"model": rung.model}))
-               for rung in ladder.rungs}
+    by_rung = {
+        rung.name: run_configs(
+            [Entry.parse(a) for a in archs], n, out / rung.name, merge(ladder.base(), {"model": rung.model})
+        )
+        for rung in ladder.rungs
+    }
     runs = []
     for seed in range(n):
         for rung in reversed(ladder.rungs):

@@ -9,16 +9,25 @@ from pathlib import Path
 from blocklab.scaling.ladders import Ladder, plan
 
 
-def train_ladder(archs: list[str], ladder: Ladder, name: str, out: str | Path, seeds: int | None = None,
-                 launcher=None, log=print):
+def train_ladder(
+    archs: list[str],
+    ladder: Ladder,
+    name: str,
+    out: str | Path,
+    seeds: int | None = None,
+    launcher=None,
+    log=print,
+):
     """Train (or reuse) every run of `ladder` for `archs` under OUT/<name> with `launcher` (default: one
     at a time here); raises RunsPending when a launcher that does not wait left runs queued, and
     RunsFailed when some failed."""
     from blocklab.launch import RunsFailed, train_runs
 
     runs = plan(archs, ladder, Path(out) / name, seeds)
-    log(f"ladder {name}: {len(runs)} runs ({len(archs)} architectures x {len(ladder.rungs)} rungs x "
-        f"{seeds or ladder.seeds} seeds) in {Path(out) / name}")
+    log(
+        f"ladder {name}: {len(runs)} runs ({len(archs)} architectures x {len(ladder.rungs)} rungs x "
+        f"{seeds or ladder.seeds} seeds) in {Path(out) / name}"
+    )
     launch = train_runs([(e, cfg) for _, e, cfg in runs], launcher, log)
     launch.raise_if_pending("scaling", "fit the ladder")
     if launch.failed:
@@ -26,9 +35,17 @@ def train_ladder(archs: list[str], ladder: Ladder, name: str, out: str | Path, s
     return launch
 
 
-def train_piece(archs: list[str], ladder: Ladder, name: str, out: str | Path, minutes: float,
-                seeds: int | None = None, export: Path | None = None, log=print,
-                clock=time.monotonic) -> tuple[list[str], int]:
+def train_piece(
+    archs: list[str],
+    ladder: Ladder,
+    name: str,
+    out: str | Path,
+    minutes: float,
+    seeds: int | None = None,
+    export: Path | None = None,
+    log=print,
+    clock=time.monotonic,
+) -> tuple[list[str], int]:
     """Train the ladder's next unfinished runs for about `minutes`, one after another, starting a run
     only while its estimated time fits (`reproduce.estimate.Estimator`, from this store's finished runs
     on this device or a prior); each finished run loses its checkpoints and gets its record of what

@@ -21,6 +21,7 @@ from blocklab.scaling.judge import (
     shared_law,
 )
 
+
 def _fmt_n(n: float) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
@@ -37,9 +38,21 @@ def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for k, arch in enumerate(data.archs):
         f = result.fits[(arch, reading)]
-        sds = [statistics.stdev([data.points[(arch, r)][s].val_loss for s in result.seeds])
-               if len(result.seeds) > 1 else 0.0 for r in data.rungs]
-        ax.errorbar(f.sizes, f.means, yerr=sds, fmt="o", color=f"C{k}", markersize=4, capsize=2, label=arch)
+        sds = [
+            statistics.stdev([data.points[(arch, r)][s].val_loss for s in result.seeds])
+            if len(result.seeds) > 1
+            else 0.0
+            for r in data.rungs
+        ]
+        eq = result.parameters.get((arch, reading))
+        label = (
+            arch
+            if eq is None
+            else f"{arch}: {interval_pct(eq.interval)} parameters saved"
+            if eq.interval
+            else f"{arch}: no law describes it"
+        )
+        ax.errorbar(f.sizes, f.means, yerr=sds, fmt="o", color=f"C{k}", markersize=4, capsize=2, label=label)
         law, _ = shared_law([result.fits[(result.baseline, reading)], f])
         curve = fit(law or "power law", f.sizes, f.means)
         lo, hi = math.log(min(f.sizes)) - 0.1, math.log(max(f.sizes)) + 0.1
@@ -49,7 +62,7 @@ def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
     ax.set_xlabel(f"parameters ({reading}; log scale)")
     ax.set_ylabel("final validation loss (nats/token)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -63,8 +76,16 @@ def verdict_table(result: ScalingResult) -> tuple[list[str], list[list[str]]]:
     for h in result.headlines:
         paper = "-" if h.claim.paper_value is None else f"{100 * h.claim.paper_value:+.1f}%"
         inside = "-" if h.paper_inside is None else ("yes" if h.paper_inside else "no")
-        rows.append([h.claim.id, f"**{h.verdict}**", h.text, f"{paper}: {h.claim.paper_result}", inside,
-                     h.more or "-"])
+        rows.append(
+            [
+                h.claim.id,
+                f"**{h.verdict}**",
+                h.text,
+                f"{paper}: {h.claim.paper_result}",
+                inside,
+                h.more or "-",
+            ]
+        )
     return head, rows
 
 
@@ -79,19 +100,36 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
     if result.headlines:
         blocks.append(("table", *verdict_table(result)))
     else:
-        blocks.append(("p", f"No headline claim compares these architectures with {base} (see `blocklab "
-                       "scaling --list`); the equivalences below are measured all the same."))
-    blocks.append(("p", f"Seeds: {', '.join(map(str, result.seeds))} (those that finished every rung for every "
-                   "architecture). A saving is the fraction of parameters (or tokens) an architecture "
-                   f"needs less than {base} for the same loss; negative: more. Intervals are 95% t-intervals "
-                   "over seeds, each seed's ladder fitted on its own."))
+        blocks.append(
+            (
+                "p",
+                f"No headline claim compares these architectures with {base} (see `blocklab "
+                "scaling --list`); the equivalences below are measured all the same.",
+            )
+        )
+    blocks.append(
+        (
+            "p",
+            f"Seeds: {', '.join(map(str, result.seeds))} (those that finished every rung for every "
+            "architecture). A saving is the fraction of parameters (or tokens) an architecture "
+            f"needs less than {base} for the same loss; negative: more. Intervals are 95% t-intervals "
+            "over seeds, each seed's ladder fitted on its own.",
+        )
+    )
     for reading in READINGS:
         path = plot_ladder(result, reading, figure_path(figures, reading))
-        blocks.append(("figure", path, f"loss against parameters ({reading})",
-                       f"final validation loss against parameters counted as {READINGS[reading]}: the mean over "
-                       "seeds at each rung (bars: one seed standard deviation) and the law fitted to the means "
-                       "(solid: the law the equivalences read; dotted: the power law, which does not describe "
-                       "the points)."))
+        blocks.append(
+            (
+                "figure",
+                path,
+                f"loss against parameters ({reading})",
+                f"final validation loss against parameters counted as {READINGS[reading]}: the mean over "
+                "seeds at each rung (bars: one seed standard deviation) and the law fitted to the means "
+                "(solid: the law the equivalences read; dotted: the power law, which does not describe "
+                f"the points); the legend gives each architecture's saving against {base} at the middle "
+                "of the ladder, with its 95% interval.",
+            )
+        )
     blocks.append((level, "Parameter equivalence at each rung"))
     for reading in READINGS:
         head = ["architecture", "law", *data.rungs, "middle of the ladder"]
@@ -102,31 +140,71 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
             if eq.interval is None:
                 rows.append([arch, "refused", *["-"] * len(data.rungs), eq.why])
                 continue
-            rows.append([arch, eq.law or "-", *[interval_pct(eq.per_rung[g]) for g in data.rungs],
-                         f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}"])
-        blocks.append(("p", f"Parameters counted as {READINGS[reading]}"
-                       f"{' (the verdicts read these)' if reading == VERDICT_READING else ''}: the fraction of "
-                       f"parameters each architecture saves against {base} at its own size at each rung."))
+            rows.append(
+                [
+                    arch,
+                    eq.law or "-",
+                    *[interval_pct(eq.per_rung[g]) for g in data.rungs],
+                    f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}",
+                ]
+            )
+        blocks.append(
+            (
+                "p",
+                f"Parameters counted as {READINGS[reading]}"
+                f"{' (the verdicts read these)' if reading == VERDICT_READING else ''}: the fraction of "
+                f"parameters each architecture saves against {base} at its own size at each rung.",
+            )
+        )
         blocks.append(("table", head, rows))
     blocks.append((level, "Data equivalence on the largest rung"))
-    blocks.append(("table", ["architecture", "tokens saved to reach the baseline's final loss"],
-                   [[a, interval_pct(e.interval)] for a, e in result.data_eq.items()]))
+    blocks.append(
+        (
+            "table",
+            ["architecture", "tokens saved to reach the baseline's final loss"],
+            [[a, interval_pct(e.interval)] for a, e in result.data_eq.items()],
+        )
+    )
     blocks.append((level, "Paired loss difference at each rung"))
-    blocks.append(("table", ["architecture", *data.rungs],
-                   [[a, *[str(g[r]) for r in data.rungs]] for a, g in result.gains.items()]))
+    blocks.append(
+        (
+            "table",
+            ["architecture", *data.rungs],
+            [[a, *[str(g[r]) for r in data.rungs]] for a, g in result.gains.items()],
+        )
+    )
     blocks.append((level, "The fits"))
     rows = []
     for (arch, reading), f in result.fits.items():
         for form, c in f.checks.items():
             test = "-" if c.p is None else f"F = {c.f:.2f}, p = {c.p:.3g}"
-            rows.append([arch, reading, form, c.law.formula(), f"{c.rms:.4f}", test,
-                         "yes" if c.describes else "no"])
-    blocks.append(("p", "Each law fitted to the mean loss over seeds at each rung. Lack of fit: the residuals' "
-                   "variance over the variance of a rung's mean (the seed variance pooled over rungs over the "
-                   "seeds), against Fisher's F; a law with p < 0.01 does not describe the points and is "
-                   "refused (blocklab/scaling/fit.py)."))
-    blocks.append(("table", ["architecture", "parameters", "law", "fit", "residual RMS (nats)", "lack of fit",
-                             "describes the points"], rows))
+            rows.append(
+                [arch, reading, form, c.law.formula(), f"{c.rms:.4f}", test, "yes" if c.describes else "no"]
+            )
+    blocks.append(
+        (
+            "p",
+            "Each law fitted to the mean loss over seeds at each rung. Lack of fit: the residuals' "
+            "variance over the variance of a rung's mean (the seed variance pooled over rungs over the "
+            "seeds), against Fisher's F; a law with p < 0.01 does not describe the points and is "
+            "refused (blocklab/scaling/fit.py).",
+        )
+    )
+    blocks.append(
+        (
+            "table",
+            [
+                "architecture",
+                "parameters",
+                "law",
+                "fit",
+                "residual RMS (nats)",
+                "lack of fit",
+                "describes the points",
+            ],
+            rows,
+        )
+    )
     blocks += method_blocks(result, level)
     return blocks
 
@@ -141,15 +219,21 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
     papers = sorted({PAPERS[h.claim.paper] for h in result.headlines})
     return [
         (level, "Method"),
-        ("p", f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens:,} tokens a run at every rung. "
-         f"Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}"),
+        (
+            "p",
+            f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens:,} tokens a run at every "
+            f"rung. Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}",
+        ),
         ("table", ["rung", "shape", *[f"{a} (all)" for a in result.data.archs]], rows),
-        ("p", "Parameter equivalence (Value Residual Learning, Fig. 6 left): at N, the baseline's law needs N' "
-         "parameters for the loss X's law gives at N; X saves 1 - N/N'. Data equivalence (Fig. 6 right): on "
-         "the largest rung X reaches the baseline's final loss after T_X of its T tokens, read between "
-         "evaluations linearly in log tokens; X saves 1 - T_X/T. Intervals are taken over seeds of "
-         "log(N'/N) and log(T/T_X) and read back as fractions; a saving whose interval holds 0 and lies "
-         "within +-3% is 'no effect'. " + (f"Papers: {'; '.join(papers)}." if papers else "")),
+        (
+            "p",
+            "Parameter equivalence (Value Residual Learning, Fig. 6 left): at N, the baseline's law needs N' "
+            "parameters for the loss X's law gives at N; X saves 1 - N/N'. Data equivalence (Fig. 6 right): "
+            "on the largest rung X reaches the baseline's final loss after T_X of its T tokens, read between "
+            "evaluations linearly in log tokens; X saves 1 - T_X/T. Intervals are taken over seeds of "
+            "log(N'/N) and log(T/T_X) and read back as fractions; a saving whose interval holds 0 and lies "
+            "within +-3% is 'no effect'. " + (f"Papers: {'; '.join(papers)}." if papers else ""),
+        ),
     ]
 
 
@@ -167,11 +251,13 @@ def write_scaling_report(result: ScalingResult, out: Path, command: str = "") ->
     return md
 
 
-HEADLINE_TEXT = ("The papers lead with numbers of another kind than the claims above: how much smaller (or "
-                 "how much less trained) a model can be for the same loss. Each is read off a ladder of sizes "
-                 "(`blocklab scaling`, docs/scaling.md): every architecture trained at every rung on the same "
-                 "tokens, loss fitted against parameters per seed, the equivalence read off the fits, a 95% "
-                 "t-interval over seeds. The paper's number stands beside ours.")
+HEADLINE_TEXT = (
+    "The papers lead with numbers of another kind than the claims above: how much smaller (or "
+    "how much less trained) a model can be for the same loss. Each is read off a ladder of sizes "
+    "(`blocklab scaling`, docs/scaling.md): every architecture trained at every rung on the same "
+    "tokens, loss fitted against parameters per seed, the equivalence read off the fits, a 95% "
+    "t-interval over seeds. The paper's number stands beside ours."
+)
 
 
 def ladder_plan_line(name: str, ladder, archs: list[str]) -> str:
@@ -187,11 +273,13 @@ def ladder_plan_line(name: str, ladder, archs: list[str]) -> str:
     for rung, _, cfg in runs:
         by_rung[rung.name] = by_rung.get(rung.name, 0.0) + estimate.seconds(cfg) / 60
     rungs = ", ".join(f"{r} {m:.0f} min" for r, m in by_rung.items())
-    return (f"**`{name}`: not yet run.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
-            f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), about {minutes:.0f} {device.upper()} minutes "
-            f"({rungs}), estimated at {estimate.source}. It trains a piece per lent call: "
-            f"`SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
-            "benchmarks/gpu_session.sh`.")
+    return (
+        f"**`{name}`: not yet run.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
+        f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), about {minutes:.0f} {device.upper()} minutes "
+        f"({rungs}), estimated at {estimate.source}. It trains a piece per lent call: "
+        f"`SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
+        "benchmarks/gpu_session.sh`."
+    )
 
 
 def headline_section(store: Path, page_dir: Path) -> list[str]:
@@ -221,13 +309,21 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
         done = sum(len(seeds) for seeds in data.points.values())
         total = len(archs) * len(ladder.rungs) * ladder.seeds
         link = os.path.relpath(root / "scaling.md", page_dir)
-        md += ["", f"**[`{name}`]({link})**: {ladder.description}; seeds {', '.join(map(str, result.seeds))} "
-               f"({done} of {total} runs finished). Learning rate: {ladder.lr_rule}.", ""]
+        md += [
+            "",
+            f"**[`{name}`]({link})**: {ladder.description}; seeds {', '.join(map(str, result.seeds))} "
+            f"({done} of {total} runs finished). Learning rate: {ladder.lr_rule}.",
+            "",
+        ]
         head, rows = verdict_table(result)
         md += md_table(head, rows)
         figure = os.path.relpath(figure_path(root, VERDICT_READING), page_dir)
-        md += ["", f"![loss against parameters, {name}]({figure})", "",
-               f"Loss against parameters (all, log axis) on `{name}`: the mean over seeds per rung and the "
-               "fitted laws; the equivalences at every rung, both parameter counts, the fits and their "
-               f"residuals are in [its report]({link})."]
+        md += [
+            "",
+            f"![loss against parameters, {name}]({figure})",
+            "",
+            f"Loss against parameters (all, log axis) on `{name}`: the mean over seeds per rung and the "
+            "fitted laws; the equivalences at every rung, both parameter counts, the fits and their "
+            f"residuals are in [its report]({link}).",
+        ]
     return md
