@@ -4,6 +4,7 @@ why it failed, must not depend on Slurm keeping accounting (sacct)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from contextlib import contextmanager
 from dataclasses import fields
@@ -25,6 +26,7 @@ from blocklab.launch.slurm import (  # noqa: E402
     SlurmSettings,
     failure_reason,
     last_error,
+    outcome_path,
 )
 
 NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled\n"
@@ -60,7 +62,10 @@ class FakeJob:
         self.cancelled = False
 
     def result_file(self, outcome: str, value) -> FakeJob:
+        """What an ended job leaves: submitit's pickle and RunJob's outcome file."""
         cloudpickle_dump((outcome, value), self.paths.result_pickle)
+        written = value if outcome == "success" else {"error": value.splitlines()[-1], "trace": value}
+        outcome_path(self.paths).write_text(json.dumps(written))
         return self
 
     def log(self, text: str) -> FakeJob:
@@ -158,6 +163,31 @@ def test_the_waiting_command_reports_a_lost_job_with_its_reason_instead_of_waiti
     assert lost.log == jobs[1].paths.stderr
     assert slurm.calls.count("squeue") == 2  # two looks: the lost job is not waited on
     assert not any(job.cancelled for job in jobs)
+
+
+class Planted:
+    """A pickle that runs code when read: it makes a file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_planted_in_the_store_is_never_read(tmp_path):
+    """A result pickle someone planted beside a job of the store (no outcome file): the job is reported
+    failed from its logs, and the pickle's code never runs."""
+    slurm = FakeSlurm({}, accounting=False)
+    launcher = SlurmLauncher(SlurmSettings(poll_s=0.0), states=JobStates(run=slurm))
+    job = FakeJob(tmp_path, "31")
+    marker = tmp_path / "ran"
+    cloudpickle_dump(("success", Planted(marker)), job.paths.result_pickle)
+    (outcome,) = launcher._wait([job], [todo(tmp_path, "a", 0, 1)], lambda *_: None)
+    assert outcome.status == "failed" and not marker.exists()
+    outcome_path(job.paths).write_text("[1, 2]")  # an outcome file that is not one: failed, not read as success
+    (outcome,) = launcher._wait([job], [todo(tmp_path, "a", 0, 1)], lambda *_: None)
+    assert outcome.status == "failed" and not marker.exists()
 
 
 def test_a_failed_job_reports_its_own_exception_from_its_result_file(tmp_path):

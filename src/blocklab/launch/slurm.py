@@ -36,12 +36,12 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import submitit
-from submitit.core.utils import pickle_load
 from submitit.slurm.slurm import SlurmInfoWatcher
 
 from blocklab.errors import ConfigError
@@ -139,11 +139,16 @@ class RunJob(submitit.helpers.Checkpointable):
     def __call__(self, config: dict[str, Any], procs: int = 1) -> dict[str, Any]:
         previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
-            return self._train(TrainConfig.from_dict(config), config, procs)
+            result = self._train(TrainConfig.from_dict(config), config, procs)
+            _write_outcome(result)
+            return result
         except KeyboardInterrupt as err:
             print(f"blocklab job: stopped ({str(err) or 'interrupted'}); the same command run again resumes "
                   "its run from its last checkpoint", file=sys.stderr, flush=True)
             raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
+        except Exception as err:
+            _write_outcome({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
+            raise
         finally:
             signal.signal(signal.SIGTERM, previous)
 
@@ -170,6 +175,36 @@ class RunJob(submitit.helpers.Checkpointable):
 
 
 STOPPED_CODE = 143  # 128 + SIGTERM: a job stopped by a signal, without a result file
+
+
+# How a job came out, as JSON beside submitit's own result file. submitit writes that one as a pickle, and
+# reading a pickle runs whatever code it names: anyone who can write to a shared run store could plant
+# one. So blocklab never reads it (it only looks whether it exists: the job has ended), and the job writes
+# its outcome here: {"status", "seconds"}, or {"error", "trace"}.
+def outcome_path(paths: Any) -> Path:
+    pickle_path = Path(paths.result_pickle)
+    return pickle_path.with_name(pickle_path.name.replace("_result.pkl", "_outcome.json"))
+
+
+def _write_outcome(outcome: dict[str, Any]) -> None:
+    try:
+        paths = submitit.JobEnvironment().paths
+    except RuntimeError:  # called outside a submitit job (a test, a direct call): nobody reads it
+        return
+    atomic_write_text(outcome_path(paths), json.dumps(outcome))
+
+
+def read_outcome(paths: Any) -> dict[str, Any] | None:
+    """A job's outcome file, or None if it has none or it is not one (torn, foreign, hand-edited)."""
+    try:
+        outcome = json.loads(outcome_path(paths).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(outcome, dict):
+        return None
+    if outcome.get("status") in ("trained", "reused") and isinstance(outcome.get("seconds", 0.0), (int, float)):
+        return outcome
+    return outcome if isinstance(outcome.get("error"), str) else None
 
 
 def _stop_on_sigterm(signum: int, _frame: Any) -> None:
@@ -248,11 +283,12 @@ class JobStates:
 
 
 def _has_result(job: Any) -> bool:
-    """Whether the job left its result file (a shared file system may show it late: refresh first)."""
+    """Whether the job left its outcome file or submitit's result file (a shared file system may show
+    them late: refresh first)."""
     folder = job.paths.folder
     with contextlib.suppress(OSError):
         folder.chmod(folder.stat().st_mode)
-    return bool(job.paths.result_pickle.exists())
+    return outcome_path(job.paths).exists() or bool(job.paths.result_pickle.exists())
 
 
 @dataclass
@@ -399,16 +435,12 @@ def _fraction(cfg: TrainConfig) -> float:
 
 
 def job_outcome(job: Any, cfg: TrainConfig, state: str) -> Outcome:
-    """How an ended job came out: its result file's, else a failure that says why (`failure_reason`)."""
-    result = None
-    if _has_result(job):
-        try:
-            result = pickle_load(job.paths.result_pickle)
-        except Exception:  # noqa: BLE001 - a torn or foreign file: the state and the log say the rest
-            result = None
-    if result is not None and result[0] == "success":
-        return Outcome(cfg, result[1]["status"], result[1].get("seconds", 0.0))
-    trace = str(result[1]) if result is not None else ""
+    """How an ended job came out: its outcome file's (`read_outcome`; never submitit's pickle), else a
+    failure that says why (`failure_reason`)."""
+    result = read_outcome(job.paths) if _has_result(job) else None
+    if result is not None and "status" in result:
+        return Outcome(cfg, result["status"], float(result.get("seconds", 0.0)))
+    trace = result.get("trace") or result["error"] if result is not None else ""
     logs = "\n".join(_tail(path) for path in (job.paths.stdout, job.paths.stderr))
     outcome = failure(cfg, f"job {job.job_id} {failure_reason(state, trace, logs)}")
     outcome.log = Path(job.paths.stderr)
