@@ -11,6 +11,7 @@ import hashlib
 import json
 import lzma
 import math
+import os
 import random
 from pathlib import Path
 
@@ -311,6 +312,23 @@ def test_shard_cache_is_reused(code_dir: Path, cache: Path, monkeypatch):
     # $BLOCKLAB_CACHE is the fallback location.
     monkeypatch.setenv("BLOCKLAB_CACHE", str(cache))
     assert prepare_data(cfg.replace(cache_dir=None)).path == first.path
+
+
+def test_a_file_edited_with_its_old_size_and_time_is_tokenised_again(code_dir: Path, cache: Path):
+    """A copy that keeps name, size and modification time (cp -p, rsync -a, tar) over an edited file:
+    the cache must see the new bytes, not serve the old tokens."""
+    cfg = byte_cfg(code_dir, cache, val_fraction=0.3)
+    first = prepare_data(cfg)
+    path = next(iter(sorted(code_dir.rglob("*.py"))))
+    st = path.stat()
+    text = path.read_bytes()
+    path.write_bytes(text.upper())  # the same size
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same modification time
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = prepare_data(cfg)
+    assert second.stats["tokenised"] and second.path != first.path
+    tokens = [np.concatenate([d.train, d.val]) for d in (first, second)]
+    assert not np.array_equal(*tokens)
 
 
 def test_manifest_contents(code_dir: Path, cache: Path):

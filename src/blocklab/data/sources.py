@@ -3,8 +3,10 @@
 A source yields ``(name, text)`` documents in a fixed order: the embedded snapshot (sorted by
 path), the files of a directory or glob (sorted by path; ``.jsonl`` files give one document per
 record), one text or JSONL file, or a Hugging Face `datasets` data set (row order). Each source
-has a cheap `fingerprint` of its content (file sizes and modification times, the snapshot's
-sha256, the data set's fingerprint) that keys the caches without reading the text again.
+has a `fingerprint` of its content that keys the caches: the sha256 of every file's bytes (a copy made
+with `cp -p`, `rsync -a` or `tar` keeps a file's name, size and modification time, so only the bytes
+tell an edited file; hashing costs one read of the corpus, measured in benchmarks/RESULTS.md), the
+snapshot's sha256, the data set's own fingerprint.
 
 The train/validation split is by document: a document is held out when the sha256 of its name,
 read as a number in [0, 1), is below `val_fraction`. The split of a file therefore never depends
@@ -67,6 +69,25 @@ class Source:
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         """Yield (name, text); documents whose name `select` rejects are passed over unread."""
         raise NotImplementedError
+
+
+# (path, inode, size, mtime_ns, ctime_ns) -> sha256: a file is read once per process. The change time
+# is in the key because no copying tool can set it: a file rewritten in place with its old size and
+# modification time still gets a new one.
+_DIGESTS: dict[tuple, str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes."""
+    st = path.stat()
+    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if key not in _DIGESTS:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                h.update(chunk)
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
 
 
 class SnapshotSource(Source):
@@ -133,9 +154,9 @@ class FileSource(Source):
         return path.relative_to(self.base).as_posix()
 
     def fingerprint(self) -> dict[str, Any]:
-        entries = [[self._name(p), s.st_size, s.st_mtime_ns] for p in self.files for s in [p.stat()]]
+        entries = [[self._name(p), file_sha256(p)] for p in self.files]
         digest = hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()
-        return {"files": len(self.files), "stat_sha256": digest, "text_field": self.text_field,
+        return {"files": len(self.files), "content_sha256": digest, "text_field": self.text_field,
                 **({"documents": "paragraphs"} if self.by_paragraph else {})}
 
     def text_bytes(self) -> int | None:
