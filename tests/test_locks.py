@@ -144,3 +144,50 @@ def test_the_lock_of_dot_lies_beside_the_working_folder(tmp_path, monkeypatch):
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+@pytest.fixture
+def bind_mount(tmp_path):
+    """A run folder mounted again at another path with another name: a bind mount (root only;
+    skipped where mounting is not allowed). Yields (real, mounted)."""
+    real, mounted = tmp_path / "real" / "run", tmp_path / "elsewhere" / "alias"
+    real.mkdir(parents=True)
+    mounted.mkdir(parents=True)
+    done = subprocess.run(["mount", "--bind", str(real), str(mounted)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"a bind mount needs root and mount(8): {done.stderr.strip() or done.returncode}")
+    try:
+        yield real, mounted
+    finally:
+        subprocess.run(["umount", str(mounted)], check=False)
+
+
+def test_the_lock_holds_on_the_folder_itself_through_a_bind_mount(bind_mount):
+    """The same folder at another path (a bind mount, a container volume) has its lock file beside it
+    elsewhere; the lock on the folder's own inode turns the second writer away all the same."""
+    real, mounted = bind_mount
+    assert locks.lock_path(real) != locks.lock_path(mounted)
+    proc = _holder(real)
+    try:
+        with pytest.raises(locks.FolderInUse, match="another path"), locks.hold(mounted):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+    with locks.hold(mounted):  # free once its holder is gone
+        pass
+
+
+def test_a_run_emptied_for_a_fresh_start_keeps_its_folder_and_lock(tmp_path):
+    """A run stopped before its first checkpoint starts afresh in its folder emptied, not removed: the
+    folder whose inode the launcher locked stays the run's."""
+    from blocklab.launch.store import claim
+    from blocklab.training.config import TrainConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    (run / "checkpoints").mkdir()
+    inode = run.stat().st_ino
+    assert claim(TrainConfig(out_dir=str(run), max_steps=5)) == "new"
+    assert run.stat().st_ino == inode and not any(run.iterdir())

@@ -7,7 +7,11 @@ included, so a lock is never stale. The holder writes its pid and command line i
 process turned away can say who has the folder.
 
 The lock lies beside the folder's real path (symlinks and `..` resolved), so that every spelling of
-one folder (runs/x, ./runs/../runs/x, a symlink to it) meets the same lock. A holder may remove its
+one folder (runs/x, ./runs/../runs/x, a symlink to it) meets the same lock. A bind mount of the folder,
+or a container's volume mounted at another path, is a spelling `realpath` cannot see: the same folder
+has another parent there, so another lock beside it. So the holder of a folder that exists (or that
+`make` creates) also holds a `flock` on the folder itself, its directory inode, which every path to it
+shares; a second writer through another mount meets that one. A holder may remove its
 lock file as it lets go (`remove=True`, for exports, which leave nothing beside them): whoever locked
 the file just before it went checks that the file at the path is still the one it locked, and locks
 again if not.
@@ -50,11 +54,12 @@ def holder(path: Path) -> str:
 
 @contextlib.contextmanager
 def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | None = None,
-         remove: bool = False) -> Iterator[None]:
+         remove: bool = False, make: bool = False) -> Iterator[None]:
     """Hold `folder`'s lock for the block. Held elsewhere: wait for it with `wait` (calling `on_wait`
     once first), else raise FolderInUse naming the holder. With `remove`, the lock file goes as the
-    lock is let go. Where `fcntl` is missing (Windows) or the file system has no `flock` (some network
-    mounts) there is no lock."""
+    lock is let go. With `make`, the folder is created if missing, so that its own inode is locked too
+    (the module doc); a folder that exists is always. Where `fcntl` is missing (Windows) or the file
+    system has no `flock` (some network mounts) there is no lock."""
     try:
         import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover - Windows
@@ -66,7 +71,11 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     if handle is None:  # a file system without flock: no lock to be had
         yield
         return
+    inode = None
     try:
+        if make:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+        inode = _lock_inode(folder, wait, on_wait)
         handle.seek(0)
         handle.truncate()
         command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
@@ -76,7 +85,38 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     finally:
         if remove:  # while still held, so that nobody holds a lock on a file no longer at the path
             path.unlink(missing_ok=True)
+        if inode is not None:
+            os.close(inode)
         handle.close()  # closing lets go of the flock
+
+
+def _lock_inode(folder: str | Path, wait: bool, on_wait: Callable[[], None] | None) -> int | None:
+    """The folder's own directory, open and flocked (None if it is not a folder yet, or cannot be
+    locked). Taken after the lock beside it, so no two processes wait on each other. Held elsewhere (a
+    writer that reached the folder through another mount): FolderInUse naming the holder, from the lock
+    file beside the folder as that one sees it, which this process may not see; or wait for it."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if not wait:
+            os.close(fd)
+            raise FolderInUse(f"{_named(folder)} is in use by another process that reached it by another "
+                              "path (a bind mount or a container volume): one process at a time may write a "
+                              "folder. Wait for that one to finish (or stop it), or choose another --out."
+                              ) from None
+        if on_wait is not None:
+            on_wait()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def _acquire(path: Path, folder: str | Path, wait: bool, on_wait: Callable[[], None] | None

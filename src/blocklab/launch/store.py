@@ -53,16 +53,21 @@ def check_reusable(cfg: TrainConfig) -> str:
 def run_lock(cfg: TrainConfig, on_wait=None) -> contextlib.AbstractContextManager[None]:
     """Hold the run's lock (`blocklab.locks`), waiting (and calling `on_wait` once) while another
     process holds it."""
-    return locks.hold(cfg.out_dir, wait=True, on_wait=on_wait)
+    return locks.hold(cfg.out_dir, wait=True, on_wait=on_wait, make=True)
 
 
 def claim(cfg: TrainConfig) -> str:
     """Under the run's lock: what to do with it now ("finished", "resume" or "new"). A run stopped before
-    its first checkpoint has nothing to resume, so its directory is cleared for a fresh start."""
+    its first checkpoint has nothing to resume, so its directory is emptied for a fresh start (emptied,
+    not removed: the folder itself stays the one whose lock this process holds)."""
     state = check_reusable(cfg)
     run = Path(cfg.out_dir)
-    if state == "new" and run.exists():
-        shutil.rmtree(run)
+    if state == "new" and run.is_dir():
+        for entry in run.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
     return state
 
 

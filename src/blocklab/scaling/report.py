@@ -260,24 +260,29 @@ HEADLINE_TEXT = (
 )
 
 
-def ladder_plan_line(name: str, ladder, archs: list[str]) -> str:
-    """A ladder not yet run: its runs and their estimated time on its device."""
+def ladder_plan_line(root: Path, ladder, archs: list[str]) -> str:
+    """A ladder with no whole seed yet: the runs left and their estimated time on its device (from the
+    store's finished runs there, else a prior)."""
     from blocklab.reproduce.estimate import Estimator
     from blocklab.scaling.ladders import plan
 
-    runs = plan(archs, ladder, Path("unused") / name)
+    runs = plan(archs, ladder, root)
+    left = [(rung, cfg) for rung, _, cfg in runs if not (Path(cfg.out_dir) / "summary.json").is_file()]
     device = "gpu" if ladder.trains_on == "gpu" else "cpu"
-    estimate = Estimator(Path("unused"), device)
-    minutes = sum(estimate.seconds(cfg) for *_, cfg in runs) / 60
-    by_rung = {}
-    for rung, _, cfg in runs:
+    estimate = Estimator(root, device)
+    minutes = sum(estimate.seconds(cfg) for _, cfg in left) / 60
+    by_rung: dict[str, float] = {}
+    for rung, cfg in left:
         by_rung[rung.name] = by_rung.get(rung.name, 0.0) + estimate.seconds(cfg) / 60
     rungs = ", ".join(f"{r} {m:.0f} min" for r, m in by_rung.items())
+    done = len(runs) - len(left)
+    state = f"{done} of {len(runs)} runs finished" if done else "not yet run"
+    name = root.name
     return (
-        f"**`{name}`: not yet run.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
-        f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), about {minutes:.0f} {device.upper()} minutes "
-        f"({rungs}), estimated at {estimate.source}. It trains a piece per lent call: "
-        f"`SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
+        f"**`{name}`: {state}.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
+        f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), {len(left)} left: about {minutes:.0f} "
+        f"{device.upper()} minutes ({rungs}), estimated at {estimate.source}. It trains a piece per lent "
+        f"call: `SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
         "benchmarks/gpu_session.sh`."
     )
 
@@ -300,7 +305,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
         data = read_ladder(root, ladder, archs, name) if root.is_dir() else None
         if data is None or not data.seeds():
             if ladder.trains_on == "gpu":
-                md += ["", ladder_plan_line(name, ladder, archs)]
+                md += ["", ladder_plan_line(root, ladder, archs)]
             else:
                 md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
             continue

@@ -112,7 +112,7 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     The run's folder is held for the whole run (`blocklab.locks`): a second process training into it
     is refused with this one's pid and command (under torchrun, the launch's first process holds it)."""
     cfg = resolve_config(config, overrides, resume)
-    with locks.hold(cfg.out_dir) if distributed.launch_rank() == 0 else nullcontext():
+    with locks.hold(cfg.out_dir, make=True) if distributed.launch_rank() == 0 else nullcontext():
         return Trainer(cfg, resume=resume).run()
 
 
