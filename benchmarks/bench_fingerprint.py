@@ -72,7 +72,8 @@ def main() -> None:
     print("| corpus | files | MB | content sha256 s | old stat key s | MB/s hashed |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['files']:,} | {r['bytes'] / 1e6:,.0f} | {r['content_s']:.3f} | {r['stat_s']:.3f} | "
+        print(f"| {name} | {r['files']:,} | {r['bytes'] / 1e6:,.0f} | {r['content_s']:.3f} | "
+              f"{r['stat_s']:.3f} | "
               f"{r['content_mb_per_s']:,.0f} |")
     if args.out:
         info = {"load_avg": os.getloadavg(), "cpu": os.cpu_count()}

@@ -185,7 +185,7 @@ def test_a_pickle_planted_in_the_store_is_never_read(tmp_path):
     cloudpickle_dump(("success", Planted(marker)), job.paths.result_pickle)
     (outcome,) = launcher._wait([job], [todo(tmp_path, "a", 0, 1)], lambda *_: None)
     assert outcome.status == "failed" and not marker.exists()
-    outcome_path(job.paths).write_text("[1, 2]")  # an outcome file that is not one: failed, not read as success
+    outcome_path(job.paths).write_text("[1, 2]")  # not an outcome: failed, not read as a success
     (outcome,) = launcher._wait([job], [todo(tmp_path, "a", 0, 1)], lambda *_: None)
     assert outcome.status == "failed" and not marker.exists()
 

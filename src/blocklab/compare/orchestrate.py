@@ -45,7 +45,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     started, start = utc_now(), time.perf_counter()
     entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add)
     out = Path(out)
-    with locks.hold(out, make=True):  # one comparison at a time in a folder: no run or report of another is touched
+    # one comparison at a time in a folder: no run or report of another is touched
+    with locks.hold(out, make=True):
         if fresh and (out / "runs").is_dir():
             for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
                 with locks.hold(run):  # never a run another process is training (FolderInUse names it)

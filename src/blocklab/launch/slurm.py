@@ -202,7 +202,8 @@ def read_outcome(paths: Any) -> dict[str, Any] | None:
         return None
     if not isinstance(outcome, dict):
         return None
-    if outcome.get("status") in ("trained", "reused") and isinstance(outcome.get("seconds", 0.0), (int, float)):
+    seconds = outcome.get("seconds", 0.0)
+    if outcome.get("status") in ("trained", "reused") and isinstance(seconds, (int, float)):
         return outcome
     return outcome if isinstance(outcome.get("error"), str) else None
 
