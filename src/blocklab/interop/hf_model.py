@@ -134,6 +134,11 @@ class BlocklabCache:
     def nbytes(self) -> int:
         return 0 if self.kv is None else self.kv.nbytes
 
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Beam search (transformers 4.x and 5): row i continues the former row ``beam_idx[i]``."""
+        if self.kv is not None:
+            self.kv.reorder(beam_idx)
+
     def room(self) -> int | None:
         """The positions it holds at most (None: the model's context, once allocated)."""
         return self.kv.max_len if self.kv is not None else self.max_len
@@ -350,9 +355,13 @@ class BlocklabForCausalLM(BlocklabPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                                       cache: Any = None, past_key_values: Any = None,
                                       **kwargs: Any) -> dict[str, Any]:
-        """The tokens not yet in the cache, and the cache (a new, empty `BlocklabCache` at the start);
-        of the other model kwargs only what the forward pass reads (``output_hidden_states`` ...)."""
+        """The tokens not yet in the cache, and the cache (a new, empty `BlocklabCache` at the start;
+        none with ``use_cache=False``: every step runs the whole sequence); of the other model kwargs
+        only what the forward pass reads (``output_hidden_states`` ...)."""
         cache = cache if cache is not None else past_key_values
+        if kwargs.get("use_cache") is False:
+            return {"input_ids": input_ids, "attention_mask": attention_mask,
+                    **{k: v for k, v in kwargs.items() if k in OUTPUT_FLAGS}}
         if not isinstance(cache, BlocklabCache):
             cache = BlocklabCache()
         return {"input_ids": input_ids[:, cache.get_seq_length():], "attention_mask": attention_mask,
