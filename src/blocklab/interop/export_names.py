@@ -73,15 +73,23 @@ def _weight_files(folder: Path) -> list[Path]:
 
 def legacy_load_kwargs(path: Any) -> dict[str, Any]:
     """What `from_pretrained` of `path` needs to load an export written with blocklab's names under
-    the export names: transformers 5 renames keys itself (``key_mapping``, regular expressions) and
-    refuses a ``state_dict`` beside a folder; 4.x has no key_mapping before 4.50 and takes the
-    renamed weights as ``state_dict``."""
-    import transformers
-
-    if int(transformers.__version__.split(".")[0]) >= 5:
+    the export names: a transformers that renames keys itself (``key_mapping``, regular expressions:
+    4.57 and 5 here; they refuse a ``state_dict`` beside a folder) gets the renaming; an older one
+    (4.45) the renamed weights as ``state_dict``."""
+    if _takes_key_mapping():
         return {"key_mapping": {re.escape(f".{own}."): f".{export}." for own, export in EXPORT_PARTS.items()}}
     state = legacy_state(path) if isinstance(path, (str, os.PathLike)) else None
     return {} if state is None else {"state_dict": state}
+
+
+def _takes_key_mapping() -> bool:
+    """Whether the installed transformers' from_pretrained reads ``key_mapping`` (a keyword it takes
+    from ``**kwargs``, so only its source says)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return "key_mapping" in inspect.getsource(PreTrainedModel.from_pretrained)
 
 
 def legacy_state(path: str | os.PathLike) -> dict[str, Tensor] | None:
