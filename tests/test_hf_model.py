@@ -352,21 +352,93 @@ def _every_arch() -> list[str]:
             "sas-p+bov"]
 
 
+SMALL = dict(n_layers=3, d_model=32, n_heads=2, mlp_hidden=64, vocab_size=96, context_length=32)
+
+
 @pytest.mark.parametrize("arch", _every_arch())
 def test_every_variant_saves_loads_and_generates_through_the_auto_class(arch, tmp_path):
     """Each block preset and value path: save_pretrained -> AutoModelForCausalLM (registered classes,
-    no remote code) -> the same logits, and HF greedy `generate` gives blocklab's tokens."""
+    no remote code), with every tensor loaded (transformers' own load report: none missing, none left
+    over) -> exactly blocklab's logits (float32), also through from_hf, and HF greedy `generate`
+    gives blocklab's tokens. On transformers 4.45 the gains of shaped attention once loaded into
+    nothing (their names held "beta" and "gamma"): logits off by 0.1."""
     from transformers import AutoModelForCausalLM
 
     import blocklab.interop.hf_model  # noqa: F401 (registers model_type "blocklab")
 
-    model = perturbed(arch, n_layers=3, d_model=32, n_heads=2, mlp_hidden=64, vocab_size=96,
-                      context_length=32)
-    hf = AutoModelForCausalLM.from_pretrained(save_pretrained(model, tmp_path / "hf", format="hf")).eval()
+    model = perturbed(arch, **SMALL)
+    folder = save_pretrained(model, tmp_path / "hf", format="hf")
+    hf, report = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+    assert not any(report.values()), report
     ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=0)
+        want = model(ids)
+        assert torch.equal(hf.eval()(ids).logits, want)
+        assert torch.equal(from_hf(folder)(ids), want)
         assert torch.equal(hf.generate(ids, max_new_tokens=6, do_sample=False), model.generate(ids, 6))
+
+
+@pytest.mark.parametrize("arch", _every_arch())
+def test_exported_tensor_names_stay_clear_of_transformers_renames(arch):
+    """transformers 4.x (4.45) renames checkpoint keys holding "beta" or "gamma" while it loads: no
+    tensor behind HF's classes has one, and each name maps back to one blocklab tensor."""
+    from blocklab.interop.export_names import blocklab_name
+    from blocklab.interop.hf_model import hf_model
+
+    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **SMALL))
+    names = list(hf_model(model).state_dict())
+    assert not [n for n in names if "beta" in n or "gamma" in n]
+    assert sorted(blocklab_name(n) for n in names) == sorted("model." + n for n in model.state_dict())
+
+
+OLD_EXPORT = Path(__file__).resolve().parent / "data" / "pre-issue50" / "shaped-export"
+
+
+def test_an_export_written_with_blocklab_names_still_loads():
+    """tests/data/pre-issue50 (written before the export names: ``attn.beta.gain``, ``attn.gamma.gain``)
+    loads through the Auto class and from_hf with every tensor, giving the logits of a blocklab model
+    holding the file's tensors as they are (read with safetensors, no transformers involved)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import blocklab.interop.hf_model  # noqa: F401 (registers model_type "blocklab")
+
+    state = load_file(OLD_EXPORT / "model.safetensors")
+    assert "model.blocks.0.attn.beta.gain" in state and "model.blocks.1.attn.gamma.gain" in state
+    reference = Transformer(ModelConfig.from_dict(json.loads((OLD_EXPORT / "config.json").read_text())
+                                                  ["blocklab"])).eval()
+    reference.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, strict=True)
+    gains = [g for b in reference.blocks for g in (b.attn.beta.gain, b.attn.gamma.gain)]
+    assert all((g - 1.0).abs().min() > 1e-3 for g in gains)  # far from their init (1)
+    hf, report = AutoModelForCausalLM.from_pretrained(OLD_EXPORT, output_loading_info=True)
+    assert not any(report.values()), report
+    ids = torch.randint(0, reference.cfg.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = reference(ids)
+        assert torch.equal(hf.eval()(ids).logits, want)
+        assert torch.equal(from_hf(OLD_EXPORT)(ids), want)
+
+
+def test_from_hf_refuses_tensors_missing_or_left_over(tmp_path):
+    """A folder whose tensors transformers does not load one for one (its load report) is refused,
+    naming them, rather than giving a model with some weights at their init."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from blocklab.errors import ConfigError
+
+    folder = save_pretrained(perturbed("sas-p", **SMALL), tmp_path / "hf", format="hf")
+    file = folder / "model.safetensors"
+    with safe_open(str(file), framework="pt") as f:
+        metadata = f.metadata()
+    state = load_file(file)
+    save_file({k: v for k, v in state.items() if k != "model.blocks.2.attn.gain_a.gain"}, str(file),
+              metadata=metadata)
+    with pytest.raises(ConfigError, match=r"1 missing \(left at their init\): model.blocks.2.attn.gain_a"):
+        from_hf(folder)
+    save_file({**state, "model.blocks.0.attn.extra": torch.ones(3)}, str(file), metadata=metadata)
+    with pytest.raises(ConfigError, match=r"1 not used: model\.blocks\.0\.attn\.extra"):
+        from_hf(folder)
 
 
 def test_bench_hf_generate_quick_run_checks_tokens_and_cache(tmp_path):

@@ -120,3 +120,47 @@ def test_lm_eval_generate_until_at_batch_size_4_answers_as_at_batch_size_1(tmp_p
     assert len(answers[1]) == len(questions)
     assert any(answers[1])  # the model does answer something
     assert answers[4] == answers[1]
+
+
+def _readme_hf_example() -> str:
+    """The Python block of README.md's "Export for Hugging Face" section, as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Export for Hugging Face", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("kind", ["sas-p", "gpt2-like", "llama-like"])
+def test_readme_hf_example_gives_each_prompt_its_tokens_alone(kind, tmp_path, monkeypatch):
+    """README.md's Hugging Face example, run as written (a remote-code export and the two native ones):
+    the tokenizer gives ids and mask only, no token_type_ids (which transformers 4.x's `generate`
+    refused for remote code and Llama, and GPT-2 added to its embeddings), and each row of the padded
+    batch is what the same HF model generates from that prompt alone, unpadded."""
+    from types import SimpleNamespace
+
+    import blocklab.interop
+    from test_interop import GPT2_LIKE, LLAMA_LIKE
+
+    fields = {"sas-p": {}, "gpt2-like": GPT2_LIKE, "llama-like": LLAMA_LIKE}[kind]
+    model = perturbed("sas-p" if kind == "sas-p" else "pre-ln", **{**fields, "vocab_size": 320})
+    tokenizer = train_bpe(["def f(x):\n    return x + 1\n", "import os\nimport sys\n"] * 30, vocab_size=320)
+    (tmp_path / "runs" / "sas-p").mkdir(parents=True)
+    tokenizer.hf.save(str(tmp_path / "runs" / "sas-p" / "tokenizer.json"))
+    monkeypatch.chdir(tmp_path)
+    example = _readme_hf_example()
+    assert 'tok(["def f(x):", "import"], padding=True, return_tensors="pt")' in example
+    scope = {"blocklab": blocklab, "run": SimpleNamespace(model=model)}
+    exec(compile(example, "README.md", "exec"), scope)  # noqa: S102 (the README's own code)
+    hf, tok, batch, out = scope["hf"], scope["tok"], scope["batch"], scope["out"]
+    native = json.loads((tmp_path / "hf" / "sas-p" / "config.json").read_text())["model_type"]
+    assert native == {"sas-p": "blocklab", "gpt2-like": "gpt2", "llama-like": "llama"}[kind]
+    assert sorted(batch) == ["attention_mask", "input_ids"]
+    assert batch["attention_mask"].sum(1).tolist() != [batch["input_ids"].shape[1]] * 2  # padded
+    width = batch["input_ids"].shape[1]
+    for row, prompt in enumerate(["def f(x):", "import"]):
+        alone = tok([prompt], return_tensors="pt")
+        with torch.no_grad():
+            want = hf.generate(**alone, max_new_tokens=20)[0]
+        start = width - alone["input_ids"].shape[1]
+        assert torch.equal(batch["input_ids"][row, start:], alone["input_ids"][0])
+        assert torch.equal(out[row, start:start + len(want)], want), (kind, prompt)
+        assert (out[row, start + len(want):] == tok.pad_token_id).all()  # only after an early eos

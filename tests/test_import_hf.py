@@ -139,7 +139,7 @@ def test_blocklab_hf_exports_round_trip(name, tmp_path):
     x = ids(t=9) % model.cfg.vocab_size
     with torch.no_grad():
         assert model(x).abs().max() > 1.0
-        torch.testing.assert_close(back.eval()(x), model(x), atol=1e-5, rtol=0)
+        assert torch.equal(back.eval()(x), model(x))  # the same tensors and code: bit for bit
     assert load_tokenizer(tmp_path / "out").encode(TEXT).ids == tok.encode(TEXT).ids
 
 
@@ -226,3 +226,30 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     err = _error(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
     assert f"has {VOCAB + 1} tokens but its model only {VOCAB}" in err
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "remote-sas-p"])
+def test_import_refuses_tensors_that_do_not_load_one_for_one(kind, tmp_path, capsys):
+    """A checkpoint with a tensor its model has no place for (or lacking one) is refused, naming it:
+    imported, it would give other logits than the model that was saved."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "hf"
+    if kind == "gpt2":
+        hf_folder("gpt2", folder)
+    else:
+        save_pretrained(EXPORTS[kind]().float(), folder, tokenizer=word_tokenizer(SPECIALS["gpt2"]),
+                        format="hf")
+    file = folder / "model.safetensors"
+    with safe_open(str(file), framework="pt") as f:
+        metadata = f.metadata()
+    state = load_file(file)
+    extra = "transformer.h.0.mlp.extra" if kind == "gpt2" else "model.blocks.0.mlp.extra"
+    save_file({**state, extra: torch.ones(2)}, str(file), metadata=metadata)
+    err = _error(["import-hf", str(folder), "--out", str(tmp_path / "out")], capsys)
+    assert f"1 not used: {extra}" in err and not (tmp_path / "out").exists()
+    first = sorted(state)[0]
+    save_file({k: v for k, v in state.items() if k != first}, str(file), metadata=metadata)
+    err = _error(["import-hf", str(folder), "--out", str(tmp_path / "out")], capsys)
+    assert f"1 missing (left at their init): {first}" in err and not (tmp_path / "out").exists()

@@ -202,6 +202,25 @@ def _saved_dtype() -> dict[str, str]:
     return {"torch_dtype" if old else "dtype": "auto"}
 
 
+_REPORTED = {"missing_keys": "missing (left at their init)", "unexpected_keys": "not used",
+             "mismatched_keys": "of another shape", "conversion_errors": "not converted",
+             "error_msgs": "errors"}
+
+
+def _check_load_report(path: Path, report: dict[str, Any]) -> None:
+    """Refuse a folder whose weights transformers did not load one for one (its `output_loading_info`):
+    a tensor missing or left over means logits other than the saved model's."""
+    wrong = []
+    for key, what in _REPORTED.items():
+        found = sorted(map(str, report.get(key) or ()))
+        if found:
+            wrong.append(f"{len(found)} {what}: {', '.join(found[:6])}{' ...' if len(found) > 6 else ''}")
+    if wrong:
+        raise ConfigError(f"transformers loaded {path} with tensors {'; '.join(wrong)}. Every tensor of "
+                          "the checkpoint must fill one of the model's, none left out: is the folder "
+                          "complete and written for this model class?")
+
+
 def _load_hf(model_or_path) -> nn.Module:
     if isinstance(model_or_path, (str, os.PathLike)):
         path = Path(model_or_path)
@@ -218,7 +237,10 @@ def _load_hf(model_or_path) -> nn.Module:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         blocklab_type = isinstance(config, hf_model.BlocklabConfig)
         cls = hf_model.model_class(config) if blocklab_type else AutoModelForCausalLM
-        return cls.from_pretrained(path, local_files_only=True, **_saved_dtype())
+        model, report = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
+                                            **_saved_dtype())
+        _check_load_report(path, report)
+        return model
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
         raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
                         f"got {type(model_or_path).__name__}")

@@ -233,6 +233,8 @@ def hf_state_dict(model) -> dict[str, Tensor]:
 # Names a tokenizer gives its padding token; one of them in the vocabulary is the pad token, else the
 # end-of-text token pads (GPT-2's convention: pads are masked out, so which id they carry never matters).
 KNOWN_PAD = ("<|pad|>", "<pad>", "[PAD]")
+# what every exported model reads: no token_type_ids (blocklab, GPT-2 and Llama have no segments)
+MODEL_INPUTS = ("input_ids", "attention_mask")
 
 
 def special_tokens(tokenizer_file: Path) -> SpecialTokens:
@@ -258,8 +260,11 @@ def write_tokenizer_config(folder: Path, context_length: int, causal: bool = Tru
 
     The config names transformers' generic fast tokenizer, so that loading it runs no code of ours;
     it pads on the left for a causal model (generation continues each row from its last real token)
-    and on the right for an encoder; and it encodes a special token's text in a prompt as plain text,
-    as blocklab's tokenizer does in training (`split_special_tokens`).
+    and on the right for an encoder; it encodes a special token's text in a prompt as plain text,
+    as blocklab's tokenizer does in training (`split_special_tokens`); and it names the model's
+    inputs, ids and mask (`MODEL_INPUTS`): the generic tokenizer otherwise also returns
+    ``token_type_ids``, which `generate` refuses (remote code, Llama) or adds to the embeddings
+    (GPT-2) in transformers 4.x.
     """
     tokenizer_file = folder / TOKENIZER_NAME
     if not tokenizer_file.is_file():
@@ -267,6 +272,7 @@ def write_tokenizer_config(folder: Path, context_length: int, causal: bool = Tru
     specials = special_tokens(tokenizer_file)
     # without tokenizer_class, AutoTokenizer would pick a tokenizer class from config.json's model_type
     tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                                  "model_input_names": list(MODEL_INPUTS),
                                   "model_max_length": context_length,
                                   "padding_side": "left" if causal else "right",
                                   "split_special_tokens": True, "clean_up_tokenization_spaces": False}

@@ -3,7 +3,8 @@
 `BlocklabConfig` (``model_type = "blocklab"``) holds a blocklab `ModelConfig` as a dict;
 `BlocklabForCausalLM` (a `PreTrainedModel` with `GenerationMixin`) and `BlocklabForMaskedLM` (for
 encoders, ``causal=False``) hold the `Transformer` under ``model``, so its weights keep blocklab's
-names behind a ``model.`` prefix. Importing this module registers the three with `AutoConfig`,
+names behind a ``model.`` prefix, less the two parts that transformers 4.x renames while loading
+(``beta`` and ``gamma``: `export_names`). Importing this module registers the three with `AutoConfig`,
 `AutoModelForCausalLM` and `AutoModelForMaskedLM`; an export (`write_remote_code_export`) carries
 an ``auto_map`` and two one-line modules that import them, so that
 ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` loads it wherever blocklab
@@ -49,6 +50,13 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
 from blocklab.interop.export_files import auto_map, write_modules
+from blocklab.interop.export_names import (
+    blocklab_name,
+    check_export_names,
+    export_name,
+    legacy_load_kwargs,
+    renamed_in_place,
+)
 from blocklab.interop.hf_surface import (
     OUTPUT_FLAGS,
     CheckpointedForward,
@@ -126,6 +134,11 @@ class BlocklabCache:
     def nbytes(self) -> int:
         return 0 if self.kv is None else self.kv.nbytes
 
+    def reorder_cache(self, beam_idx: Tensor) -> None:
+        """Beam search (transformers 4.x and 5): row i continues the former row ``beam_idx[i]``."""
+        if self.kv is not None:
+            self.kv.reorder(beam_idx)
+
     def room(self) -> int | None:
         """The positions it holds at most (None: the model's context, once allocated)."""
         return self.kv.max_len if self.kv is not None else self.max_len
@@ -134,6 +147,14 @@ class BlocklabCache:
         if self.kv is None:
             self.kv = model.new_cache(batch_size, self.max_len or model.cfg.context_length)
         return self.kv
+
+
+def _to_export_names(module: nn.Module, state: dict[str, Tensor], prefix: str, local_metadata: Any) -> None:  # noqa: ARG001
+    renamed_in_place(state, prefix, export_name)
+
+
+def _to_blocklab_names(module: nn.Module, state: dict[str, Tensor], prefix: str, *args: Any) -> None:  # noqa: ARG001
+    renamed_in_place(state, prefix, blocklab_name)
 
 
 def _shifted_loss(logits: Tensor, labels: Tensor) -> Tensor:
@@ -154,7 +175,23 @@ class BlocklabPreTrainedModel(PreTrainedModel):
     def __init__(self, config: BlocklabConfig):
         super().__init__(config)
         self.model = Transformer(config.model_config)
+        # every tensor goes by its export name here (interop/export_names.py): in state_dict (what
+        # save_pretrained writes and loading expects), load_state_dict and get_submodule
+        self.register_state_dict_post_hook(_to_export_names)
+        self.register_load_state_dict_pre_hook(_to_blocklab_names)
         self.post_init()
+
+    def get_submodule(self, target: str) -> nn.Module:
+        """The submodule at `target`, an export name (transformers 5 loads each tensor through it)."""
+        return super().get_submodule(blocklab_name(target))
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """transformers' from_pretrained; the weights of an export written before the export names (with
+        blocklab's own) load under the export names (`export_names.legacy_load_kwargs`)."""
+        if kwargs.get("state_dict") is None and kwargs.get("key_mapping") is None:
+            kwargs.update(legacy_load_kwargs(pretrained_model_name_or_path))
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:
         """transformers' save_pretrained (after PEFT's merge_and_unload, say), plus the auto_map and the
@@ -163,6 +200,7 @@ class BlocklabPreTrainedModel(PreTrainedModel):
         For a class loaded as remote code (its ``_auto_class`` set) HF would also copy the module that
         defines it, this file, and point the auto_map at that copy: switched off while saving."""
         self.config.auto_map = auto_map(self.config.model_config.causal)
+        check_export_names(self.state_dict())
         with no_code_copy(type(self), type(self.config)):
             super().save_pretrained(save_directory, *args, **kwargs)
         write_modules(Path(save_directory))
@@ -317,9 +355,13 @@ class BlocklabForCausalLM(BlocklabPreTrainedModel, GenerationMixin):
     def prepare_inputs_for_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                                       cache: Any = None, past_key_values: Any = None,
                                       **kwargs: Any) -> dict[str, Any]:
-        """The tokens not yet in the cache, and the cache (a new, empty `BlocklabCache` at the start);
-        of the other model kwargs only what the forward pass reads (``output_hidden_states`` ...)."""
+        """The tokens not yet in the cache, and the cache (a new, empty `BlocklabCache` at the start;
+        none with ``use_cache=False``: every step runs the whole sequence); of the other model kwargs
+        only what the forward pass reads (``output_hidden_states`` ...)."""
         cache = cache if cache is not None else past_key_values
+        if kwargs.get("use_cache") is False:
+            return {"input_ids": input_ids, "attention_mask": attention_mask,
+                    **{k: v for k, v in kwargs.items() if k in OUTPUT_FLAGS}}
         if not isinstance(cache, BlocklabCache):
             cache = BlocklabCache()
         return {"input_ids": input_ids[:, cache.get_seq_length():], "attention_mask": attention_mask,

@@ -7,7 +7,8 @@ classes (``trust_remote_code=True``):
                                 "blocklab", and an auto_map naming the two modules below
     configuration_blocklab.py   one import: blocklab.interop.hf_model.BlocklabConfig
     modeling_blocklab.py        one import: the causal-LM and masked-LM classes
-    model.safetensors           the Transformer's weights under ``model.`` + blocklab's names
+    model.safetensors           the Transformer's weights under ``model.`` + their export names
+                                (blocklab's, less two that transformers 4.x renames: export_names.py)
     generation_config.json      HF's generation defaults: bos, eos and pad ids (causal models)
     tokenizer.json, tokenizer_config.json   when exported with a tokenizer: transformers' own fast
                                 tokenizer (hf_export.write_tokenizer_config), no code of ours
@@ -41,6 +42,7 @@ from blocklab.interop.export_files import (
     export_metadata,
     write_modules,
 )
+from blocklab.interop.export_names import check_export_names
 from blocklab.interop.hf_export import write_generation_config
 from blocklab.interop.model_card import model_card
 from blocklab.model import Transformer
@@ -61,6 +63,7 @@ def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, spec
     (folder / CONFIG_NAME).write_text(config.to_json_string(use_diff=False))
     if model.cfg.causal:
         write_generation_config(folder, specials)
+    check_export_names(hf.state_dict())
     save_model(hf, str(folder / WEIGHTS_NAME), metadata=export_metadata("hf"), force_contiguous=True)
     write_modules(folder)
     (folder / CARD_NAME).write_text(model_card(model, run, specials=specials))

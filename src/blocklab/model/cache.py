@@ -313,6 +313,32 @@ class KVCache:
         return sum(min(self.length, s.capacity) * s.data[:, :1].numel() * s.data.element_size()
                    for s in stores)
 
+    # -- beam search -----------------------------------------------------------------------------
+    def reorder(self, rows: Tensor) -> None:
+        """Row i of the batch becomes the former row ``rows[i]``, in every tensor the cache holds per row
+        (keys, values, token ids or their offloaded slots, value sums, the last token ids, padding):
+        beam search continues each kept beam from the one it extends. In place, between forward passes;
+        the offloaded Bank of Values rows are the whole batch's, so the slots stay valid."""
+        if self._chunk is not None:
+            raise RuntimeError("reorder runs between forward passes, not during one")
+        rows = torch.as_tensor(rows)
+        if rows.dim() != 1 or rows.shape[0] != self.batch_size or rows.dtype.is_floating_point:
+            raise ValueError(f"reorder takes one integer row index per row of the batch ({self.batch_size}), "
+                             f"got a {rows.dtype} tensor of shape {tuple(rows.shape)}")
+        if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < self.batch_size):
+            raise ValueError(f"reorder's row indices must lie in [0, {self.batch_size}), got "
+                             f"{rows.min().item()} .. {rows.max().item()}")
+        per_row = [s.data for s in (*self.keys.values(), *self.values.values())]
+        per_row += [self.token_ids.data] if self.token_ids is not None else []
+        per_row += list(self.value_sums.values())
+        per_row += [self._real] if self._real is not None else []
+        for tensor in per_row:
+            tensor.copy_(tensor.index_select(0, rows.to(tensor.device)))
+        if self._last_ids is not None:  # (pending/cached, B, 1)
+            self._last_ids.copy_(self._last_ids.index_select(1, rows.to(self._last_ids.device)))
+        if self.padding is not None:
+            self.padding.reorder(rows.to(self.padding.real.device))
+
     # -- one forward pass ----------------------------------------------------------------------
     def begin(self, token_ids: Tensor, real: Tensor | None = None) -> Tensor:
         """Start a forward pass over `token_ids` (B, T); returns their absolute positions (T,), or with

@@ -90,6 +90,12 @@ class PaddingState:
         self.real += valid.sum(dim=1, keepdim=True)
         return positions
 
+    def reorder(self, rows: Tensor) -> None:
+        """Row i becomes the former row ``rows[i]`` (`KVCache.reorder`)."""
+        self.real = self.real.index_select(0, rows)
+        self.closed = self.closed.index_select(0, rows)
+        self.any_closed = bool(self.closed.any())
+
 
 def check_rows(valid: Tensor, started: Tensor | None = None, closed: Tensor | None = None) -> None:
     """Refuse a row whose padding splits its real tokens (`started`, `closed`: its state from earlier

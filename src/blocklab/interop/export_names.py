@@ -1,0 +1,113 @@
+"""Tensor names of blocklab's Hugging Face classes: blocklab's own, less two that transformers renames.
+
+transformers 4.x before 4.50 (4.44 and 4.45 measured) renames every checkpoint key containing "beta"
+to "bias" and "gamma" to "weight" while it loads (a convention of early TensorFlow ports), so the
+gains of shaped attention, alpha I + beta A - gamma C, saved as ``attn.beta.gain`` and
+``attn.gamma.gain``, would load into nothing and keep their init. Behind HF's classes
+(`hf_model.BlocklabPreTrainedModel`) each tensor therefore goes by its *export name*: blocklab's
+name with the path parts in `EXPORT_PARTS` replaced, on every transformers version, in what
+`state_dict` gives, `save_pretrained` writes and loading reads. The `Transformer` inside keeps
+blocklab's names (its checkpoints, logged gains, analyses).
+
+Exports written before this rename hold blocklab's names: `legacy_load_kwargs` has
+`from_pretrained` load them under the export names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+# a path part of a blocklab tensor name -> the part exported instead (attention-matrix gains, on A and C)
+EXPORT_PARTS = {"beta": "gain_a", "gamma": "gain_c"}
+_BLOCKLAB_PARTS = {export: own for own, export in EXPORT_PARTS.items()}
+# the substrings older transformers rewrite in any checkpoint key
+RENAMED_BY_TRANSFORMERS = ("beta", "gamma")
+
+
+def _replace_parts(name: str, parts: dict[str, str]) -> str:
+    return ".".join(parts.get(part, part) for part in name.split("."))
+
+
+def export_name(name: str) -> str:
+    """The exported name of blocklab tensor (or module) `name`: ``blocks.0.attn.beta.gain`` ->
+    ``blocks.0.attn.gain_a.gain``."""
+    return _replace_parts(name, EXPORT_PARTS)
+
+
+def blocklab_name(name: str) -> str:
+    """The inverse of `export_name`."""
+    return _replace_parts(name, _BLOCKLAB_PARTS)
+
+
+def check_export_names(names) -> None:
+    """Refuse to write tensor names that transformers 4.x would rename while loading."""
+    bad = sorted(n for n in names if any(word in n for word in RENAMED_BY_TRANSFORMERS))
+    if bad:
+        raise ValueError(f"tensor names {bad[:4]} hold {' or '.join(RENAMED_BY_TRANSFORMERS)}, which "
+                         "transformers 4.x renames while loading: add their parts to "
+                         "blocklab.interop.export_names.EXPORT_PARTS")
+
+
+def renamed_in_place(state: dict[str, Tensor], prefix: str, rename) -> None:
+    """Apply `rename` to the part after `prefix` of each key of `state` that starts with it, keeping
+    the keys' order (a state_dict hook's destination is shared with the modules around it)."""
+    items = list(state.items())
+    state.clear()
+    for key, value in items:
+        state[prefix + rename(key[len(prefix):]) if key.startswith(prefix) else key] = value
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def legacy_load_kwargs(path: Any) -> dict[str, Any]:
+    """What `from_pretrained` of `path` needs to load an export written with blocklab's names under
+    the export names: a transformers that renames keys itself (``key_mapping``, regular expressions:
+    4.57 and 5 here; they refuse a ``state_dict`` beside a folder) gets the renaming; an older one
+    (4.45) the renamed weights as ``state_dict``."""
+    if _takes_key_mapping():
+        return {"key_mapping": {re.escape(f".{own}."): f".{export}." for own, export in EXPORT_PARTS.items()}}
+    state = legacy_state(path) if isinstance(path, (str, os.PathLike)) else None
+    return {} if state is None else {"state_dict": state}
+
+
+def _takes_key_mapping() -> bool:
+    """Whether the installed transformers' from_pretrained reads ``key_mapping`` (a keyword it takes
+    from ``**kwargs``, so only its source says)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return "key_mapping" in inspect.getsource(PreTrainedModel.from_pretrained)
+
+
+def legacy_state(path: str | os.PathLike) -> dict[str, Tensor] | None:
+    """The weights of a local export written with blocklab's names (before the export names), under
+    the export names; None for a folder already written with them, or anything else (a hub id, a
+    folder without safetensors weights), which transformers loads as it is."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    files = _weight_files(folder) if folder.is_dir() else []
+    old = False
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            old = old or any(export_name(key) != key for key in f.keys())  # noqa: SIM118 (not a dict)
+    if not old:
+        return None
+    state: dict[str, Tensor] = {}
+    for file in files:
+        state.update((export_name(key), value) for key, value in load_file(str(file)).items())
+    return state
