@@ -177,6 +177,11 @@ def test_read_metrics_is_one_reader_with_clear_errors(tmp_path):
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
     path.write_bytes(whole + b"{truncated\n")  # a torn last line holds no record: passed over
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    for whole_json in (b"[1,2]\n", b"7"):  # valid JSON is never a cut-off object: refused, not dropped
+        path.write_bytes(whole + whole_json)
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object \(it is a"):
+            read_metrics(path)
+    path.write_bytes(whole + b"{truncated\n")
     path.write_text(path.read_text() + '{"kind": "val", "step": 2}\n')  # but not before the end
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object"):
         read_metrics(path)
