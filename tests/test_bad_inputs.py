@@ -73,6 +73,14 @@ BAD_TRAIN = [  # (overrides, words the message must hold)
     (["max_steps=2", "noequals"], ["noequals"]),
     ([], ["budget"]),
     (["size=tinny"], ["tinny", "Did you mean tiny"]),  # the misspelt size first, not the missing budget
+    # issue 51: a value path where the block goes, not "unknown architecture 'bov'. Did you mean bov?"
+    (["max_steps=2", "arch=bov+bov"], ["'bov+bov' is not allowed", "'bov' is a value path", "pre-ln+bov"]),
+    (["max_steps=2", "threads=abc"], ["threads", "'abc'", "positive integer"]),
+    (["max_steps=2", "threads=0"], ["threads", "positive integer"]),
+    (["max_steps=2", "threads=-2"], ["threads", "positive integer"]),
+    (["max_steps=2", "seed=99999999999999999999"], ["seed", "99999999999999999999"]),
+    (["max_steps=2", "optim=5"], ["optim", "5"]),
+    (["max_steps=2", "data=[1]"], ["data", "[1]"]),
 ]
 
 

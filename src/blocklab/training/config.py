@@ -97,10 +97,13 @@ class TrainConfig(ConfigBase):
             self.init_from = os.fspath(self.init_from)
         # first: a path that is not valid text (data.source, out_dir, init_from ...) would fail in YAML
         require_text(flat(self.to_dict()).items())
-        if isinstance(self.data, dict):
-            self.data = DataConfig.from_dict(self.data)
-        if isinstance(self.optim, dict):
-            self.optim = OptimConfig.from_dict(self.optim)
+        for name, cls in (("data", DataConfig), ("optim", OptimConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, cls.from_dict(value))
+            elif not isinstance(value, cls):  # optim=5, data=[1]: not a section
+                self.fail(name, value, f"it is a section of {cls.__name__} fields: give them dotted "
+                                       f"({name}.<field>=...) or as a mapping ({name}={{<field>: ...}}).")
         _validate(self)
 
     # -- derived -----------------------------------------------------------------------------------
@@ -301,6 +304,7 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
 
 
 COMPILE_CHOICES = (False, True, "model", "blocks")
+MAX_SEED = 2**63 - 1
 
 
 def _validate(cfg: TrainConfig) -> None:
@@ -312,6 +316,8 @@ def _validate(cfg: TrainConfig) -> None:
         value = getattr(cfg, name)
         if not is_count(value, 0):
             cfg.fail(name, value, "it must be an integer >= 0 (0 turns it off).")
+    if not is_count(cfg.seed, 0) or cfg.seed > MAX_SEED:  # what torch.manual_seed takes, and numpy
+        cfg.fail("seed", cfg.seed, f"it must be an integer from 0 to {MAX_SEED} (2**63 - 1).")
     if cfg.threads is not None and not is_count(cfg.threads, 1):
         cfg.fail("threads", cfg.threads, "it must be a positive integer, or None for torch's default "
                                          "(one per core, or OMP_NUM_THREADS when it is set).")
