@@ -144,23 +144,3 @@ def test_the_lock_of_dot_lies_beside_the_working_folder(tmp_path, monkeypatch):
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
-
-
-@pytest.mark.parametrize("command", ["train", "compare"])
-def test_a_dangling_symlink_as_out_is_named_and_nothing_is_made(command, tmp_path, capsys):
-    """train said "[Errno 17] File exists"; compare made the folders the link points at. Both name the
-    link and its missing target, exit 2, and write nothing."""
-    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
-    link, target = tmp_path / "out", tmp_path / "gone" / "run"
-    link.symlink_to(target)
-    if command == "train":
-        argv = _train_args(corpus, tmp_path / "cache", link, 2)
-    else:
-        argv = ["compare", "--archs", "pre-ln", "--seeds", "1", "--steps", "2", "--timing-rounds", "0",
-                "--quiet", "--batch-size", "4", "--seq-len", "32", "--out", str(link),
-                *_train_args(corpus, tmp_path / "cache", link, 2)[1:7]]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
-    assert f"{link} is a symlink to {str(target)!r}, which does not exist" in err
-    assert not (tmp_path / "gone").exists() and link.is_symlink()

@@ -60,7 +60,6 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     except ImportError:  # pragma: no cover - Windows
         yield
         return
-    _refuse_dangling(folder)
     path = lock_path(folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = _acquire(path, folder, wait, on_wait)
@@ -78,17 +77,6 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
         if remove:  # while still held, so that nobody holds a lock on a file no longer at the path
             path.unlink(missing_ok=True)
         handle.close()  # closing lets go of the flock
-
-
-def _refuse_dangling(folder: str | Path) -> None:
-    """A symlink on the way to `folder` that leads nowhere is a ConfigError naming it and its target:
-    writing through it would fail later ("File exists"), or make folders where the link points."""
-    path = Path(os.path.abspath(folder))
-    for part in [*reversed(path.parents), path]:
-        if part.is_symlink() and not part.exists():
-            raise ConfigError(f"{str(folder)!r} is not allowed: {part} is a symlink to "
-                              f"{os.readlink(part)!r}, which does not exist. Create that folder, remove the "
-                              "link, or choose another folder.")
 
 
 def _acquire(path: Path, folder: str | Path, wait: bool, on_wait: Callable[[], None] | None
