@@ -272,7 +272,7 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in out_dir from its last checkpoint")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, option_fields={"out": "out_dir", "threads": "threads"})
 
 
 def _add_compare(sub) -> None:
@@ -320,7 +320,7 @@ def _add_compare(sub) -> None:
                    "still print)")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, option_fields={"threads": "threads"})
 
 
 def _add_reproduce(sub) -> None:
