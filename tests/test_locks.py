@@ -144,3 +144,13 @@ def test_the_lock_of_dot_lies_beside_the_working_folder(tmp_path, monkeypatch):
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True)
     return path
+
+
+def test_train_through_a_symlink_to_a_folder_not_made_yet_writes_the_run_there(tmp_path, capsys):
+    """A symlink --out whose folder does not exist yet is the folder it names, as for compare and exports
+    (and its lock): train made it there instead of failing with "[Errno 17] File exists"."""
+    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
+    link, target = tmp_path / "out", tmp_path / "gone" / "run"
+    link.symlink_to(target)
+    assert main(_train_args(corpus, tmp_path / "cache", link, 2)) == 0, capsys.readouterr().err
+    assert link.is_symlink() and json.loads((target / "summary.json").read_text())["step"] == 2

@@ -244,7 +244,7 @@ class Trainer:
         if self.checkpoint is None and self.cfg.overwrite:
             rundir.clear_run(self.run_dir)
         ckpt.remove_partial_writes(self.run_dir)  # left by a process killed while saving
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.make_run_dir(self.run_dir)
         (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())  # on resume: the new budget, cadence
         if self.checkpoint is None:
             (self.run_dir / "model_config.json").write_text(self.model_cfg.to_json())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,13 @@ def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
 # what a run writes into its directory (and blocklab diagnose beside it); overwrite=true removes these
 RUN_FILES = ("config.yaml", "model_config.json", "tokenizer.json", "data_manifest.json", "metrics.jsonl",
              "summary.json", "checkpoints", "tensorboard", "diagnostics")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make the run's folder where it really is: through a symlink to a folder not made yet (the lock
+    already sits beside that real path, `locks.lock_path`), as compare and exports write through one,
+    rather than "File exists" from mkdir on the link itself."""
+    Path(os.path.realpath(run_dir)).mkdir(parents=True, exist_ok=True)
 
 
 def clear_run(run_dir: Path) -> None:
