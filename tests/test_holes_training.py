@@ -5,6 +5,7 @@ config, before it is built. Each refusal is one `blocklab: error:` line and chan
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -231,3 +232,26 @@ def test_processes_of_one_machine_share_its_memory(tmp_path, monkeypatch):
     assert split.weights == whole.weights and split.optimizer == -(-whole.optimizer // 2)
     fake_meminfo(tmp_path, monkeypatch, -(-2 * split.total // 1024) * 1024)
     memory.check_training_fits(sharded, model_cfg, torch.device("cpu"), world_size=2)
+
+
+def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, capsys):
+    """config.yaml, tokenizer.json and summary.json of a folder that is not a run were replaced, exit 0
+    (issue 51): refused naming them, unless overwrite=true, which replaces only those (notes.txt stays)."""
+    from helpers import small_run_args, write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"config.yaml": "my: settings\n", "tokenizer.json": "{}", "summary.json": "[]", "notes.txt": "hi"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    args = ["train", *small_run_args(corpus, tmp_path / "cache"), "max_steps=2", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error: ") and "is not a blocklab run" in err and "overwrite=true" in err
+    assert "config.yaml, tokenizer.json, summary.json" in err
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine  # nothing touched
+    assert main([*args, "overwrite=true"]) == 0
+    assert (out / "notes.txt").read_text() == "hi"
+    assert json.loads((out / "summary.json").read_text())["step"] == 2

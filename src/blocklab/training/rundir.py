@@ -12,12 +12,21 @@ from blocklab.training.metrics import resume_rows
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """A new run must not write over a saved one (its metrics, configs and checkpoints)."""
-    if overwrite or not ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
+    """A new run must not write over a saved one (its metrics, configs and checkpoints), nor over files
+    of the names a run writes (RUN_FILES) in a folder that is not a run: a user's own config.yaml,
+    tokenizer.json or summary.json. `overwrite` replaces either."""
+    if overwrite:
         return
-    raise ConfigError(f"out_dir {str(run_dir)!r} already holds a run (checkpoints/ or metrics.jsonl). Pass "
-                      "--resume (resume=True) to continue it, choose another out_dir, or set overwrite=true "
-                      "to delete it and start again.")
+    if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"out_dir {str(run_dir)!r} already holds a run (checkpoints/ or metrics.jsonl). "
+                          "Pass --resume (resume=True) to continue it, choose another out_dir, or set "
+                          "overwrite=true to delete it and start again.")
+    taken = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if taken:
+        raise ConfigError(f"out_dir {str(run_dir)!r} is not a blocklab run (no metrics.jsonl nor "
+                          f"checkpoints/) but holds {', '.join(taken)}, which a new run would replace. "
+                          "Choose another out_dir, or set overwrite=true to replace them (other files there "
+                          "are kept).")
 
 
 # what a run writes into its directory (and blocklab diagnose beside it); overwrite=true removes these
