@@ -255,3 +255,39 @@ def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, c
     assert main([*args, "overwrite=true"]) == 0
     assert (out / "notes.txt").read_text() == "hi"
     assert json.loads((out / "summary.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize("edit, field", [(("optim", "lr", 0.02), "optim.lr"), ((None, "seed", 7), "seed"),
+                                         ((None, "batch_size", 4), "batch_size")])
+def test_resume_refuses_a_hand_edited_config_yaml(tmp_path, capsys, edit, field):
+    """lr, seed or batch size edited in config.yaml by hand changed the run on --resume, exit 0 (issue 51),
+    while the same change as an override was refused: the checkpoint records the config it was trained
+    with and a resume is checked against it. An edit of a field a resume may change (log_every) passes."""
+    import yaml
+
+    from helpers import small_run_args, write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    assert main(["train", *small_run_args(corpus, tmp_path / "cache"), "max_steps=2", "--out", str(run)]) == 0
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    section, name, value = edit
+    fields = data[section] if section else data
+    trained, fields[name] = fields[name], value
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
+    assert "differs from the config the checkpoint was trained with" in err and f"{field}: " in err
+    assert f"-> {value!r}" in err
+    after = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    # nothing written by the refused resume (config.yaml is the hand-edited one)
+    assert [b for b in before if b[0] != "config.yaml"] == [a for a in after if a[0] != "config.yaml"]
+    fields[name] = trained  # back to what it was trained with
+    data["log_every"] = 1  # a field a resume may change
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 0
+    assert json.loads((run / "summary.json").read_text())["step"] == 4

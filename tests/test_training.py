@@ -405,11 +405,16 @@ def test_resume_rejects_a_different_model(corpus, tmp_path, capsys):
     saved = (run / "config.yaml").read_text()
     assert "n_layers: 2" in saved
     (run / "config.yaml").write_text(saved.replace("n_layers: 2", "n_layers: 3"))
-    with pytest.raises(TrainingError, match=r"differs from the checkpoint's .*'n_layers': \(2, 3\)"):
+    with pytest.raises(ConfigError, match=r"differs from the config the checkpoint was trained with "
+                                          r"\(model.n_layers: 2 -> 3\)"):
         train(out_dir=str(run), resume=True)
     # state.json edited too: the weights do not fit, and the load failure is a TrainingError
     state = ckpt.latest_checkpoint(run) / "state.json"
     meta = json.loads(state.read_text())
+    meta["train_config"]["model"]["n_layers"] = 3
+    with pytest.raises(TrainingError, match=r"differs from the checkpoint's .*'n_layers': \(2, 3\)"):
+        state.write_text(json.dumps(meta))
+        train(out_dir=str(run), resume=True)
     meta["model_config"]["n_layers"] = 3
     state.write_text(json.dumps(meta))
     with pytest.raises(TrainingError, match=r"does not match the model: missing \['blocks.2"):

@@ -218,6 +218,23 @@ def check_saved_config(run_dir: str | Path, cfg: TrainConfig, ignore: frozenset[
         raise ConfigError(f"{what} with a different config ({changes}); {remedy}")
 
 
+def check_trained_config(checkpoint: str | Path, trained: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse a resume whose config (config.yaml as it is now, then the overrides) differs outside
+    RESUMABLE from `trained`, the config the checkpoint's steps were taken with (its state.json): a
+    config.yaml edited by hand changes a run as surely as an override would."""
+    what = f"cannot resume from {str(checkpoint)!r}"
+    try:
+        saved = TrainConfig.from_dict(trained)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise ConfigError(f"{what}: the config it was trained with cannot be read ({err}).") from None
+    changes = changed_fields(saved, cfg, RESUMABLE)
+    if changes:
+        raise ConfigError(f"{what}: config.yaml (with the overrides given) differs from the config the "
+                          f"checkpoint was trained with ({changes}); {resume_rule()}. Restore those fields "
+                          "in config.yaml (the checkpoint's state.json holds them under train_config), or "
+                          "train a new out_dir.")
+
+
 def resume_rule() -> str:
     """What a resume may change, written from RESUMABLE itself so that the two never disagree."""
     return (f"a resume may change only {', '.join(sorted(RESUMABLE))}; anything else would change the "

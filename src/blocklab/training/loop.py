@@ -173,7 +173,7 @@ class Trainer:
         # where a resume starts; resume without a checkpoint starts from step 0
         self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if self.checkpoint is not None:
-            rundir.check_resume_config(self.run_dir, cfg)
+            rundir.check_resume_config(self.run_dir, cfg, self.checkpoint)
             if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
                 rundir.check_resume_metrics(self.run_dir)
         elif not resume:
@@ -271,7 +271,9 @@ class Trainer:
     def _save(self) -> None:
         weights, optim_states = distributed.full_states(self.wrapped, self.optimizers)
         if self.env.is_main:
-            meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash}
+            # the config these steps were taken with: a resume checks config.yaml against it
+            meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash,
+                    "train_config": self.cfg.to_dict()}
             ckpt.save_checkpoint(self.run_dir, weights, optim_states, self.state, meta,
                                  self.cfg.keep_checkpoints)
         distributed.barrier(self.env)

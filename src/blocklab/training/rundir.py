@@ -7,7 +7,8 @@ import shutil
 from pathlib import Path
 
 from blocklab.errors import ConfigError
-from blocklab.training.config import TrainConfig, check_resumable
+from blocklab.training.checkpoint import read_state
+from blocklab.training.config import TrainConfig, check_resumable, check_trained_config
 from blocklab.training.metrics import resume_rows
 
 
@@ -51,7 +52,13 @@ def clear_run(run_dir: Path) -> None:
             path.unlink()
 
 
-def check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
+def check_resume_config(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
+    """The config a resume goes on with against the one the checkpoint was trained with (its
+    state.json's train_config), else, for a checkpoint saved before that was recorded, against
+    config.yaml (which a hand edit would then pass)."""
+    _, meta = read_state(checkpoint)
+    if isinstance(meta.get("train_config"), dict):
+        check_trained_config(checkpoint, meta["train_config"], cfg)
     if not (run_dir / "config.yaml").is_file():
         return  # the checkpoint's model config and tokenizer are still checked
     check_resumable(cfg, run_dir)
