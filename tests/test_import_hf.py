@@ -226,3 +226,38 @@ def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path, capsys):
     tok.save(str(tmp_path / "hf" / "tokenizer.json"))
     err = _error(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], capsys)
     assert f"has {VOCAB + 1} tokens but its model only {VOCAB}" in err
+
+
+@pytest.mark.parametrize("command", ["import-hf", "init_from"])
+@pytest.mark.parametrize("kind, removed", [("llama", "model.layers.1.mlp.down_proj.weight"),
+                                           ("gpt2", "transformer.h.1.mlp.c_proj.weight")])
+def test_missing_or_unexpected_weights_are_refused_naming_them(kind, removed, command, corpus, tmp_path,
+                                                               capsys):
+    """A weight taken out of model.safetensors was filled at random, and an extra one dropped, exit 0
+    ("imported the llama checkpoint", issue 51): each is named, exit 2, and nothing is written."""
+    from safetensors.torch import load_file, save_file
+
+    hf_folder(kind, tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    whole = load_file(weights)
+    capsys.readouterr()  # save_pretrained's progress bar
+    for label, change in (("missing", lambda s: s.pop(removed)),
+                          ("extra", lambda s: s.update({"model.extra.weight": torch.ones(3)}))):
+        state = dict(whole)
+        change(state)
+        save_file(state, weights, metadata={"format": "pt"})
+        out = tmp_path / f"out-{label}"
+        if command == "import-hf":
+            argv = ["import-hf", str(tmp_path / "hf"), "--out", str(out)]
+        else:
+            argv = ["train", f"init_from={tmp_path / 'hf'}", "max_steps=1", "batch_size=2", "seq_len=16",
+                    "progress=false", f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+                    "--out", str(out)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1].startswith("blocklab: error: ") and "Traceback" not in err
+        if label == "missing":
+            assert f"missing weights, which would be filled at random: {removed}" in err
+        else:
+            assert "weights the model has no place for, which would be dropped: model.extra.weight" in err
+        assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
