@@ -291,3 +291,39 @@ def test_resume_refuses_a_hand_edited_config_yaml(tmp_path, capsys, edit, field)
     (run / "config.yaml").write_text(yaml.safe_dump(data))
     assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 0
     assert json.loads((run / "summary.json").read_text())["step"] == 4
+
+
+def test_init_from_records_the_architecture_trained_and_refuses_another(tmp_path, capsys):
+    """`train arch=sas size=small init_from=A` recorded sas/small for A's model, and a SAS-P source was
+    labelled pre-ln (issue 51): an arch or size other than the source's is refused, naming both, and a
+    run from a SAS-P source records sas-p and its size in config.yaml and summary.json, also on resume;
+    a compare of several architectures from one source is refused."""
+    import yaml
+
+    from blocklab.compare import resolve_compare
+    from helpers import write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    common = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+              "batch_size=2", "seq_len=16", "progress=false", "eval_every=0", "eval_batches=1"]
+    source = tmp_path / "source"
+    assert main(["train", *common, "arch=sas-p", "size=tiny", "max_steps=1", "--out", str(source)]) == 0
+    run = tmp_path / "run"
+    for given in (["arch=sas", "size=small"], ["arch=pre-ln+bov"], ["size=small"]):
+        capsys.readouterr()
+        assert main(["train", *common, f"init_from={source}", *given, "max_steps=2", "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
+        for name, _, value in (g.partition("=") for g in given):
+            assert f"{name} = {value!r}" in err, err
+        assert "a 'sas-p' of size 'tiny'" in err and not run.exists()
+    assert main(["train", *common, f"init_from={source}", "max_steps=2", "--out", str(run)]) == 0
+    assert f"{run}: sas-p seed 0" in capsys.readouterr().out  # the result line
+    summary = json.loads((run / "summary.json").read_text())
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert (summary["arch"], summary["size"], config["arch"], config["size"]) == ("sas-p", "tiny") * 2
+    assert main(["train", "--resume", "--out", str(run), "max_steps=3"]) == 0  # the recorded names pass
+    assert json.loads((run / "summary.json").read_text())["arch"] == "sas-p"
+    with pytest.raises(ConfigError, match=r"init_from = .* with 2 architectures is not allowed"):
+        resolve_compare(["pre-ln", "sas"], None, {"max_steps": 2}, overrides=[f"init_from={source}"])

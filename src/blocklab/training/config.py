@@ -8,7 +8,9 @@ Nested sections (`data`, `optim`, `model`) take dotted overrides: ``optim.lr=3e-
 Continued pretraining starts from existing weights instead: ``init_from`` (a run directory or a
 `blocklab.interop.save_pretrained` export) and, optionally, ``retrofit`` (a value path applied
 with `blocklab.interop.retrofit`, e.g. ``resformer-learnable``). The source then fixes the model
-(``arch``, ``size`` and ``model`` are not used) and its tokenizer.
+and its tokenizer: ``model`` overrides are refused, and ``arch`` and ``size`` become the source's
+(`init_from.with_source_preset`; ``size`` is UNNAMED_SIZE when no size preset matches); an arch or
+size given that differs from the source's is refused.
 """
 
 from __future__ import annotations
@@ -321,6 +323,7 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
 
 
 COMPILE_CHOICES = (False, True, "model", "blocks")
+UNNAMED_SIZE = "custom"  # the size an init_from run records when its source matches no size preset
 MAX_SEED = 2**63 - 1
 
 
@@ -358,11 +361,14 @@ def _validate(cfg: TrainConfig) -> None:
         except ImportError:
             cfg.fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
                                                      "'blocklab[tensorboard]', or set tensorboard=false.")
-    model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data prep
-    if "context_length" in cfg.model and model.context_length < cfg.seq_len:
-        cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
-                                         "lower seq_len or raise model.context_length (it follows seq_len "
-                                         "by default).")
+    if cfg.init_from is not None:  # the source fixes the model: arch and size are checked against it
+        _check_preset_names(cfg)
+    else:
+        model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data
+        if "context_length" in cfg.model and model.context_length < cfg.seq_len:
+            cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
+                                             "lower seq_len or raise model.context_length (it follows "
+                                             "seq_len by default).")
     # the budget last: a misspelt arch or size is the first thing to fix
     budgets = cfg.budgets()
     if not budgets:
@@ -376,6 +382,16 @@ def _validate(cfg: TrainConfig) -> None:
                 cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
             setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     _validate_init(cfg)
+
+
+def _check_preset_names(cfg: TrainConfig) -> None:
+    """With init_from: arch and size must be names (the Trainer then checks them against the source,
+    `init_from.with_source_preset`); size may be UNNAMED_SIZE, what a source of no size preset records."""
+    from blocklab.presets import SIZE_PRESETS, resolve
+
+    resolve(cfg.arch, next(iter(SIZE_PRESETS)))  # an unknown architecture: the presets' own message
+    if cfg.size != UNNAMED_SIZE and cfg.size not in SIZE_PRESETS:
+        resolve(cfg.arch, cfg.size)
 
 
 def _validate_init(cfg: TrainConfig) -> None:

@@ -166,6 +166,8 @@ class Trainer:
 
     def _setup(self, cfg: TrainConfig, resume: bool) -> None:
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
+        if init is not None:  # the run records the source's arch and size, the model it trains
+            cfg = init_from.with_source_preset(cfg, init[0])
         if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
             cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
         self.cfg, self.resume = cfg, resume
