@@ -101,6 +101,18 @@ def test_bad_train_input(overrides, words, corpus, finished_run, tmp_path, capsy
     assert digest(finished_run) == before
 
 
+def test_yaml_nested_thousands_deep_is_one_error_line(tmp_path, capsys):
+    """A config file or an override nested 5,000 deep was a RecursionError traceback (issue 51)."""
+    deep = "[" * 5000 + "]" * 5000
+    (tmp_path / "deep.yaml").write_text(f"max_steps: 2\nmodel: {{x: {deep}}}\n")
+    for argv, named in ((["train", str(tmp_path / "deep.yaml")], "deep.yaml"),
+                        (["train", "max_steps=2", f"model.x={deep}"], "override model.x")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1, err[:300]
+        assert named in err and "nested too deeply" in err
+
+
 def test_bad_yaml_names_the_line(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_steps: 2\nmodel: [1, 2\n")

@@ -148,6 +148,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"training config {str(path)!r} is not UTF-8 text (byte {err.start}: "
                           f"{err.object[err.start:err.start + 1]!r}); save it as UTF-8.") from None
+    except RecursionError:  # PyYAML recurses once per level: thousands of nested [ or {
+        raise ConfigError(f"training config {str(path)!r} is nested too deeply for YAML to read: a config "
+                          "holds fields, sections and short lists, a few levels deep.") from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -276,6 +279,9 @@ def _split_override(text: str) -> tuple[str, Any]:
     require_text([("the key of an override", key), (key.strip(), raw)])
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
+    except RecursionError:  # PyYAML recurses once per level: thousands of nested [ or {
+        raise ConfigError(f"override {key.strip()} is not allowed: its value is nested too deeply for YAML "
+                          "to read; give a value a few levels deep, e.g. [1, 2] or {a: 1}.") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {key.strip()} = {raw!r} is not allowed: its value is not valid YAML "
                           f"({getattr(err, 'problem', None) or err}); quote a string, e.g. "
