@@ -41,6 +41,8 @@ CAMPAIGN_MIN=M.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import shutil
 import sys
 import tempfile
@@ -94,7 +96,7 @@ def run_campaign(opts: argparse.Namespace) -> list[str]:
         lines = left.lines()
     else:
         if opts.minutes is None:
-            raise SystemExit("gpu_campaign.py next needs --minutes: the budget of this piece")
+            raise usage_error("next needs --minutes: the budget of this piece, a positive number")
         piece = run_piece(claims, scale, opts.scale, opts.out, opts.minutes, export=opts.export)
         lines = [f"piece: trained {len(piece.trained)} runs in {piece.seconds / 60:.1f} min on "
                  f"{piece.device}"]
@@ -137,6 +139,41 @@ def run_mfu(opts: argparse.Namespace) -> list[str]:
     return [f"mfu: {results}"]
 
 
+def usage_error(message: str) -> SystemExit:
+    """A bad option: one line on stderr naming it and what is allowed, exit status 2 (argparse's)."""
+    print(f"gpu_campaign.py: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
+def check_options(opts: argparse.Namespace) -> None:
+    """Every option checked before anything trains: a wrong one is found now, not after a run."""
+    import torch
+
+    from blocklab.claims import select
+    from blocklab.errors import ConfigError
+    from blocklab.reproduce import SCALES
+
+    if opts.minutes is not None and not (math.isfinite(opts.minutes) and opts.minutes > 0):
+        raise usage_error(f"--minutes {opts.minutes:g} is not allowed: give a positive number of minutes, "
+                          "e.g. --minutes 7")
+    if opts.scale not in SCALES:
+        raise usage_error(f"--scale {opts.scale!r} is not allowed: choose one of {', '.join(SCALES)}")
+    try:
+        select([c.strip() for c in opts.claims.split(",")] if opts.claims else None)
+    except ConfigError as err:
+        raise usage_error(f"--claims {opts.claims!r} is not allowed: {err}") from None
+    try:
+        torch.device(opts.device)
+    except RuntimeError:
+        raise usage_error(f"--device {opts.device!r} is not allowed: give a torch device, e.g. cuda, "
+                          "cuda:1 or cpu") from None
+    if opts.export is not None:  # its folder is made when missing: the nearest existing one must be writable
+        folder = next(p for p in opts.export.absolute().parents if p.exists())
+        if opts.export.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise usage_error(f"--export {opts.export} is not allowed: {str(folder)!r} is not a folder this "
+                              "user can write to; give a .tgz path in one")
+
+
 def main(argv: list[str] | None = None) -> list[str]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("piece", choices=["mfu", *PIECES, "all", "next", "status"])
@@ -159,6 +196,7 @@ def main(argv: list[str] | None = None) -> list[str]:
                    "every run (for a GPU call's $OUT)")
     p.add_argument("--dry-run", action="store_true", help="next: print what remains, train nothing")
     opts = p.parse_args(argv)
+    check_options(opts)
     if opts.out is None:
         opts.out = Path(tempfile.mkdtemp(prefix="campaign-smoke-")) if opts.smoke and opts.piece in (
             "next", "status") else HERE / "reproduction-data"

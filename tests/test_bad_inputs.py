@@ -73,6 +73,14 @@ BAD_TRAIN = [  # (overrides, words the message must hold)
     (["max_steps=2", "noequals"], ["noequals"]),
     ([], ["budget"]),
     (["size=tinny"], ["tinny", "Did you mean tiny"]),  # the misspelt size first, not the missing budget
+    # issue 51: a value path where the block goes, not "unknown architecture 'bov'. Did you mean bov?"
+    (["max_steps=2", "arch=bov+bov"], ["'bov+bov' is not allowed", "'bov' is a value path", "pre-ln+bov"]),
+    (["max_steps=2", "threads=abc"], ["threads", "'abc'", "positive integer"]),
+    (["max_steps=2", "threads=0"], ["threads", "positive integer"]),
+    (["max_steps=2", "threads=-2"], ["threads", "positive integer"]),
+    (["max_steps=2", "seed=99999999999999999999"], ["seed", "99999999999999999999"]),
+    (["max_steps=2", "optim=5"], ["optim", "5"]),
+    (["max_steps=2", "data=[1]"], ["data", "[1]"]),
 ]
 
 
@@ -91,6 +99,18 @@ def test_bad_train_input(overrides, words, corpus, finished_run, tmp_path, capsy
             "refused after data preparation"
     assert not (tmp_path / "new" / "checkpoints").exists()
     assert digest(finished_run) == before
+
+
+def test_yaml_nested_thousands_deep_is_one_error_line(tmp_path, capsys):
+    """A config file or an override nested 5,000 deep was a RecursionError traceback (issue 51)."""
+    deep = "[" * 5000 + "]" * 5000
+    (tmp_path / "deep.yaml").write_text(f"max_steps: 2\nmodel: {{x: {deep}}}\n")
+    for argv, named in ((["train", str(tmp_path / "deep.yaml")], "deep.yaml"),
+                        (["train", "max_steps=2", f"model.x={deep}"], "override model.x")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1, err[:300]
+        assert named in err and "nested too deeply" in err
 
 
 def test_bad_yaml_names_the_line(tmp_path, capsys):

@@ -749,3 +749,25 @@ def test_bov_table1_grid_runs_on_nanochats_trunk_at_cpu_size(corpus, tmp_path):
         one_step = tokens_per_step * summary["flops_per_token"]
         assert shared["max_flops"] <= spent < shared["max_flops"] + one_step
     assert steps["1 V"] == 3 and steps["BoV"] >= 3
+
+
+def test_compare_refuses_a_report_it_did_not_write_and_rewrites_its_own(corpus, tmp_path):
+    """A user's report.md and results.json in --out were replaced, exit 0 (issue 51): now refused before
+    anything trains, naming them; --overwrite (overwrite=True) replaces them, and a rerun of the same
+    comparison rewrites its own report without it."""
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "report.md").write_text("# my notes\n")
+    (out / "results.json").write_text('{"mine": 1}\n')
+    cfg = base(corpus, tmp_path / "cache", steps=2)
+    with pytest.raises(ConfigError, match=r"holds report.md, results.json that blocklab compare did not"):
+        compare(["pre-ln"], out, base=cfg, log=lambda *_: None, timing_rounds=0)
+    assert (out / "report.md").read_text() == "# my notes\n"
+    assert (out / "results.json").read_text() == '{"mine": 1}\n'
+    assert not (out / "runs").exists()  # refused before anything trained
+    compare(["pre-ln"], out, base=cfg, log=lambda *_: None, timing_rounds=0, overwrite=True)
+    assert (out / "report.md").read_text().startswith("# blocklab compare\n")
+    stamp = (out / "report.md").stat().st_mtime_ns
+    compare(["pre-ln"], out, base=cfg, log=lambda *_: None, timing_rounds=0)  # its own: rewritten
+    assert (out / "report.md").stat().st_mtime_ns != stamp
+    assert json.loads((out / "results.json").read_text())["format"].startswith("blocklab compare results")

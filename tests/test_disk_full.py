@@ -80,7 +80,7 @@ def test_a_full_disk_while_checkpointing_is_said_plainly_and_the_last_checkpoint
     assert message.startswith(f"could not write checkpoint {run / 'checkpoints' / 'step_000004'}: ")
     assert "No space left on device" in message if isinstance(error, OSError) else TORCH_FULL in message
     assert re.search(r"; [\d.]+ (bytes|KiB|MiB|GiB|TiB) free there", message)
-    assert f"it needs about {diskfull.plain_size(needed)}" in message
+    assert f"about {diskfull.plain_size(needed)}" in message
     assert f"The last good checkpoint, {last}, is intact" in message
     assert f"`blocklab train --resume --out {run}` continues from it" in message
     # nothing half-written is left, and the checkpoint before is whole
@@ -253,7 +253,8 @@ def full_disk_under(monkeypatch, root: Path, room: int) -> None:
 
 def about(message: str) -> float:
     """The bytes a DiskFullError says a write needs ("it needs about 318.4 KiB")."""
-    number, unit = re.search(r"it needs about ([\d.]+) (bytes|KiB|MiB|GiB)", message).groups()
+    number, unit = re.search(r"it needs (?:more than that \(its data alone is )?about ([\d.]+) "
+                             r"(bytes|KiB|MiB|GiB)", message).groups()
     return float(number) * 1024 ** ["bytes", "KiB", "MiB", "GiB"].index(unit)
 
 
@@ -289,7 +290,7 @@ def test_a_full_disk_under_the_token_cache_is_said_plainly_and_leaves_nothing(
     else:
         what, path, needed = "the cached tokenizer", cache / "tokenizers" / bpe.name, bpe
     assert message.startswith(f"could not write {what} {path}: No space left on device; ")
-    assert re.search(r"; [\d.]+ (bytes|KiB|MiB|GiB|TiB) free there, and it needs about", message)
+    assert re.search(r"; [\d.]+ (bytes|KiB|MiB|GiB|TiB) free there, and it needs ", message)
     assert about(message) == pytest.approx(entry_bytes(needed), rel=0.05)  # within 5% of the whole entry
     assert "Nothing half-written was left." in message and "BLOCKLAB_CACHE" in message
     assert f"The token cache is {cache}" in message and chosen_by in message
@@ -303,3 +304,20 @@ def test_a_full_disk_under_the_token_cache_is_said_plainly_and_leaves_nothing(
     data = prepare_data(config)
     assert np.array_equal(data.train, reference.train) and np.array_equal(data.val, reference.val)
     assert data.tokenizer.hash == reference.tokenizer.hash and data.stats["tokenised"]
+
+
+@pytest.mark.parametrize("free, needed", [(820 * 1024, 815 * 1024), (815 * 1024, 815 * 1024), (100, 5000)])
+def test_the_message_never_says_more_is_free_than_the_write_needed(tmp_path, monkeypatch, free, needed):
+    """The write failed for want of space, so it needed more than was free: with an estimate at or below
+    the free space (it counts the data, not the file system's blocks), the message says so instead of
+    "820.0 KiB free there, and it needs about 815.0 KiB"."""
+    monkeypatch.setattr(diskfull, "free_bytes", lambda path: free)
+    message = str(diskfull.disk_full(OSError(errno.ENOSPC, "No space left on device"), "checkpoint",
+                                     tmp_path / "ckpt", needed, "Free some space."))
+    said_free = re.search(r"([\d.]+ (?:bytes|KiB)) free there", message).group(1)
+    assert said_free == diskfull.plain_size(free)
+    if free >= needed:
+        assert "it needs about" not in message
+        assert f"it needs more than that (its data alone is about {diskfull.plain_size(needed)})" in message
+    else:
+        assert f"it needs about {diskfull.plain_size(needed)}" in message

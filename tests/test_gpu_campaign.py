@@ -348,3 +348,25 @@ def test_campaign_smoke_trains_every_claim(tmp_path):
                                str(tmp_path / "s"), "--data", str(corpus)])
     verdicts = [line for line in lines if line.startswith("gpu-mid: ")]
     assert len(verdicts) == len(select()) and lines[-1].startswith("remaining: nothing")
+
+
+@pytest.mark.parametrize("option", [["--minutes", "nan"], ["--minutes", "0"], ["--minutes", "-5"],
+                                    ["--minutes", "inf"], ["--minutes", "5", "--scale", "nonsense"],
+                                    ["--minutes", "5", "--claims", "nonsense"],
+                                    ["--minutes", "5", "--device", "nonsense"],
+                                    ["--minutes", "5", "--export", "FILE/gpu-mid.tgz"]])
+def test_next_refuses_a_bad_option_before_anything_trains(option, tmp_path, monkeypatch, capsys):
+    """Each bad option: exit status 2 and one line naming it and what is allowed, before any run trains
+    (a budget of nan once ran everything; 0 and -5 exited 0 having done nothing)."""
+    from blocklab.reproduce import pieces
+
+    monkeypatch.setattr(pieces, "run_piece", lambda *a, **k: pytest.fail("a run started"))
+    (tmp_path / "FILE").write_text("a file, not a folder")
+    option = [str(tmp_path / o) if o.startswith("FILE") else o for o in option]
+    with pytest.raises(SystemExit) as stop:
+        gpu_campaign.main(["next", *option, "--out", str(tmp_path / "store")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("gpu_campaign.py: error: ")
+    assert f"{option[-2]} " in err and "Traceback" not in err
+    assert not (tmp_path / "store").exists()

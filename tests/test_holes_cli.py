@@ -211,6 +211,34 @@ def test_train_overrides_after_options_are_the_same_as_before_them(monkeypatch, 
     assert later["config"]["max_steps"] == 7  # in the order typed: the later one wins
 
 
+@pytest.mark.parametrize("argv, threads, out", [
+    (["--threads", "2", "threads=1", "--out", "runs/a", "out_dir=runs/b"], 1, "runs/b"),
+    (["threads=1", "--threads", "2", "out_dir=runs/b", "--out", "runs/a"], 2, "runs/a"),
+    (["threads=3", "--thr", "2", "threads=1"], 1, "runs/run"),  # an abbreviated option, overrides around it
+    (["--threads=2", "max_steps=3", "threads=4", "--threads", "5"], 5, "runs/run"),
+])
+def test_an_option_and_an_override_of_one_field_the_last_typed_wins(monkeypatch, capsys, argv, threads, out):
+    """--threads and --out set the fields threads and out_dir: given with threads=... or out_dir=...,
+    the one typed last is the value trained with and recorded (the option always won before)."""
+    cfg = _resolved(monkeypatch, capsys, ["train", "max_steps=2", *argv])["config"]
+    assert (cfg["threads"], cfg["out_dir"]) == (threads, out)
+
+
+def test_compare_threads_option_and_override_the_last_typed_wins(monkeypatch, capsys):
+    seen = []
+
+    def fake_compare(entries, out, base=None, launcher=None, **kwargs):
+        seen.append((base["threads"], launcher.threads))
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(blocklab.compare, "compare", fake_compare)
+    cases = ((["--threads", "2", "threads=1"], (1, None)), (["threads=1", "--threads", "2"], (2, 2)))
+    for argv, want in cases:  # (the runs' threads, the launcher's)
+        assert main(["compare", "--archs", "pre-ln", "--steps", "3", *argv]) == 2
+        assert "stop here" in capsys.readouterr().err
+        assert seen.pop() == want
+
+
 def test_train_resume_takes_overrides_after_options(tmp_path, capsys):
     (tmp_path / "corpus").mkdir()
     corpus = write_code_corpus(tmp_path / "corpus")

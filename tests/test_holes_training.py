@@ -5,6 +5,7 @@ config, before it is built. Each refusal is one `blocklab: error:` line and chan
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -231,3 +232,98 @@ def test_processes_of_one_machine_share_its_memory(tmp_path, monkeypatch):
     assert split.weights == whole.weights and split.optimizer == -(-whole.optimizer // 2)
     fake_meminfo(tmp_path, monkeypatch, -(-2 * split.total // 1024) * 1024)
     memory.check_training_fits(sharded, model_cfg, torch.device("cpu"), world_size=2)
+
+
+def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, capsys):
+    """config.yaml, tokenizer.json and summary.json of a folder that is not a run were replaced, exit 0
+    (issue 51): refused naming them, unless overwrite=true, which replaces only those (notes.txt stays)."""
+    from helpers import small_run_args, write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    out = tmp_path / "mine"
+    out.mkdir()
+    mine = {"config.yaml": "my: settings\n", "tokenizer.json": "{}", "summary.json": "[]", "notes.txt": "hi"}
+    for name, text in mine.items():
+        (out / name).write_text(text)
+    args = ["train", *small_run_args(corpus, tmp_path / "cache"), "max_steps=2", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error: ") and "is not a blocklab run" in err and "overwrite=true" in err
+    assert "config.yaml, tokenizer.json, summary.json" in err
+    assert {p.name: p.read_text() for p in out.iterdir()} == mine  # nothing touched
+    assert main([*args, "overwrite=true"]) == 0
+    assert (out / "notes.txt").read_text() == "hi"
+    assert json.loads((out / "summary.json").read_text())["step"] == 2
+
+
+@pytest.mark.parametrize("edit, field", [(("optim", "lr", 0.02), "optim.lr"), ((None, "seed", 7), "seed"),
+                                         ((None, "batch_size", 4), "batch_size")])
+def test_resume_refuses_a_hand_edited_config_yaml(tmp_path, capsys, edit, field):
+    """lr, seed or batch size edited in config.yaml by hand changed the run on --resume, exit 0 (issue 51),
+    while the same change as an override was refused: the checkpoint records the config it was trained
+    with and a resume is checked against it. An edit of a field a resume may change (log_every) passes."""
+    import yaml
+
+    from helpers import small_run_args, write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    assert main(["train", *small_run_args(corpus, tmp_path / "cache"), "max_steps=2", "--out", str(run)]) == 0
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    data = yaml.safe_load((run / "config.yaml").read_text())
+    section, name, value = edit
+    fields = data[section] if section else data
+    trained, fields[name] = fields[name], value
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
+    assert "differs from the config the checkpoint was trained with" in err and f"{field}: " in err
+    assert f"-> {value!r}" in err
+    after = sorted((p.name, p.stat().st_mtime_ns) for p in run.rglob("*"))
+    # nothing written by the refused resume (config.yaml is the hand-edited one)
+    assert [b for b in before if b[0] != "config.yaml"] == [a for a in after if a[0] != "config.yaml"]
+    fields[name] = trained  # back to what it was trained with
+    data["log_every"] = 1  # a field a resume may change
+    (run / "config.yaml").write_text(yaml.safe_dump(data))
+    assert main(["train", "--resume", "--out", str(run), "max_steps=4"]) == 0
+    assert json.loads((run / "summary.json").read_text())["step"] == 4
+
+
+def test_init_from_records_the_architecture_trained_and_refuses_another(tmp_path, capsys):
+    """`train arch=sas size=small init_from=A` recorded sas/small for A's model, and a SAS-P source was
+    labelled pre-ln (issue 51): an arch or size other than the source's is refused, naming both, and a
+    run from a SAS-P source records sas-p and its size in config.yaml and summary.json, also on resume;
+    a compare of several architectures from one source is refused."""
+    import yaml
+
+    from blocklab.compare import resolve_compare
+    from helpers import write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    common = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+              "batch_size=2", "seq_len=16", "progress=false", "eval_every=0", "eval_batches=1"]
+    source = tmp_path / "source"
+    assert main(["train", *common, "arch=sas-p", "size=tiny", "max_steps=1", "--out", str(source)]) == 0
+    run = tmp_path / "run"
+    for given in (["arch=sas", "size=small"], ["arch=pre-ln+bov"], ["size=small"]):
+        capsys.readouterr()
+        assert main(["train", *common, f"init_from={source}", *given, "max_steps=2", "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
+        for name, _, value in (g.partition("=") for g in given):
+            assert f"{name} = {value!r}" in err, err
+        assert "a 'sas-p' of size 'tiny'" in err and not run.exists()
+    assert main(["train", *common, f"init_from={source}", "max_steps=2", "--out", str(run)]) == 0
+    assert f"{run}: sas-p seed 0" in capsys.readouterr().out  # the result line
+    summary = json.loads((run / "summary.json").read_text())
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert (summary["arch"], summary["size"], config["arch"], config["size"]) == ("sas-p", "tiny") * 2
+    assert main(["train", "--resume", "--out", str(run), "max_steps=3"]) == 0  # the recorded names pass
+    assert json.loads((run / "summary.json").read_text())["arch"] == "sas-p"
+    with pytest.raises(ConfigError, match=r"init_from = .* with 2 architectures is not allowed"):
+        resolve_compare(["pre-ln", "sas"], None, {"max_steps": 2}, overrides=[f"init_from={source}"])

@@ -248,8 +248,43 @@ def test_import_refuses_tensors_that_do_not_load_one_for_one(kind, tmp_path, cap
     extra = "transformer.h.0.mlp.extra" if kind == "gpt2" else "model.blocks.0.mlp.extra"
     save_file({**state, extra: torch.ones(2)}, str(file), metadata=metadata)
     err = _error(["import-hf", str(folder), "--out", str(tmp_path / "out")], capsys)
-    assert f"1 not used: {extra}" in err and not (tmp_path / "out").exists()
+    assert f"which would be dropped: {extra}" in err and not (tmp_path / "out").exists()
     first = sorted(state)[0]
     save_file({k: v for k, v in state.items() if k != first}, str(file), metadata=metadata)
     err = _error(["import-hf", str(folder), "--out", str(tmp_path / "out")], capsys)
-    assert f"1 missing (left at their init): {first}" in err and not (tmp_path / "out").exists()
+    assert f"which would be filled at random: {first}" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["import-hf", "init_from"])
+@pytest.mark.parametrize("kind, removed", [("llama", "model.layers.1.mlp.down_proj.weight"),
+                                           ("gpt2", "transformer.h.1.mlp.c_proj.weight")])
+def test_missing_or_unexpected_weights_are_refused_naming_them(kind, removed, command, corpus, tmp_path,
+                                                               capsys):
+    """A weight taken out of model.safetensors was filled at random, and an extra one dropped, exit 0
+    ("imported the llama checkpoint", issue 51): each is named, exit 2, and nothing is written."""
+    from safetensors.torch import load_file, save_file
+
+    hf_folder(kind, tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    whole = load_file(weights)
+    capsys.readouterr()  # save_pretrained's progress bar
+    for label, change in (("missing", lambda s: s.pop(removed)),
+                          ("extra", lambda s: s.update({"model.extra.weight": torch.ones(3)}))):
+        state = dict(whole)
+        change(state)
+        save_file(state, weights, metadata={"format": "pt"})
+        out = tmp_path / f"out-{label}"
+        if command == "import-hf":
+            argv = ["import-hf", str(tmp_path / "hf"), "--out", str(out)]
+        else:
+            argv = ["train", f"init_from={tmp_path / 'hf'}", "max_steps=1", "batch_size=2", "seq_len=16",
+                    "progress=false", f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+                    "--out", str(out)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1].startswith("blocklab: error: ") and "Traceback" not in err
+        if label == "missing":
+            assert f"missing weights, which would be filled at random: {removed}" in err
+        else:
+            assert "weights the model has no place for, which would be dropped: model.extra.weight" in err
+        assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()

@@ -191,3 +191,13 @@ def test_a_run_emptied_for_a_fresh_start_keeps_its_folder_and_lock(tmp_path):
     inode = run.stat().st_ino
     assert claim(TrainConfig(out_dir=str(run), max_steps=5)) == "new"
     assert run.stat().st_ino == inode and not any(run.iterdir())
+
+
+def test_train_through_a_symlink_to_a_folder_not_made_yet_writes_the_run_there(tmp_path, capsys):
+    """A symlink --out whose folder does not exist yet is the folder it names, as for compare and exports
+    (and its lock): train made it there instead of failing with "[Errno 17] File exists"."""
+    corpus = write_code_corpus(_mkdir(tmp_path / "corpus"))
+    link, target = tmp_path / "out", tmp_path / "gone" / "run"
+    link.symlink_to(target)
+    assert main(_train_args(corpus, tmp_path / "cache", link, 2)) == 0, capsys.readouterr().err
+    assert link.is_symlink() and json.loads((target / "summary.json").read_text())["step"] == 2

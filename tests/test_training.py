@@ -177,6 +177,11 @@ def test_read_metrics_is_one_reader_with_clear_errors(tmp_path):
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
     path.write_bytes(whole + b"{truncated\n")  # a torn last line holds no record: passed over
     assert [r["kind"] for r in read_metrics(path)] == ["train", "val"]
+    for whole_json in (b"[1,2]\n", b"7"):  # valid JSON is never a cut-off object: refused, not dropped
+        path.write_bytes(whole + whole_json)
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object \(it is a"):
+            read_metrics(path)
+    path.write_bytes(whole + b"{truncated\n")
     path.write_text(path.read_text() + '{"kind": "val", "step": 2}\n')  # but not before the end
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:4 is not a JSON object"):
         read_metrics(path)
@@ -400,11 +405,16 @@ def test_resume_rejects_a_different_model(corpus, tmp_path, capsys):
     saved = (run / "config.yaml").read_text()
     assert "n_layers: 2" in saved
     (run / "config.yaml").write_text(saved.replace("n_layers: 2", "n_layers: 3"))
-    with pytest.raises(TrainingError, match=r"differs from the checkpoint's .*'n_layers': \(2, 3\)"):
+    with pytest.raises(ConfigError, match=r"differs from the config the checkpoint was trained with "
+                                          r"\(model.n_layers: 2 -> 3\)"):
         train(out_dir=str(run), resume=True)
     # state.json edited too: the weights do not fit, and the load failure is a TrainingError
     state = ckpt.latest_checkpoint(run) / "state.json"
     meta = json.loads(state.read_text())
+    meta["train_config"]["model"]["n_layers"] = 3
+    with pytest.raises(TrainingError, match=r"differs from the checkpoint's .*'n_layers': \(2, 3\)"):
+        state.write_text(json.dumps(meta))
+        train(out_dir=str(run), resume=True)
     meta["model_config"]["n_layers"] = 3
     state.write_text(json.dumps(meta))
     with pytest.raises(TrainingError, match=r"does not match the model: missing \['blocks.2"):

@@ -129,7 +129,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     try:
         report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
                          sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
-                         timing_rounds=args.timing_rounds, launcher=launcher, add=args.add)
+                         timing_rounds=args.timing_rounds, launcher=launcher, add=args.add,
+                         overwrite=args.overwrite)
     except RunsFailed as err:  # the report of the runs that finished, then the failures (exit status 1)
         if err.report is not None:
             _print_report(err.report, summary_table)
@@ -277,7 +278,7 @@ def _add_train(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in out_dir from its last checkpoint")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, option_fields={"out": "out_dir", "threads": "threads"})
 
 
 def _add_compare(sub) -> None:
@@ -313,6 +314,8 @@ def _add_compare(sub) -> None:
     p.add_argument("--sweep-steps", type=int,
                    help="steps of each sweep run (default: a quarter of --steps, or 100)")
     p.add_argument("--fresh", action="store_true", help="retrain every run instead of reusing finished ones")
+    p.add_argument("--overwrite", action="store_true", help="replace a report.md, report.html or "
+                   "results.json in --out that blocklab compare did not write (refused without it)")
     p.add_argument("--add", action="append", default=[], metavar="RUN",
                    help="a finished run trained elsewhere (blocklab train, another compare) to bring into "
                    "the report; repeatable. It must share the data, tokenizer and held-out windows; one that "
@@ -325,7 +328,7 @@ def _add_compare(sub) -> None:
                    "still print)")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
     launch_cli.add_arguments(p)
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=cmd_compare, option_fields={"threads": "threads"})
 
 
 def _add_reproduce(sub) -> None:

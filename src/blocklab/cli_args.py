@@ -31,8 +31,35 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
             parser.error(f"unrecognized arguments: {' '.join(extras)}{where}")
         dest = listed[0].dest
         setattr(args, dest, [*(getattr(args, dest) or []), *extras])
+    _last_typed_wins(command, args, argv)
     _check_text(command, args)
     return args
+
+
+def _last_typed_wins(command: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
+    """An option that sets a config field (train's --threads and --out, compare's --threads: the
+    command's ``option_fields`` default, {option dest: field}) given together with a ``field=...``
+    override: whichever was typed last is kept and the other dropped, so that the value the run uses
+    and records is the one typed last, as between two overrides."""
+    overrides = getattr(args, "overrides", None) or []
+    for dest, key in (getattr(args, "option_fields", None) or {}).items():
+        typed = [i for i, item in enumerate(overrides) if item.partition("=")[0].strip() == key]
+        if getattr(args, dest) is None or not typed:
+            continue
+        action = next(a for a in command._actions if a.dest == dest)
+        option_at = max(i for i, token in enumerate(argv) if _spells(token, action.option_strings))
+        override_at = max(i for i, token in enumerate(argv) if token == overrides[typed[-1]])
+        if option_at > override_at:
+            args.overrides = [item for i, item in enumerate(overrides) if i not in typed]
+        else:
+            setattr(args, dest, None)
+
+
+def _spells(token: str, option_strings: list[str]) -> bool:
+    """Whether `token` is one of `option_strings` as argparse reads it: whole, with =value, or a
+    prefix of the long form (argparse's abbreviations, unambiguous once parsing has succeeded)."""
+    name = token.partition("=")[0]
+    return name.startswith("--") and len(name) > 2 and any(o.startswith(name) for o in option_strings)
 
 
 def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

@@ -107,8 +107,13 @@ def disk_full(err: BaseException, what: str, path: str | Path, needed: int | Non
         traceback.clear_frames(cause.__traceback__)  # frames still running are left as they are
         cause = cause.__cause__ or cause.__context__
     free = free_bytes(path)
-    room = [f"{plain_size(free)} free there" if free is not None else None,
-            f"it needs about {plain_size(needed)}" if needed is not None else None]
+    if needed is not None and free is not None and free >= needed:
+        # the estimate counts the data, not the file system's own blocks nor what else was written at
+        # the time: the write needed more than is free, so never "X free, needs about Y < X"
+        need = f"it needs more than that (its data alone is about {plain_size(needed)})"
+    else:
+        need = f"it needs about {plain_size(needed)}" if needed is not None else None
+    room = [f"{plain_size(free)} free there" if free is not None else None, need]
     room_text = ", and ".join(r for r in room if r)
     return DiskFullError(f"could not write {what} {path}: {failed_write(err) or err}"
                          + (f"; {room_text}" if room_text else "") + f". {then}")

@@ -73,8 +73,8 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
         return
     inode = None
     try:
-        if make:
-            Path(folder).mkdir(parents=True, exist_ok=True)
+        if make:  # through a symlink to a folder not made yet: that folder, as the lock beside it names
+            Path(os.path.realpath(folder)).mkdir(parents=True, exist_ok=True)
         inode = _lock_inode(folder, wait, on_wait)
         handle.seek(0)
         handle.truncate()

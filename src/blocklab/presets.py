@@ -153,6 +153,10 @@ def resolve(arch: str, size: str) -> dict[str, Any]:
     if size not in SIZE_PRESETS:
         raise _unknown("size preset", size, list(SIZE_PRESETS))
     block, value_path = split_arch(arch)
+    if block in VALUE_PATHS and value_path is not None:  # "bov+bov": a value path where a block goes
+        raise ConfigError(f"architecture {arch!r} is not allowed: {block!r} is a value path, and the part "
+                          f"before + must be a block preset ({', '.join(BLOCK_PRESETS)}), e.g. "
+                          f"pre-ln+{value_path}.")
     if block not in BLOCK_PRESETS:
         paths = [p for p in VALUE_PATHS if p != "standard"]
         raise _unknown("architecture", block, [*BLOCK_PRESETS, *paths],

@@ -123,6 +123,11 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
     if lr is not None:
         apply_overrides(base, {"optim.lr": lr})
     apply_overrides(base, overrides)
+    if base.get("init_from") is not None and len(entries) != 1:
+        raise ConfigError(f"init_from = {base['init_from']!r} with {len(entries)} architectures is not "
+                          "allowed: every run would start from (and be) the same source model, under "
+                          "different names. Compare one architecture with init_from (--archs naming the "
+                          "source's), or leave init_from out.")
     chosen = {k: v for k, v in (budget or {}).items() if v is not None}
     unknown = sorted(chosen.keys() - BUDGETS.keys())
     if unknown:

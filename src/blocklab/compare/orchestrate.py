@@ -23,7 +23,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             base: dict[str, Any] | None = None, fresh: bool = False, log=print,
             lr_sweep: list[float] | None = None, sweep_steps: int | None = None,
             command: str | None = None, timing_rounds: int = TIMING_ROUNDS,
-            timing_steps: int = TIMING_STEPS, launcher=None, add: list[str | Path] | None = None) -> Path:
+            timing_steps: int = TIMING_STEPS, launcher=None, add: list[str | Path] | None = None,
+            overwrite: bool = False) -> Path:
     """Train every entry (unless already finished) and write `out/report.md` and `out/report.html`.
 
     With `lr_sweep`, each entry first trains seed 0 at every rate for `sweep_steps` steps (default a
@@ -34,6 +35,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here). `add`
     names finished runs trained elsewhere to bring into the report (`added_runs`, checked against the
     comparison's runs once those have trained; a missing one is refused before anything trains).
+    A report.md, report.html or results.json in `out` that compare did not write is refused before
+    anything trains, unless `overwrite` (`report.check_report_files`).
 
     Raises RunsPending when a launcher that does not wait left runs queued (the same call later collects
     them), and RunsFailed, after writing the report of the runs that finished, when some failed.
@@ -41,12 +44,14 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     import time
 
     from blocklab.report import utc_now, write_report
+    from blocklab.report.write import check_report_files
 
     started, start = utc_now(), time.perf_counter()
     entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add)
     out = Path(out)
     # one comparison at a time in a folder: no run or report of another is touched
     with locks.hold(out, make=True):
+        check_report_files(out, overwrite)
         if fresh and (out / "runs").is_dir():
             for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
                 with locks.hold(run):  # never a run another process is training (FolderInUse names it)

@@ -202,25 +202,6 @@ def _saved_dtype() -> dict[str, str]:
     return {"torch_dtype" if old else "dtype": "auto"}
 
 
-_REPORTED = {"missing_keys": "missing (left at their init)", "unexpected_keys": "not used",
-             "mismatched_keys": "of another shape", "conversion_errors": "not converted",
-             "error_msgs": "errors"}
-
-
-def _check_load_report(path: Path, report: dict[str, Any]) -> None:
-    """Refuse a folder whose weights transformers did not load one for one (its `output_loading_info`):
-    a tensor missing or left over means logits other than the saved model's."""
-    wrong = []
-    for key, what in _REPORTED.items():
-        found = sorted(map(str, report.get(key) or ()))
-        if found:
-            wrong.append(f"{len(found)} {what}: {', '.join(found[:6])}{' ...' if len(found) > 6 else ''}")
-    if wrong:
-        raise ConfigError(f"transformers loaded {path} with tensors {'; '.join(wrong)}. Every tensor of "
-                          "the checkpoint must fill one of the model's, none left out: is the folder "
-                          "complete and written for this model class?")
-
-
 def _load_hf(model_or_path) -> nn.Module:
     if isinstance(model_or_path, (str, os.PathLike)):
         path = Path(model_or_path)
@@ -237,14 +218,36 @@ def _load_hf(model_or_path) -> nn.Module:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         blocklab_type = isinstance(config, hf_model.BlocklabConfig)
         cls = hf_model.model_class(config) if blocklab_type else AutoModelForCausalLM
-        model, report = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
-                                            **_saved_dtype())
-        _check_load_report(path, report)
+        model, info = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
+                                          **_saved_dtype())
+        _check_loading_info(path, config.model_type, info)
         return model
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
         raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
                         f"got {type(model_or_path).__name__}")
     return model_or_path
+
+
+def _names(keys) -> str:
+    keys = sorted(map(str, keys))
+    return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+
+def _check_loading_info(path: Path, model_type: str, info: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose files lack weights the model has (transformers fills those at random,
+    with a log line at most), hold weights it has no place for (dropped), or weights of another shape,
+    naming them: a model read from a checkpoint is that checkpoint's, whole."""
+    problems = [f"{what}: {_names(info[key])}" for key, what in (
+        ("missing_keys", "missing weights, which would be filled at random"),
+        ("unexpected_keys", "weights the model has no place for, which would be dropped"),
+        ("mismatched_keys", "weights of another shape than the config gives"),
+        ("conversion_errors", "weights transformers could not convert"),
+        ("error_msgs", "errors while loading"))
+        if info.get(key)]
+    if problems:
+        raise ConfigError(f"cannot read the {model_type} checkpoint {str(path)!r}: {'; '.join(problems)}. "
+                          "Its weight files do not match its config.json: restore them from the checkpoint's "
+                          "source.")
 
 
 def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> Transformer:

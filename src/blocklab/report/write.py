@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab import verdict
+from blocklab.errors import ConfigError
 from blocklab.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
 from blocklab.report.data import read_run
 from blocklab.report.html import render_html
@@ -116,6 +117,35 @@ def _memory_text(rows) -> str:
             f"{cuda_peak} {process}.")
 
 
+REPORT_TITLE = "blocklab compare"
+RESULTS_FORMAT = "blocklab compare results, version 3"
+# what write_report writes into a comparison's folder, and how each shows that blocklab compare wrote it
+REPORT_FILES = {"report.md": f"# {REPORT_TITLE}\n", "report.html": f"<h1>{REPORT_TITLE}</h1>",
+                "results.json": f'"format": "{RESULTS_FORMAT.rpartition(",")[0]}'}
+
+
+def check_report_files(out: str | Path, overwrite: bool = False) -> None:
+    """Refuse a comparison into `out` when it holds a report.md, report.html or results.json that
+    blocklab compare did not write (a user's own, another tool's): the report would replace them.
+    `overwrite` lets it; an earlier comparison's report is always rewritten (its runs are reused)."""
+    if overwrite:
+        return
+    foreign = []
+    for name, mark in REPORT_FILES.items():
+        path = Path(out) / name
+        if path.exists():
+            try:
+                ours = path.is_file() and mark in path.read_text(encoding="utf-8", errors="replace")[:2000]
+            except OSError:
+                ours = False
+            if not ours:
+                foreign.append(name)
+    if foreign:
+        raise ConfigError(f"--out {out} holds {', '.join(foreign)} that blocklab compare did not write, "
+                          "which the report would replace. Choose another --out, or pass --overwrite to "
+                          "replace them.")
+
+
 def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
                  sweep: dict[str, dict[float, float]] | None = None, measured: dict[str, Any] | None = None,
                  run_info: dict[str, Any] | None = None) -> Path:
@@ -137,7 +167,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     method = method_facts(entries, runs_by_label, run_info, measured)  # its wall time includes the figures
     warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"], trained)
     ranked = verdict.ranking(entries, runs_by_label, method["size"])
-    results = {"format": "blocklab compare results, version 3", "method": method, "architectures": rows,
+    results = {"format": RESULTS_FORMAT, "method": method, "architectures": rows,
                "verdict": verdict.as_data(ranked), "warnings": warnings}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
 
@@ -182,7 +212,7 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     blocks += [("figure", path, alt, caption) for path, alt, caption in figures]
     blocks += [("h2", "Method"), ("p", "Every setting that changes the results, the machine and the software "
                                        "(results.json: \"method\")."), ("ul", method_items(method))]
-    title = "blocklab compare"
+    title = REPORT_TITLE
     (out / "report.md").write_text(render_markdown(title, blocks))
     (out / "report.html").write_text(render_html(title, blocks))
     return out / "report.md"

@@ -8,7 +8,9 @@ Nested sections (`data`, `optim`, `model`) take dotted overrides: ``optim.lr=3e-
 Continued pretraining starts from existing weights instead: ``init_from`` (a run directory or a
 `blocklab.interop.save_pretrained` export) and, optionally, ``retrofit`` (a value path applied
 with `blocklab.interop.retrofit`, e.g. ``resformer-learnable``). The source then fixes the model
-(``arch``, ``size`` and ``model`` are not used) and its tokenizer.
+and its tokenizer: ``model`` overrides are refused, and ``arch`` and ``size`` become the source's
+(`init_from.with_source_preset`; ``size`` is UNNAMED_SIZE when no size preset matches); an arch or
+size given that differs from the source's is refused.
 """
 
 from __future__ import annotations
@@ -97,10 +99,13 @@ class TrainConfig(ConfigBase):
             self.init_from = os.fspath(self.init_from)
         # first: a path that is not valid text (data.source, out_dir, init_from ...) would fail in YAML
         require_text(flat(self.to_dict()).items())
-        if isinstance(self.data, dict):
-            self.data = DataConfig.from_dict(self.data)
-        if isinstance(self.optim, dict):
-            self.optim = OptimConfig.from_dict(self.optim)
+        for name, cls in (("data", DataConfig), ("optim", OptimConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, cls.from_dict(value))
+            elif not isinstance(value, cls):  # optim=5, data=[1]: not a section
+                self.fail(name, value, f"it is a section of {cls.__name__} fields: give them dotted "
+                                       f"({name}.<field>=...) or as a mapping ({name}={{<field>: ...}}).")
         _validate(self)
 
     # -- derived -----------------------------------------------------------------------------------
@@ -143,6 +148,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"training config {str(path)!r} is not UTF-8 text (byte {err.start}: "
                           f"{err.object[err.start:err.start + 1]!r}); save it as UTF-8.") from None
+    except RecursionError:  # PyYAML recurses once per level: thousands of nested [ or {
+        raise ConfigError(f"training config {str(path)!r} is nested too deeply for YAML to read: a config "
+                          "holds fields, sections and short lists, a few levels deep.") from None
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
@@ -215,6 +223,23 @@ def check_saved_config(run_dir: str | Path, cfg: TrainConfig, ignore: frozenset[
         raise ConfigError(f"{what} with a different config ({changes}); {remedy}")
 
 
+def check_trained_config(checkpoint: str | Path, trained: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse a resume whose config (config.yaml as it is now, then the overrides) differs outside
+    RESUMABLE from `trained`, the config the checkpoint's steps were taken with (its state.json): a
+    config.yaml edited by hand changes a run as surely as an override would."""
+    what = f"cannot resume from {str(checkpoint)!r}"
+    try:
+        saved = TrainConfig.from_dict(trained)
+    except (ConfigError, TypeError, ValueError) as err:
+        raise ConfigError(f"{what}: the config it was trained with cannot be read ({err}).") from None
+    changes = changed_fields(saved, cfg, RESUMABLE)
+    if changes:
+        raise ConfigError(f"{what}: config.yaml (with the overrides given) differs from the config the "
+                          f"checkpoint was trained with ({changes}); {resume_rule()}. Restore those fields "
+                          "in config.yaml (the checkpoint's state.json holds them under train_config), or "
+                          "train a new out_dir.")
+
+
 def resume_rule() -> str:
     """What a resume may change, written from RESUMABLE itself so that the two never disagree."""
     return (f"a resume may change only {', '.join(sorted(RESUMABLE))}; anything else would change the "
@@ -254,6 +279,9 @@ def _split_override(text: str) -> tuple[str, Any]:
     require_text([("the key of an override", key), (key.strip(), raw)])
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
+    except RecursionError:  # PyYAML recurses once per level: thousands of nested [ or {
+        raise ConfigError(f"override {key.strip()} is not allowed: its value is nested too deeply for YAML "
+                          "to read; give a value a few levels deep, e.g. [1, 2] or {a: 1}.") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {key.strip()} = {raw!r} is not allowed: its value is not valid YAML "
                           f"({getattr(err, 'problem', None) or err}); quote a string, e.g. "
@@ -301,6 +329,8 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
 
 
 COMPILE_CHOICES = (False, True, "model", "blocks")
+UNNAMED_SIZE = "custom"  # the size an init_from run records when its source matches no size preset
+MAX_SEED = 2**63 - 1
 
 
 def _validate(cfg: TrainConfig) -> None:
@@ -312,6 +342,8 @@ def _validate(cfg: TrainConfig) -> None:
         value = getattr(cfg, name)
         if not is_count(value, 0):
             cfg.fail(name, value, "it must be an integer >= 0 (0 turns it off).")
+    if not is_count(cfg.seed, 0) or cfg.seed > MAX_SEED:  # what torch.manual_seed takes, and numpy
+        cfg.fail("seed", cfg.seed, f"it must be an integer from 0 to {MAX_SEED} (2**63 - 1).")
     if cfg.threads is not None and not is_count(cfg.threads, 1):
         cfg.fail("threads", cfg.threads, "it must be a positive integer, or None for torch's default "
                                          "(one per core, or OMP_NUM_THREADS when it is set).")
@@ -335,11 +367,14 @@ def _validate(cfg: TrainConfig) -> None:
         except ImportError:
             cfg.fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
                                                      "'blocklab[tensorboard]', or set tensorboard=false.")
-    model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data prep
-    if "context_length" in cfg.model and model.context_length < cfg.seq_len:
-        cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
-                                         "lower seq_len or raise model.context_length (it follows seq_len "
-                                         "by default).")
+    if cfg.init_from is not None:  # the source fixes the model: arch and size are checked against it
+        _check_preset_names(cfg)
+    else:
+        model = cfg.model_config(vocab_size=1)  # a bad arch, size or model field fails now, not after data
+        if "context_length" in cfg.model and model.context_length < cfg.seq_len:
+            cfg.fail("seq_len", cfg.seq_len, f"it exceeds model.context_length={model.context_length}: "
+                                             "lower seq_len or raise model.context_length (it follows "
+                                             "seq_len by default).")
     # the budget last: a misspelt arch or size is the first thing to fix
     budgets = cfg.budgets()
     if not budgets:
@@ -353,6 +388,16 @@ def _validate(cfg: TrainConfig) -> None:
                 cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
             setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     _validate_init(cfg)
+
+
+def _check_preset_names(cfg: TrainConfig) -> None:
+    """With init_from: arch and size must be names (the Trainer then checks them against the source,
+    `init_from.with_source_preset`); size may be UNNAMED_SIZE, what a source of no size preset records."""
+    from blocklab.presets import SIZE_PRESETS, resolve
+
+    resolve(cfg.arch, next(iter(SIZE_PRESETS)))  # an unknown architecture: the presets' own message
+    if cfg.size != UNNAMED_SIZE and cfg.size not in SIZE_PRESETS:
+        resolve(cfg.arch, cfg.size)
 
 
 def _validate_init(cfg: TrainConfig) -> None:

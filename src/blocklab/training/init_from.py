@@ -3,11 +3,12 @@ retrofitted with a value path (`TrainConfig.retrofit`)."""
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from pathlib import Path
 
 from blocklab.errors import ConfigError
 from blocklab.model import Transformer
-from blocklab.training.config import TrainConfig
+from blocklab.training.config import UNNAMED_SIZE, TrainConfig
 
 
 def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
@@ -41,6 +42,48 @@ def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
         model = retrofit(model, cfg.retrofit)
     tok = src / "tokenizer.json"
     return model, tok if tok.is_file() else None
+
+
+def source_preset(model: Transformer) -> tuple[str, str]:
+    """The architecture and size names of a model read from init_from, as a run records them: the
+    block preset its fields are nearest to with its value path (`model_card.architecture`, as the HF
+    model card names it), and the size preset whose fields it has (vocabulary and context aside, which
+    follow the data), else UNNAMED_SIZE."""
+    from blocklab.interop.model_card import architecture
+    from blocklab.presets import SIZE_PRESETS
+
+    m = model.cfg
+    size = next((name for name, preset in SIZE_PRESETS.items()
+                 if all(getattr(m, f) == v for f, v in preset.fields.items()
+                        if f not in ("vocab_size", "context_length"))), UNNAMED_SIZE)
+    return architecture(m).name, size
+
+
+def with_source_preset(cfg: TrainConfig, model: Transformer) -> TrainConfig:
+    """`cfg` recording the architecture and size of the model it trains, the init_from source's
+    (`source_preset`), so that summary.json, the result line, plots and model cards name what trained.
+    An arch or size given that is neither the default nor the source's is refused: the source fixes
+    the model, so that name would be a model that never trained."""
+    from blocklab.presets import split_arch
+
+    arch, size = source_preset(model)
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name in ("arch", "size")}
+
+    def same_arch(a: str, b: str) -> bool:
+        (block_a, path_a), (block_b, path_b) = split_arch(a), split_arch(b)
+        return (block_a, path_a or "standard") == (block_b, path_b or "standard")
+
+    wrong = [f"{name} = {given!r}" for name, given, ok in (
+        ("arch", cfg.arch, cfg.arch == defaults["arch"] or same_arch(cfg.arch, arch)),
+        ("size", cfg.size, cfg.size in (defaults["size"], size))) if not ok]
+    if wrong:
+        m = model.cfg
+        raise ConfigError(f"{' and '.join(wrong)} with init_from = {cfg.init_from!r} is not allowed: the "
+                          f"model trained is the source's, a {arch!r} of size {size!r} ({m.n_layers} layers, "
+                          f"d_model {m.d_model}{', retrofitted' if cfg.retrofit else ''}). Drop arch and "
+                          f"size (the run records the source's) or give arch={arch} size={size}; to train "
+                          "another architecture, leave out init_from (or retrofit a value path).")
+    return replace(cfg, arch=arch, size=size)
 
 
 def check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, tokenizer) -> None:

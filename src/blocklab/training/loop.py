@@ -166,6 +166,8 @@ class Trainer:
 
     def _setup(self, cfg: TrainConfig, resume: bool) -> None:
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
+        if init is not None:  # the run records the source's arch and size, the model it trains
+            cfg = init_from.with_source_preset(cfg, init[0])
         if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
             cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
         self.cfg, self.resume = cfg, resume
@@ -173,7 +175,7 @@ class Trainer:
         # where a resume starts; resume without a checkpoint starts from step 0
         self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if self.checkpoint is not None:
-            rundir.check_resume_config(self.run_dir, cfg)
+            rundir.check_resume_config(self.run_dir, cfg, self.checkpoint)
             if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
                 rundir.check_resume_metrics(self.run_dir)
         elif not resume:
@@ -244,7 +246,7 @@ class Trainer:
         if self.checkpoint is None and self.cfg.overwrite:
             rundir.clear_run(self.run_dir)
         ckpt.remove_partial_writes(self.run_dir)  # left by a process killed while saving
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        rundir.make_run_dir(self.run_dir)
         (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())  # on resume: the new budget, cadence
         if self.checkpoint is None:
             (self.run_dir / "model_config.json").write_text(self.model_cfg.to_json())
@@ -271,7 +273,9 @@ class Trainer:
     def _save(self) -> None:
         weights, optim_states = distributed.full_states(self.wrapped, self.optimizers)
         if self.env.is_main:
-            meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash}
+            # the config these steps were taken with: a resume checks config.yaml against it
+            meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash,
+                    "train_config": self.cfg.to_dict()}
             ckpt.save_checkpoint(self.run_dir, weights, optim_states, self.state, meta,
                                  self.cfg.keep_checkpoints)
         distributed.barrier(self.env)

@@ -36,7 +36,7 @@ def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
 
 def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped), only those
-    of `kind` ("train", "val") if given. A last line that is not a JSON object is the torn end of an
+    of `kind` ("train", "val") if given. A last line that is not valid JSON is the torn end of an
     interrupted write (a full disk, a power cut) and is passed over: no record was ever whole there. A
     missing file is a FileNotFoundError, any other damaged line a ConfigError naming the file and line."""
     rows, _ = read_rows(Path(path))
@@ -57,14 +57,17 @@ def _numbered_rows(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], bytes 
     lines = [(n, line) for n, line in enumerate(path.read_bytes().split(b"\n"), start=1) if line.strip()]
     rows = []
     for i, (n, line) in enumerate(lines):
+        parsed = True
         try:
             row = json.loads(line)
             why = "" if isinstance(row, dict) else f"it is a JSON {type(row).__name__}"
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
-            why = str(err)
+            parsed, why = False, str(err)
         if not why:
             rows.append((n, row))
-        elif i == len(lines) - 1:  # lines are appended whole, one at a time: only the last can be torn
+        elif i == len(lines) - 1 and not parsed:
+            # lines are appended whole, one at a time: only the last can be torn, and a cut-off object is
+            # never valid JSON, so a last line that parses (a list, a number) was written whole
             return rows, line
         else:
             # not a torn write, which only ever cuts the end: something changed the file afterwards (an

@@ -2,26 +2,44 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 from blocklab.errors import ConfigError
-from blocklab.training.config import TrainConfig, check_resumable
+from blocklab.training.checkpoint import read_state
+from blocklab.training.config import TrainConfig, check_resumable, check_trained_config
 from blocklab.training.metrics import resume_rows
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """A new run must not write over a saved one (its metrics, configs and checkpoints)."""
-    if overwrite or not ((run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()):
+    """A new run must not write over a saved one (its metrics, configs and checkpoints), nor over files
+    of the names a run writes (RUN_FILES) in a folder that is not a run: a user's own config.yaml,
+    tokenizer.json or summary.json. `overwrite` replaces either."""
+    if overwrite:
         return
-    raise ConfigError(f"out_dir {str(run_dir)!r} already holds a run (checkpoints/ or metrics.jsonl). Pass "
-                      "--resume (resume=True) to continue it, choose another out_dir, or set overwrite=true "
-                      "to delete it and start again.")
+    if (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"out_dir {str(run_dir)!r} already holds a run (checkpoints/ or metrics.jsonl). "
+                          "Pass --resume (resume=True) to continue it, choose another out_dir, or set "
+                          "overwrite=true to delete it and start again.")
+    taken = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if taken:
+        raise ConfigError(f"out_dir {str(run_dir)!r} is not a blocklab run (no metrics.jsonl nor "
+                          f"checkpoints/) but holds {', '.join(taken)}, which a new run would replace. "
+                          "Choose another out_dir, or set overwrite=true to replace them (other files there "
+                          "are kept).")
 
 
 # what a run writes into its directory (and blocklab diagnose beside it); overwrite=true removes these
 RUN_FILES = ("config.yaml", "model_config.json", "tokenizer.json", "data_manifest.json", "metrics.jsonl",
              "summary.json", "checkpoints", "tensorboard", "diagnostics")
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Make the run's folder where it really is: through a symlink to a folder not made yet (the lock
+    already sits beside that real path, `locks.lock_path`), as compare and exports write through one,
+    rather than "File exists" from mkdir on the link itself."""
+    Path(os.path.realpath(run_dir)).mkdir(parents=True, exist_ok=True)
 
 
 def clear_run(run_dir: Path) -> None:
@@ -34,7 +52,13 @@ def clear_run(run_dir: Path) -> None:
             path.unlink()
 
 
-def check_resume_config(run_dir: Path, cfg: TrainConfig) -> None:
+def check_resume_config(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> None:
+    """The config a resume goes on with against the one the checkpoint was trained with (its
+    state.json's train_config), else, for a checkpoint saved before that was recorded, against
+    config.yaml (which a hand edit would then pass)."""
+    _, meta = read_state(checkpoint)
+    if isinstance(meta.get("train_config"), dict):
+        check_trained_config(checkpoint, meta["train_config"], cfg)
     if not (run_dir / "config.yaml").is_file():
         return  # the checkpoint's model config and tokenizer are still checked
     check_resumable(cfg, run_dir)
