@@ -113,7 +113,7 @@ def add_parsers(sub) -> None:
     p.add_argument(
         "--ladder",
         default="cpu",
-        help="cpu (default; about 1.5 hours on a 2-core CPU), "
+        help="cpu (default; 98 minutes measured on a 2-core CPU), "
         "gpu-resformer (the paper's 82M-468M shapes) or toy (seconds: a smoke); see --list",
     )
     p.add_argument("--seeds", type=int, help="seeds per architecture and rung (default: the ladder's, 3)")

@@ -162,7 +162,7 @@ class Equivalence:
     law: str | None
     at: float | None  # the N where the verdict reads a parameter equivalence (None for data)
     interval: evidence.Interval | None
-    per_rung: dict[str, evidence.Interval] = field(default_factory=dict)
+    per_rung: dict[str, evidence.Interval | None] = field(default_factory=dict)  # None: beyond reach
     why: str = ""
 
 
@@ -241,15 +241,27 @@ def parameter_equivalences(
         at_mid.append(math.log(parameter_ratio(base_law, own, mid)))
         for r, n in zip(data.rungs, sizes, strict=True):
             per_seed[r].append(math.log(parameter_ratio(base_law, own, n)))
+    reach = ""
+    if not all(map(math.isfinite, at_mid)):
+        beyond = sum(not math.isfinite(v) for v in at_mid)
+        reach = (f"in {beyond} of {len(at_mid)} seeds {arch}'s loss at the "
+                 f"middle of the ladder lies below the floor E of {baseline}'s {law}: no size of {baseline} "
+                 "reaches it, so the saving has no finite value there")
     return Equivalence(
         arch,
         "parameters",
         reading,
         law,
         mid,
-        evidence.t_interval(at_mid),
-        {r: evidence.t_interval(v) for r, v in per_seed.items()},
+        _finite_interval(at_mid),
+        {r: _finite_interval(v) for r, v in per_seed.items()},
+        why=reach,
     )
+
+
+def _finite_interval(values: list[float]) -> evidence.Interval | None:
+    """The t-interval of `values`; None where one is infinite (beyond the baseline's reach)."""
+    return evidence.t_interval(values) if all(map(math.isfinite, values)) else None
 
 
 def data_equivalences(data: LadderData, arch: str, baseline: str, seeds: list[int]) -> Equivalence:
@@ -322,6 +334,9 @@ def judge_headline(claim: Headline, result: ScalingResult) -> HeadlineResult:
         if claim.measure == "data"
         else result.parameters[(claim.arch, VERDICT_READING)]
     )
+    if eq.interval is None and eq.law is not None:  # beyond the baseline's reach in some seed
+        return HeadlineResult(claim, "inconclusive", None, eq.why,
+                              "a ladder whose baseline reaches the loss: more tokens a run, or larger rungs")
     if eq.interval is None:
         return HeadlineResult(
             claim,

@@ -92,8 +92,9 @@ class Ladder:
 # d64-l2 trained 23,168 tokens/s and d192-l6 4,379, so a seed of one architecture over the five rungs
 # is about 35 + 70 + 130 + 150 + 190 s = ~575 s of training plus ~30 s of validations and start; 5
 # architectures x 3 seeds is 15 of them, ~9,000 core-seconds: about 1.3 hours with two runs at once on
-# the two cores, 2.5 hours on one; inside the 4 hours the ladder was allowed, with room for the CPU's
-# variation and SAS-P's slower steps on this CPU.
+# the two cores, 2.5 hours on one; inside the 4 hours the ladder was allowed. Measured (2026-11-27): the
+# 75 runs took 98 minutes of wall clock at two at once (2.8 hours of training summed over the runs: two
+# runs at once on the two cores each run at about 0.7x their speed alone).
 LADDERS: dict[str, Ladder] = {
     "cpu": Ladder(
         "size tiny's recipe at d 64 x 2 layers, 96 x 3, 128 x 4 (size tiny), 160 x 5 and 192 x 6 (heads of "
@@ -106,8 +107,8 @@ LADDERS: dict[str, Ladder] = {
         lr_rule="each architecture's recipe rate at size tiny (recipes/main_job_optim.json), the same at "
         "every rung, as Value Residual Learning trains every size at one peak rate (6e-4)",
         notes="sized by measurement: d64-l2 trains at ~23k tokens/s and d192-l6 at ~4.4k on one thread of "
-        "this project's 2-core CPU, so the 75 runs take about 9,000 core-seconds: ~1.3 hours at two runs at "
-        "once, ~2.5 on one core",
+        "this project's 2-core CPU, so the 75 runs take about 9,000 core-seconds; measured: 98 minutes of "
+        "wall clock at two runs at once (2026-11-27)",
     ),
     # The paper's own shapes (Table 4; 320M is named in Sec. 4.2 but not in the table: 14 layers of its
     # 468M shape give 316M), Llama-like, untied embeddings, vocab 50277 in the paper; here the GPU

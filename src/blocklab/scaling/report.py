@@ -51,6 +51,8 @@ def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
             else f"{arch}: {interval_pct(eq.interval)} parameters saved"
             if eq.interval
             else f"{arch}: no law describes it"
+            if eq.law is None
+            else f"{arch}: beyond {result.baseline}'s reach"
         )
         ax.errorbar(f.sizes, f.means, yerr=sds, fmt="o", color=f"C{k}", markersize=4, capsize=2, label=label)
         law, _ = shared_law([result.fits[(result.baseline, reading)], f])
@@ -137,15 +139,16 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
         for (arch, r), eq in result.parameters.items():
             if r != reading:
                 continue
-            if eq.interval is None:
+            if eq.law is None:
                 rows.append([arch, "refused", *["-"] * len(data.rungs), eq.why])
                 continue
             rows.append(
                 [
                     arch,
                     eq.law or "-",
-                    *[interval_pct(eq.per_rung[g]) for g in data.rungs],
-                    f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}",
+                    *[interval_pct(eq.per_rung[g]) if eq.per_rung[g] else "beyond the baseline's reach"
+                      for g in data.rungs],
+                    f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}" if eq.interval else eq.why,
                 ]
             )
         blocks.append(
