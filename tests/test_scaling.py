@@ -363,3 +363,28 @@ def test_a_ladder_trains_through_the_slurm_launcher_as_in_this_process(tmp_path)
     for summary in sorted((tmp_path / "here" / "l").glob("*/runs/*/summary.json")):
         twin = tmp_path / "slurm-store" / "l" / summary.relative_to(tmp_path / "here" / "l")
         assert json.loads(twin.read_text())["val_loss"] == json.loads(summary.read_text())["val_loss"]
+
+
+def test_a_loss_below_the_baselines_floor_is_inconclusive_and_named(tmp_path):
+    """X's saturating law ends below the baseline's floor E: no size of the baseline reaches X's loss, so
+    the saving has no finite value; the verdict says so rather than failing, and the report renders."""
+    from blocklab.scaling.report import write_scaling_report
+
+    rng = random.Random(4)
+    ladder = Ladder("floor", "tiny", tuple(Rung(f"r{k}", {}) for k in range(5)), 1, 1, 1, "none")
+    sizes = [1e5 * 2**k for k in range(5)]
+    tokens = [0.0, 1e5, 2e5]
+    points: dict = {}
+    for s in range(3):
+        for arch, floor in (("pre-ln", 3.0), ("resformer", 2.0)):
+            for k, n in enumerate(sizes):
+                loss = floor + 300 * n**-0.5 + rng.gauss(0, 0.001)
+                points.setdefault((arch, f"r{k}"), {})[s] = Point({"total": int(n), "non_embedding": int(n)},
+                                                                  loss, tokens, [9.0, loss + 0.5, loss])
+    result = judge_ladder(LadderData("floor", ladder, ["pre-ln", "resformer"], points))
+    eq = result.parameters[("resformer", "all")]
+    assert eq.law == "saturating law" and eq.interval is None and "below the floor E" in eq.why
+    h = {h.claim.id: h for h in result.headlines}["resformer-fewer-parameters"]
+    assert h.verdict == "inconclusive" and "no size of pre-ln reaches it" in h.text
+    report = write_scaling_report(result, tmp_path).read_text()
+    assert "beyond the baseline's reach" in report

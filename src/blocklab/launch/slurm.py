@@ -46,6 +46,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from blocklab.errors import ConfigError
 from blocklab.filemodes import atomic_write_text
+from blocklab.launch.outcome import outcome_path, read_outcome, write_outcome
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import Outcome, claim, prepare_once, run_lock, train_run
@@ -140,14 +141,14 @@ class RunJob(submitit.helpers.Checkpointable):
         previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
             result = self._train(TrainConfig.from_dict(config), config, procs)
-            _write_outcome(result)
+            write_outcome(result)
             return result
         except KeyboardInterrupt as err:
             print(f"blocklab job: stopped ({str(err) or 'interrupted'}); the same command run again resumes "
                   "its run from its last checkpoint", file=sys.stderr, flush=True)
             raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
         except Exception as err:
-            _write_outcome({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
+            write_outcome({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -175,37 +176,6 @@ class RunJob(submitit.helpers.Checkpointable):
 
 
 STOPPED_CODE = 143  # 128 + SIGTERM: a job stopped by a signal, without a result file
-
-
-# How a job came out, as JSON beside submitit's own result file. submitit writes that one as a pickle, and
-# reading a pickle runs whatever code it names: anyone who can write to a shared run store could plant
-# one. So blocklab never reads it (it only looks whether it exists: the job has ended), and the job writes
-# its outcome here: {"status", "seconds"}, or {"error", "trace"}.
-def outcome_path(paths: Any) -> Path:
-    pickle_path = Path(paths.result_pickle)
-    return pickle_path.with_name(pickle_path.name.replace("_result.pkl", "_outcome.json"))
-
-
-def _write_outcome(outcome: dict[str, Any]) -> None:
-    try:
-        paths = submitit.JobEnvironment().paths
-    except RuntimeError:  # called outside a submitit job (a test, a direct call): nobody reads it
-        return
-    atomic_write_text(outcome_path(paths), json.dumps(outcome))
-
-
-def read_outcome(paths: Any) -> dict[str, Any] | None:
-    """A job's outcome file, or None if it has none or it is not one (torn, foreign, hand-edited)."""
-    try:
-        outcome = json.loads(outcome_path(paths).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(outcome, dict):
-        return None
-    seconds = outcome.get("seconds", 0.0)
-    if outcome.get("status") in ("trained", "reused") and isinstance(seconds, (int, float)):
-        return outcome
-    return outcome if isinstance(outcome.get("error"), str) else None
 
 
 def _stop_on_sigterm(signum: int, _frame: Any) -> None:

@@ -97,7 +97,17 @@ def figure_path(out: Path, reading: str) -> Path:
 
 def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> list[tuple]:
     """The report's blocks (`blocklab.report`): verdicts, figures, tables, method."""
-    data, base = result.data, result.baseline
+    return [
+        *verdict_blocks(result, level),
+        *figure_blocks(result, figures),
+        *equivalence_blocks(result, level),
+        *fit_blocks(result, level),
+        *method_blocks(result, level),
+    ]
+
+
+def verdict_blocks(result: ScalingResult, level: str) -> list[tuple]:
+    base = result.baseline
     blocks: list[tuple] = [(level, "Verdicts")]
     if result.headlines:
         blocks.append(("table", *verdict_table(result)))
@@ -114,52 +124,51 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
             "p",
             f"Seeds: {', '.join(map(str, result.seeds))} (those that finished every rung for every "
             "architecture). A saving is the fraction of parameters (or tokens) an architecture "
-            f"needs less than {base} for the same loss; negative: more. Intervals are 95% t-intervals "
-            "over seeds, each seed's ladder fitted on its own.",
+            f"needs less than {base} for the same loss; negative: more. Intervals are 95% "
+            "t-intervals over seeds, each seed's ladder fitted on its own.",
         )
     )
-    for reading in READINGS:
-        path = plot_ladder(result, reading, figure_path(figures, reading))
-        blocks.append(
-            (
-                "figure",
-                path,
-                f"loss against parameters ({reading})",
-                f"final validation loss against parameters counted as {READINGS[reading]}: the mean over "
-                "seeds at each rung (bars: one seed standard deviation) and the law fitted to the means "
-                "(solid: the law the equivalences read; dotted: the power law, which does not describe "
-                f"the points); the legend gives each architecture's saving against {base} at the middle "
-                "of the ladder, with its 95% interval.",
-            )
+    return blocks
+
+
+def figure_blocks(result: ScalingResult, figures: Path) -> list[tuple]:
+    return [
+        (
+            "figure",
+            plot_ladder(result, reading, figure_path(figures, reading)),
+            f"loss against parameters ({reading})",
+            f"final validation loss against parameters counted as {READINGS[reading]}: the mean over seeds "
+            "at each rung (bars: one seed standard deviation) and the law fitted to the means (solid: the "
+            "law the equivalences read; dotted: the power law, which does not describe the points); the "
+            f"legend gives each architecture's saving against {result.baseline} at the middle of the ladder, "
+            "with its 95% interval.",
         )
-    blocks.append((level, "Parameter equivalence at each rung"))
+        for reading in READINGS
+    ]
+
+
+def _equivalence_row(eq, rungs: list[str]) -> list[str]:
+    if eq.law is None:
+        return [eq.arch, "refused", *["-"] * len(rungs), eq.why]
+    cells = [interval_pct(eq.per_rung[g]) if eq.per_rung[g] else "beyond the baseline's reach" for g in rungs]
+    mid = f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}" if eq.interval else eq.why
+    return [eq.arch, eq.law, *cells, mid]
+
+
+def equivalence_blocks(result: ScalingResult, level: str) -> list[tuple]:
+    data, base = result.data, result.baseline
+    blocks: list[tuple] = [(level, "Parameter equivalence at each rung")]
     for reading in READINGS:
-        head = ["architecture", "law", *data.rungs, "middle of the ladder"]
-        rows = []
-        for (arch, r), eq in result.parameters.items():
-            if r != reading:
-                continue
-            if eq.law is None:
-                rows.append([arch, "refused", *["-"] * len(data.rungs), eq.why])
-                continue
-            rows.append(
-                [
-                    arch,
-                    eq.law or "-",
-                    *[interval_pct(eq.per_rung[g]) if eq.per_rung[g] else "beyond the baseline's reach"
-                      for g in data.rungs],
-                    f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}" if eq.interval else eq.why,
-                ]
-            )
+        rows = [_equivalence_row(eq, data.rungs) for (_, r), eq in result.parameters.items() if r == reading]
         blocks.append(
             (
                 "p",
                 f"Parameters counted as {READINGS[reading]}"
-                f"{' (the verdicts read these)' if reading == VERDICT_READING else ''}: the fraction of "
-                f"parameters each architecture saves against {base} at its own size at each rung.",
+                f"{' (the verdicts read these)' if reading == VERDICT_READING else ''}: the fraction "
+                f"of parameters each architecture saves against {base} at its own size at each rung.",
             )
         )
-        blocks.append(("table", head, rows))
+        blocks.append(("table", ["architecture", "law", *data.rungs, "middle of the ladder"], rows))
     blocks.append((level, "Data equivalence on the largest rung"))
     blocks.append(
         (
@@ -176,7 +185,10 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
             [[a, *[str(g[r]) for r in data.rungs]] for a, g in result.gains.items()],
         )
     )
-    blocks.append((level, "The fits"))
+    return blocks
+
+
+def fit_blocks(result: ScalingResult, level: str) -> list[tuple]:
     rows = []
     for (arch, reading), f in result.fits.items():
         for form, c in f.checks.items():
@@ -184,32 +196,26 @@ def ladder_blocks(result: ScalingResult, figures: Path, level: str = "h2") -> li
             rows.append(
                 [arch, reading, form, c.law.formula(), f"{c.rms:.4f}", test, "yes" if c.describes else "no"]
             )
-    blocks.append(
+    head = [
+        "architecture",
+        "parameters",
+        "law",
+        "fit",
+        "residual RMS (nats)",
+        "lack of fit",
+        "describes the points",
+    ]
+    return [
+        (level, "The fits"),
         (
             "p",
-            "Each law fitted to the mean loss over seeds at each rung. Lack of fit: the residuals' "
-            "variance over the variance of a rung's mean (the seed variance pooled over rungs over the "
-            "seeds), against Fisher's F; a law with p < 0.01 does not describe the points and is "
-            "refused (blocklab/scaling/fit.py).",
-        )
-    )
-    blocks.append(
-        (
-            "table",
-            [
-                "architecture",
-                "parameters",
-                "law",
-                "fit",
-                "residual RMS (nats)",
-                "lack of fit",
-                "describes the points",
-            ],
-            rows,
-        )
-    )
-    blocks += method_blocks(result, level)
-    return blocks
+            "Each law fitted to the mean loss over seeds at each rung. Lack of fit: the residuals' variance "
+            "over the variance of a rung's mean (the seed variance pooled over rungs over the seeds), "
+            "against Fisher's F; a law with p < 0.01 does not describe the points and is refused "
+            "(blocklab/scaling/fit.py).",
+        ),
+        ("table", head, rows),
+    ]
 
 
 def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
@@ -313,7 +319,8 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
                 md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
             continue
         result = judge_ladder(data)
-        write_scaling_report(result, root, f"blocklab scaling --ladder {key} --out {store} --no-train")
+        command = f"blocklab scaling --ladder {key} --archs {','.join(archs)} --out {store} --no-train"
+        write_scaling_report(result, root, command)
         done = sum(len(seeds) for seeds in data.points.values())
         total = len(archs) * len(ladder.rungs) * ladder.seeds
         link = os.path.relpath(root / "scaling.md", page_dir)
