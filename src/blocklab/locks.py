@@ -58,7 +58,7 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     """Hold `folder`'s lock for the block. Held elsewhere: wait for it with `wait` (calling `on_wait`
     once first), else raise FolderInUse naming the holder. With `remove`, the lock file goes as the
     lock is let go. With `make`, the folder is created if missing, so that its own inode is locked too
-    (the module doc); a folder that exists is always. Where `fcntl` is missing (Windows) or the file
+    (the module doc), and removed again if the block leaves it empty; a folder that exists is always. Where `fcntl` is missing (Windows) or the file
     system has no `flock` (some network mounts) there is no lock."""
     try:
         import fcntl  # noqa: F401
@@ -72,9 +72,11 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
         yield
         return
     inode = None
+    made = None  # the folder `make` created: removed again if the block leaves it empty (a refusal)
     try:
-        if make:  # through a symlink to a folder not made yet: that folder, as the lock beside it names
-            Path(os.path.realpath(folder)).mkdir(parents=True, exist_ok=True)
+        if make and not os.path.isdir(folder):  # through a symlink to a folder not made yet: that folder
+            made = Path(os.path.realpath(folder))
+            made.mkdir(parents=True, exist_ok=True)
         inode = _lock_inode(folder, wait, on_wait)
         handle.seek(0)
         handle.truncate()
@@ -85,6 +87,9 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     finally:
         if remove:  # while still held, so that nobody holds a lock on a file no longer at the path
             path.unlink(missing_ok=True)
+        if made is not None:
+            with contextlib.suppress(OSError):  # not empty: the block wrote there
+                made.rmdir()
         if inode is not None:
             os.close(inode)
         handle.close()  # closing lets go of the flock
