@@ -58,8 +58,9 @@ def hold(folder: str | Path, wait: bool = False, on_wait: Callable[[], None] | N
     """Hold `folder`'s lock for the block. Held elsewhere: wait for it with `wait` (calling `on_wait`
     once first), else raise FolderInUse naming the holder. With `remove`, the lock file goes as the
     lock is let go. With `make`, the folder is created if missing, so that its own inode is locked too
-    (the module doc), and removed again if the block leaves it empty; a folder that exists is always. Where `fcntl` is missing (Windows) or the file
-    system has no `flock` (some network mounts) there is no lock."""
+    (the module doc), and removed again if the block leaves it empty; a folder that exists is always.
+    Where `fcntl` is missing (Windows) or the file system has no `flock` (some network mounts) there is
+    no lock."""
     try:
         import fcntl  # noqa: F401
     except ImportError:  # pragma: no cover - Windows
