@@ -242,9 +242,7 @@ def test_the_command_trains_resumes_and_rebuilds_the_report_from_the_runs(tmp_pa
     record = json.loads(first[root / "scaling.json"])
     assert [h["id"] for h in record["headlines"]] == ["resformer-fewer-parameters", "resformer-less-data"]
     assert (root / "loss_vs_params_all.png").is_file() and "<img" in (root / "scaling.html").read_text()
-    capsys.readouterr()
-    assert cli(args) == 0  # again: every run reused, the same report
-    assert "reusing" in capsys.readouterr().out.lower() or True
+    assert cli(args) == 0  # again: every run reused (checked below), the same report
     assert cli([*args, "--no-train"]) == 0
     for path, content in first.items():
         assert path.read_bytes() == content

@@ -64,21 +64,16 @@ class Point:
 
 
 def _read_point(run: Path) -> Point | None:
+    """A finished run's parameters, final loss and validation curve (None: not finished)."""
+    from blocklab.training.metrics import read_metrics
+
     path = run / "summary.json"
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
-    tokens, losses = [], []
-    with open(run / "metrics.jsonl") as handle:
-        for line in handle:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line of a run cut off; a finished run has none
-                continue
-            if isinstance(row, dict) and row.get("kind") == "val" and row.get("val_loss") is not None:
-                tokens.append(float(row["tokens"]))
-                losses.append(float(row["val_loss"]))
-    return Point(summary["params"], float(summary["val_loss"]), tokens, losses)
+    val = [r for r in read_metrics(run / "metrics.jsonl", "val") if r.get("val_loss") is not None]
+    return Point(summary["params"], float(summary["val_loss"]), [float(r["tokens"]) for r in val],
+                 [float(r["val_loss"]) for r in val])
 
 
 @dataclass

@@ -93,8 +93,7 @@ class Ladder:
 # is about 35 + 70 + 130 + 150 + 190 s = ~575 s of training plus ~30 s of validations and start; 5
 # architectures x 3 seeds is 15 of them, ~9,000 core-seconds: about 1.3 hours with two runs at once on
 # the two cores, 2.5 hours on one; inside the 4 hours the ladder was allowed. Measured (2026-11-27): the
-# 75 runs took 98 minutes of wall clock at two at once (2.8 hours of training summed over the runs: two
-# runs at once on the two cores each run at about 0.7x their speed alone).
+# 75 runs took 98 minutes of wall clock at two at once (2.8 hours of training summed over the runs).
 LADDERS: dict[str, Ladder] = {
     "cpu": Ladder(
         "size tiny's recipe at d 64 x 2 layers, 96 x 3, 128 x 4 (size tiny), 160 x 5 and 192 x 6 (heads of "

@@ -53,9 +53,16 @@ def train_piece(
     each. Returns the runs trained and how many are left."""
     from blocklab.launch import RunsFailed
     from blocklab.reproduce.estimate import Estimator
-    from blocklab.reproduce.pieces import BudgetLauncher, drop_orphans, export_store, record_run, run_device
+    from blocklab.reproduce.pieces import (
+        BudgetLauncher,
+        drop_orphans,
+        export_store,
+        finish_run,
+        record_run,
+        run_device,
+    )
 
-    if not minutes > 0:  # NaN fails this too
+    if not 0 < minutes < float("inf"):  # NaN fails this too
         from blocklab.errors import ConfigError
 
         raise ConfigError(f"--minutes {minutes} is not allowed: give a positive number of minutes")
@@ -68,9 +75,7 @@ def train_piece(
     start = clock()
 
     def after(cfg, started: float) -> None:
-        import shutil
-
-        shutil.rmtree(Path(cfg.out_dir) / "checkpoints", ignore_errors=True)
+        finish_run(cfg, {})  # no metric read from weights: its checkpoints go
         record_run(cfg, clock() - started, device)
         estimate.refresh()
         if export is not None:
