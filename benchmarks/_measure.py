@@ -112,7 +112,7 @@ def setup_training(arch: str, size: str, device: str, threads: int) -> None:
     dev = torch.device(device)
     prime(dev)
     cfg = blocklab.ModelConfig.from_preset(arch, size=size)
-    model = blocklab.Transformer(cfg).to(dev)
+    model = blocklab.LanguageModel(cfg).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batch = torch.randint(0, cfg.vocab_size, (BATCH[size], cfg.context_length + 1), device=dev)
 

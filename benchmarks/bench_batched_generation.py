@@ -4,7 +4,7 @@ For each architecture (a blocklab model at `--size`, random weights, eval mode),
 whose lengths are spread evenly over `--lengths MIN,MAX` are continued by `--new` greedy tokens in two
 ways: "one at a time" calls `generate` once per prompt (no padding, no masks: the fastest path for a
 single sequence), "padded batch" calls it once on the prompts left-padded to the longest, with an
-attention_mask (model/padding.py: per-row positions, masked keys; shaped attention builds its matrix).
+attention_mask (model/masking.py: per-row positions, masked keys; shaped attention builds its matrix).
 Before timing, the rows of the batch are compared with their prompts generated alone: the table gives
 how many rows have the same tokens (all, on a CPU in float32; a GPU's batched kernels may round a
 near tie the other way).
@@ -34,9 +34,9 @@ RESULTS = Path(__file__).parent / "results"
 ARCHS = ("pre-ln", "sas-p", "svformer", "bov", "cla")
 
 
-def make_model(arch: str, size: str, device: str, seed: int = 0) -> blocklab.Transformer:
+def make_model(arch: str, size: str, device: str, seed: int = 0) -> blocklab.LanguageModel:
     torch.manual_seed(seed)
-    return blocklab.Transformer(blocklab.ModelConfig.from_preset(arch, size)).to(device).eval()
+    return blocklab.LanguageModel(blocklab.ModelConfig.from_preset(arch, size)).to(device).eval()
 
 
 def make_prompts(n: int, lengths: tuple[int, int], vocab: int, device: str) -> list[Tensor]:
@@ -55,15 +55,15 @@ def left_padded(prompts: list[Tensor]) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
-def one_at_a_time(model: blocklab.Transformer, prompts: list[Tensor], new: int) -> list[Tensor]:
+def one_at_a_time(model: blocklab.LanguageModel, prompts: list[Tensor], new: int) -> list[Tensor]:
     return [model.generate(p[None], new, compile=False)[0, len(p):] for p in prompts]
 
 
-def batched(model: blocklab.Transformer, ids: Tensor, mask: Tensor, new: int) -> Tensor:
+def batched(model: blocklab.LanguageModel, ids: Tensor, mask: Tensor, new: int) -> Tensor:
     return model.generate(ids, new, attention_mask=mask, compile=False)[:, ids.shape[1]:]
 
 
-def rows_equal(model: blocklab.Transformer, prompts: list[Tensor], new: int) -> int:
+def rows_equal(model: blocklab.LanguageModel, prompts: list[Tensor], new: int) -> int:
     """How many rows of the padded batch give the tokens of their prompt generated alone."""
     ids, mask = left_padded(prompts)
     together = batched(model, ids, mask, new)
@@ -71,7 +71,7 @@ def rows_equal(model: blocklab.Transformer, prompts: list[Tensor], new: int) -> 
     return sum(torch.equal(together[row], tokens) for row, tokens in enumerate(alone))
 
 
-def measure(model: blocklab.Transformer, prompts: list[Tensor], new: int, repeats: int,
+def measure(model: blocklab.LanguageModel, prompts: list[Tensor], new: int, repeats: int,
             device: torch.device) -> dict[str, list[float]]:
     from _measure import timed
 

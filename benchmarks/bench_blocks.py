@@ -30,7 +30,6 @@ from pathlib import Path
 
 import torch
 
-import blocklab
 from _measure import (
     BATCH,
     add_ratios,
@@ -43,6 +42,7 @@ from _measure import (
     table,
     timed,
 )
+from blocklab.model import ops
 from blocklab.presets import BLOCK_PRESETS
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
@@ -75,8 +75,8 @@ def attention_call(path: str, t: int, dev: torch.device):
     alpha, beta, gamma = (torch.rand(HEADS, device=dev, requires_grad=True) for _ in range(3))
     if path in ("fused", "fused window"):
         window = WINDOW if path == "fused window" else None
-        return lambda: blocklab.ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=window)
-    return lambda: blocklab.ops.shaped_attention_matrix(q, k, alpha, beta, gamma, causal=True) @ v
+        return lambda: ops.shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=window)
+    return lambda: ops.shaped_attention_matrix(q, k, alpha, beta, gamma, causal=True) @ v
 
 
 def bench_attention(path: str, t: int, device: str, threads: int, repeats: int, budget_s: float) -> dict:

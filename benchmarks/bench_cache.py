@@ -27,7 +27,7 @@ A plot of cache memory (with Bank of Values' table) against context length is wr
 benchmarks/results/cache-memory.png.
 
 With ``--offload`` it measures instead Bank of Values with its tables offloaded to host memory
-(`model.offload_value_tables()`, model/offload.py): for each context length, the device and host
+(`model.offload_value_tables()`, runtime/offload.py): for each context length, the device and host
 bytes of `pre-ln+bov` with resident and with offloaded tables against the standard model's cache and
 Bank of Values Eq. 6, on real text (a BPE of |V| ids trained on the embedded stdlib snapshot), each
 figure checked against the measured tensors; the break-even contexts; decode tokens/s at batch 1
@@ -50,9 +50,9 @@ import torch
 import blocklab
 from _measure import machine_info
 from bench_decode import HandDecoder
-from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.runtime.cache import cache_bytes_per_token
 
 SIZES = {
     "small": dict(d_model=256, n_layers=6, n_heads=4, mlp_hidden=1024, vocab_size=8192),
@@ -295,7 +295,7 @@ def offload_memory(size: dict, lengths, ids: list[int], device: torch.device) ->
     a quarter at a time) and of the host tables."""
     from blocklab.accounting import offload_bytes
 
-    model = blocklab.Transformer(make_cfg(OFFLOAD_ARCH, size, max(lengths))).to(device).eval()
+    model = blocklab.LanguageModel(make_cfg(OFFLOAD_ARCH, size, max(lengths))).to(device).eval()
     model.offload_value_tables()
     counts = distinct_prefix_counts(ids)
     rows = []
@@ -345,7 +345,7 @@ def offload_speed(size: dict, prompt: list[int], new: int, repeats: int, device:
     """Decode tokens/s of bov with resident and with offloaded tables, batch 1 and 8: after an untimed
     prefill of `prompt`, `new` greedy steps of `decode_step` (what `generate` runs per token) are timed;
     the median of `repeats` after a warm-up, the two modes alternating."""
-    model = blocklab.Transformer(make_cfg(OFFLOAD_ARCH, size, len(prompt) + new)).to(device).eval()
+    model = blocklab.LanguageModel(make_cfg(OFFLOAD_ARCH, size, len(prompt) + new)).to(device).eval()
     out: dict = {}
     for batch in (1, 8):
         ids = torch.tensor([prompt] * batch, device=device)
@@ -499,7 +499,7 @@ def main() -> None:
     configs = variants(size)
     models = {}
     for name, (arch, overrides) in configs.items():
-        models[name] = blocklab.Transformer(make_cfg(arch, size, context, **overrides)).to(device).eval()
+        models[name] = blocklab.LanguageModel(make_cfg(arch, size, context, **overrides)).to(device).eval()
     models[HAND] = models[BASELINE]  # the hand loop reads pre-ln's weights
     if not args.no_hf:
         models[HF] = hf_model(size, context).to(device)

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blocklab import ops
+from blocklab.model import ops
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -266,7 +266,7 @@ def train_steps(size: str, batch: int, seq: int, device: torch.device, dtype: to
         return F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten())
 
     def make(impl):
-        model = blocklab.Transformer(cfg).to(device)
+        model = blocklab.LanguageModel(cfg).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def step():
@@ -307,7 +307,7 @@ def compiled_steps(size: str, batch: int, seq: int, device: torch.device, dtype:
             torch._dynamo.reset()
             metrics.reset()
             torch.manual_seed(0)
-            model = blocklab.Transformer(cfg).to(device)
+            model = blocklab.LanguageModel(cfg).to(device)
             compiled = torch.compile(model)
 
             def step(model=model, compiled=compiled):

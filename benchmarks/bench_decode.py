@@ -55,8 +55,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import blocklab
-from blocklab.model.compiled_step import run_frozen
-from blocklab.model.generate import generate
+from blocklab.runtime.compiled_step import run_frozen
+from blocklab.runtime.generate import generate
 
 SIZES = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=2, mlp_hidden=128, vocab_size=512),  # tests
@@ -78,12 +78,12 @@ COMPILE_MODES = {  # --compile: contender name per mode
 }
 
 
-def make_model(size: str, context: int, seed: int = 0) -> blocklab.Transformer:
+def make_model(size: str, context: int, seed: int = 0) -> blocklab.LanguageModel:
     """A blocklab Pre-LN model of GPT-2's block at `size` (a key of SIZES), eval mode, random weights."""
     torch.manual_seed(seed)
     cfg = blocklab.ModelConfig.from_preset("pre-ln", "small", **SIZES[size], **GPT2_BLOCK,
                                            context_length=context)
-    return blocklab.Transformer(cfg).eval()
+    return blocklab.LanguageModel(cfg).eval()
 
 
 # -- the hand-written contender --------------------------------------------------------------------
@@ -129,7 +129,7 @@ def _is_one(gain: nn.Module | None) -> bool:
 class HandDecoder:
     """Greedy decoding of a blocklab Pre-LN, GPT-2-block model by a minimal loop over its weights."""
 
-    def __init__(self, model: blocklab.Transformer):
+    def __init__(self, model: blocklab.LanguageModel):
         cfg = model.cfg
         supported = (cfg.block_layout == "pre-ln" and cfg.attn_matrix == "softmax" and cfg.causal
                      and cfg.value_path == "standard" and cfg.norm == "layernorm" and cfg.final_norm
@@ -221,7 +221,7 @@ class FrozenHandDecoder(HandDecoder):
     The weights are the model's `nn.Parameter`s, which dynamo makes graph constants while inductor's
     `freezing` flag is on (set around every call by blocklab's own `run_frozen`)."""
 
-    def __init__(self, model: blocklab.Transformer):
+    def __init__(self, model: blocklab.LanguageModel):
         super().__init__(model)
         self._compiled = torch.compile(super().step)
 
@@ -242,7 +242,7 @@ class Generate:
     """`generate` on `model` with ``compile`` fixed: False is the eager step on every device, None the
     default (compiled on CUDA)."""
 
-    def __init__(self, model: blocklab.Transformer, compile: bool | None):
+    def __init__(self, model: blocklab.LanguageModel, compile: bool | None):
         self.model, self.compile = model, compile
 
     def generate(self, prompt: Tensor, new: int) -> Tensor:
@@ -271,7 +271,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_same_tokens(model: Contender | blocklab.Transformer, hand: HandDecoder, prompt: Tensor,
+def check_same_tokens(model: Contender | blocklab.LanguageModel, hand: HandDecoder, prompt: Tensor,
                       new: int) -> None:
     ours, theirs = model.generate(prompt, new), hand.generate(prompt, new)
     if not torch.equal(ours, theirs):
@@ -279,7 +279,7 @@ def check_same_tokens(model: Contender | blocklab.Transformer, hand: HandDecoder
         raise RuntimeError(f"the hand loop's tokens differ from generate's at {diff[:5].tolist()}")
 
 
-def measure_cell(model: blocklab.Transformer, hand: HandDecoder, prompt: Tensor, new: int,
+def measure_cell(model: blocklab.LanguageModel, hand: HandDecoder, prompt: Tensor, new: int,
                  repeats: int, compiled: dict[str, Contender] | None = None) -> dict[str, list[float]]:
     """tokens/s of every contender per repeat, round-robin, the first contender rotating; `model` decodes
     with its eager step; `compiled`: further contenders by name."""

@@ -78,7 +78,7 @@ def bench_step(arch: str, shape: str, device: str, warmup: int, rounds: int) -> 
     torch.manual_seed(0)
     dev = torch.device(device)
     cfg = blocklab.ModelConfig.from_preset(arch, size="small", context_length=SEQ, **SHAPES[shape])
-    model = blocklab.Transformer(cfg).to(dev)
+    model = blocklab.LanguageModel(cfg).to(dev)
     batch = torch.randint(0, cfg.vocab_size, (BATCH, SEQ + 1), device=dev)
 
     def step(mode: str) -> None:

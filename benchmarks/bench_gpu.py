@@ -153,8 +153,8 @@ def train(arch: str, mode: str, batch: int, opts: argparse.Namespace, dims: dict
     torch.manual_seed(0)
     cfg = make_cfg("pre-ln" if arch == HAND else arch, dims, opts.seq_len)
     with torch.device("meta"):  # the hand model computes the function of blocklab's pre-ln: its FLOPs
-        flops = blocklab.flops_per_token(blocklab.Transformer(cfg), opts.seq_len)
-    model = (make_hand(cfg) if arch == HAND else blocklab.Transformer(cfg)).to(device).train()
+        flops = blocklab.flops_per_token(blocklab.LanguageModel(cfg), opts.seq_len)
+    model = (make_hand(cfg) if arch == HAND else blocklab.LanguageModel(cfg)).to(device).train()
     params = (sum(p.numel() for p in model.parameters()) if arch == HAND
               else blocklab.count_parameters(model).total)
     row = dict(arch=arch, mode=mode, params=params, flops_per_token=flops, batch=batch, seq_len=opts.seq_len,
@@ -203,9 +203,9 @@ def timed_training(model: torch.nn.Module, mode: str, batch: int, opts: argparse
     forward, compiled = prepare(model, mode, opts)
     # the trainer's loss for blocklab; float32 cross-entropy of the logits for the hand model and for
     # torch.compile(model), whose compiled forward returns logits
-    trainer_loss = isinstance(model, blocklab.Transformer) and mode != "compile-model"
+    trainer_loss = isinstance(model, blocklab.LanguageModel) and mode != "compile-model"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    vocab = model.cfg.vocab_size if isinstance(model, blocklab.Transformer) else model.wte.num_embeddings
+    vocab = model.cfg.vocab_size if isinstance(model, blocklab.LanguageModel) else model.wte.num_embeddings
     tokens = torch.randint(0, vocab, (batch, opts.seq_len + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
@@ -248,7 +248,7 @@ def timed_training(model: torch.nn.Module, mode: str, batch: int, opts: argparse
 
 
 # -- decoding ----------------------------------------------------------------------------------------
-def decode(model: blocklab.Transformer, opts: argparse.Namespace, device: torch.device,
+def decode(model: blocklab.LanguageModel, opts: argparse.Namespace, device: torch.device,
            compiled: bool = False) -> dict:
     """Greedy tokens/s of `model.generate` (and of the hand loop for pre-ln) per batch size;
     `compiled`: also of a copy of the model with `compile_decoding()` (its compilation in the warm-up;

@@ -36,7 +36,7 @@ ARCHS = ("pre-ln", "sas-p+resformer-learnable", "svformer", "bov")
 
 def make_pair(arch: str, size: str, seed: int = 0):
     torch.manual_seed(seed)
-    model = blocklab.Transformer(blocklab.ModelConfig.from_preset(arch, size)).eval()
+    model = blocklab.LanguageModel(blocklab.ModelConfig.from_preset(arch, size)).eval()
     return model, hf_model(model).eval()
 
 

@@ -6,7 +6,7 @@ Contenders, for hidden states x (N, d), a head W (V, d) and targets t (N,):
   ``pad_to`` > 1, `F.linear` against W padded with zero rows to a multiple of pad_to, logits sliced
   back to V (the padded-head way of reaching CUDA's fast kernels; the padded float32 copy of W made
   each pass is counted in its memory, where a padded head would hold W padded instead);
-- ``chunked``: `blocklab.model.head_loss.linear_cross_entropy(x, W, t, pad_to=..., chunk_size=...)`.
+- ``chunked``: `blocklab.runtime.head_loss.linear_cross_entropy(x, W, t, pad_to=..., chunk_size=...)`.
 
 Each pass: forward, backward into fresh x.grad and W.grad. Time: median of `--repeats` passes after
 `--warmup`, contenders round-robin so that a noisy machine slows them alike (CUDA events on a GPU, the
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from blocklab.model.head_loss import default_chunk_size, linear_cross_entropy, padded_rows
+from blocklab.runtime.head_loss import default_chunk_size, linear_cross_entropy, padded_rows
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -134,7 +134,7 @@ def make_hand(shape: dict) -> HandGPT:
                    shape["n_positions"])
 
 
-def blocklab_from_hand(hand: HandGPT, shape: dict) -> blocklab.Transformer:
+def blocklab_from_hand(hand: HandGPT, shape: dict) -> blocklab.LanguageModel:
     """blocklab's pre-ln with the hand model's weights: through HF's GPT-2 layout and `from_hf`."""
     from transformers import GPT2LMHeadModel
 
@@ -147,7 +147,7 @@ def build(kind: str, shape: dict):
     """(model, forward: ids -> logits, its repeated blocks) for kind blocklab, blocklab-sas-p, hand,
     hf-sdpa or hf-eager."""
     if kind.startswith("blocklab"):
-        model = blocklab.Transformer(blocklab_config(kind, shape))
+        model = blocklab.LanguageModel(blocklab_config(kind, shape))
         return model, model, model.blocks
     if kind == "hand":
         model = make_hand(shape)
@@ -172,7 +172,7 @@ def model_flops(kind: str, size: str, seq_len: int) -> int:
     """Analytic training FLOPs per token of a kind at a GPT-2 shape: blocklab's config of it (pre-ln for
     the hand model and HF, which compute the same function)."""
     with torch.device("meta"):
-        model = blocklab.Transformer(blocklab_config(kind, SHAPES[size]))
+        model = blocklab.LanguageModel(blocklab_config(kind, SHAPES[size]))
     return blocklab.flops_per_token(model, seq_len)
 
 

@@ -7,7 +7,7 @@ plain `sas-p` and `sas`), at sizes "tiny" and "small":
 - parameters (total, embedding, value tables, non-embedding: `blocklab.count_parameters`) and
   analytic training FLOPs per token (`blocklab.flops_per_token`);
 - the KV-cache bytes per token of one sequence in bf16 (`kv_cache`: the layout that
-  `KVCache.nbytes` holds, from `blocklab.model.cache.cache_bytes_per_token`);
+  `KVCache.nbytes` holds, from `blocklab.runtime.cache.cache_bytes_per_token`);
 - training throughput (forward, cross-entropy, backward, AdamW step) in tokens/s and peak memory,
   each also as a ratio to "pre-ln" measured side by side in the same run. Every configuration runs
   in its own child process with `torch.set_num_threads(1)` (default `--threads`) and the repeats go
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import blocklab
 from _measure import BATCH, add_ratios, bench_training, machine_info, memory_unit, table
-from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.runtime.cache import cache_bytes_per_token
 
 REFERENCE, CONTROL = "pre-ln", "pre-ln (control)"
 COMBINATIONS = ("sas-p", "sas-p+bov", "sas-p+resformer", "sas", "sas+svformer")

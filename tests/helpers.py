@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 import reference as R
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.presets import BLOCK_PRESETS
 
 PRESETS = list(BLOCK_PRESETS)
@@ -35,9 +35,9 @@ def make_cfg(arch: str = "pre-ln", **overrides) -> ModelConfig:
     return ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides})
 
 
-def make_model(arch: str = "pre-ln", seed: int = 0, perturbed: bool = True, **overrides) -> Transformer:
+def make_model(arch: str = "pre-ln", seed: int = 0, perturbed: bool = True, **overrides) -> LanguageModel:
     torch.manual_seed(seed)
-    model = Transformer(make_cfg(arch, **overrides)).double()
+    model = LanguageModel(make_cfg(arch, **overrides)).double()
     if perturbed:
         R.perturb(model, seed=seed + 100)
     return model

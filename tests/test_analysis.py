@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from matplotlib import image as mpimg
 
 import reference as R
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.analysis import (
     compare_reports,
     diagnose,
@@ -308,7 +308,7 @@ def _check_png(path):
 
 def test_report_end_to_end(tmp_path):
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.from_preset("sas", "tiny", **TINY))
+    model = LanguageModel(ModelConfig.from_preset("sas", "tiny", **TINY))
     metrics = []
     _train_a_few_steps(model, 4, metrics)
     metrics_path = _write_jsonl(tmp_path / "metrics.jsonl", metrics)
@@ -350,7 +350,7 @@ def test_report_end_to_end(tmp_path):
         pytest.approx(ratio))
     assert ratio != pytest.approx(1.0)  # trained away from its initial value
 
-    other = diagnose(Transformer(ModelConfig.from_preset("pre-ln+resformer", "tiny", **TINY)), held_out,
+    other = diagnose(LanguageModel(ModelConfig.from_preset("pre-ln+resformer", "tiny", **TINY)), held_out,
                      layers=[1], max_batches=1)
     out = compare_reports(tmp_path / "report", other, tmp_path / "compare", labels=("sas", "resformer"))
     assert [f.name for f in out] == ["compare.png", "compare.json", "compare.md"]

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 import blocklab
-from blocklab import ConfigError, ModelConfig, Transformer
+from blocklab import ConfigError, LanguageModel, ModelConfig
 from blocklab.model.value_paths import VALUE_PATHS, Registered, ValuePath
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blocklab"
 # The bottom layers: they may import only each other (and torch, the standard library). The model owns
 # its config (model/config.py), so presets, training, interop and the rest sit above and import it.
-BOTTOM = ("blocklab.errors", "blocklab.configbase", "blocklab.ops", "blocklab.model")
+BOTTOM = ("blocklab.errors", "blocklab.configbase", "blocklab.model.ops", "blocklab.model")
 
 
 def _module_name(path: Path) -> str:
@@ -37,7 +37,7 @@ def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:  # `from blocklab import ops` imports the module blocklab.ops
+            for alias in node.names:  # `from blocklab import ops` imports the module blocklab.model.ops
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if sub in modules else node.module)
     return {m for m in found if m in modules}
@@ -169,9 +169,9 @@ def scaled(monkeypatch):
 SIZES = dict(n_layers=3, d_model=16, n_heads=4, n_kv_heads=2, vocab_size=31, context_length=12, mlp_hidden=24)
 
 
-def _perturbed(cfg: ModelConfig, seed: int) -> Transformer:
+def _perturbed(cfg: ModelConfig, seed: int) -> LanguageModel:
     torch.manual_seed(seed)
-    model = Transformer(cfg).double()
+    model = LanguageModel(cfg).double()
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # away from initialisation, where s_n = 1 would hide a missing scale
         for p in model.parameters():
@@ -189,7 +189,7 @@ def test_worked_example_matches_a_baseline_with_scaled_value_weights(scaled):
     assert all(abs(s - 0.5) > 1e-3 for s in scales.values())  # moved from the option's 0.5
     assert model.blocks[0].attn.values.scale is None
 
-    baseline = Transformer(cfg.replace(value_path="standard", value_path_options={})).double()
+    baseline = LanguageModel(cfg.replace(value_path="standard", value_path_options={})).double()
     state = {k: v for k, v in model.state_dict().items() if not k.endswith("scale.gain")}
     for i, s in scales.items():
         state[f"blocks.{i}.attn.values.w_v.weight"] = s * state[f"blocks.{i}.attn.values.w_v.weight"]
@@ -220,3 +220,44 @@ def test_worked_example_decodes_with_a_cache_trains_and_checks_its_options(scale
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(sclae=2.0))
     with pytest.raises(ConfigError, match="must be a number"):
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale="big"))
+
+
+# -- the worked example of adding a block layout ----------------------------------------------------
+@pytest.fixture
+def two_norm_layout(monkeypatch):
+    """The layout example of docs/architecture.md executed as written, its registry entry undone after."""
+    from blocklab.model import block as block_module
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    found = re.search(r"<!-- layout-example:begin -->\s*```python\n(.*?)```\s*<!-- layout-example:end -->",
+                      text, re.S)
+    assert found, "docs/architecture.md lost its block-layout example"
+    monkeypatch.setattr(block_module, "BLOCK_LAYOUTS", dict(block_module.BLOCK_LAYOUTS))
+    namespace: dict = {"__name__": "blocklab.model.block_example"}
+    exec(compile(found[1], "docs/architecture.md", "exec"), namespace)
+    assert "parallel-two-norms" in block_module.BLOCK_LAYOUTS
+    return namespace["TwoNormParallelBlock"]
+
+
+def test_layout_example_follows_its_equation_decodes_and_trains(two_norm_layout):
+    """out = a X + b_SA MHA(N1(X)) + b_FF MLP(N2(X)), composed here from the block's own parts, away
+    from initialisation (every gain and weight moved), for both blocks of a two-layer model."""
+    cfg = ModelConfig.from_preset("pre-ln", "tiny", **SIZES, block_layout="parallel-two-norms",
+                                  attn_skip_gain=0.0, trainable_block_gains=True)
+    model = _perturbed(cfg, seed=7)
+    assert all(isinstance(b, two_norm_layout) for b in model.blocks)
+    ids = torch.randint(0, 31, (2, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x = model.tok_emb(ids)
+        carry = blocklab.model.Carry(token_ids=ids, positions=torch.arange(12), x0=x)
+        for blk in model.blocks:
+            a, _ = blk.attn(blk.norm1(x), carry)
+            x = blk.mlp_skip(x) + blk.attn_branch(a) + blk.mlp_branch(blk.mlp(blk.norm2(x)))
+        torch.testing.assert_close(model(ids), model.head_logits(model.norm(x)), rtol=0, atol=1e-12)
+        cache = model.new_cache(2, 12)
+        steps = [model(ids[:, :7], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(7, 12)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), model(ids), rtol=0, atol=1e-10)
+    model(ids).logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.blocks[1].norm2.parameters())
+    with pytest.raises(ConfigError, match="block_layout = 'sideways' is not allowed: choose one of"):
+        ModelConfig.from_preset("pre-ln", "tiny", block_layout="sideways")

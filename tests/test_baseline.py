@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
 
@@ -60,10 +60,10 @@ def test_spread_warnings_name_differences_within_the_paired_seed_noise():
 def test_embed_scale_multiplies_the_token_embedding_only():
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln", "tiny", n_layers=1, embed_scale=11.3, positions="sinusoidal")
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     ids = torch.tensor([[3, 7, 9]])
     positions = torch.arange(3)
-    from blocklab import ops
+    from blocklab.model import ops
 
     expected = 11.3 * model.tok_emb.weight[ids] + ops.sinusoidal_positions(positions, cfg.d_model)
     torch.testing.assert_close(model.embed(model.tok_emb(ids), positions), expected)
@@ -71,7 +71,7 @@ def test_embed_scale_multiplies_the_token_embedding_only():
 
 def test_embed_init_std_sets_the_token_embeddings_spread():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.from_preset("pre-ln", "tiny", n_layers=1, embed_init_std=1.0))
+    model = LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", n_layers=1, embed_init_std=1.0))
     assert model.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.02)
     assert model.block(0).mlp.fc.weight.std().item() == pytest.approx(0.02, rel=0.05)  # the rest: init_std
 

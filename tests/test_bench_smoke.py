@@ -1,6 +1,6 @@
 """The benchmark scripts run: bench_gpu.py's CPU smoke mode end to end with the hand-written GPT-2
 contender, bench_train.py's contenders compute one function, and bench_decode.py's hand-written decoding
-loop gives the tokens of `Transformer.generate` on the same weights."""
+loop gives the tokens of `LanguageModel.generate` on the same weights."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def test_bench_gpu_compares_each_mode_with_the_hand_model_in_its_mode(tmp_path):
     assert how[("hand", "compiled")] == ("torch.compile(model)", "F.cross_entropy(logits.float())")
     assert how[("pre-ln", "compile-model")] == ("torch.compile(model)", "F.cross_entropy(logits.float())")
     assert how[("pre-ln", "compile-blocks")] == ("compile_blocks()", "lm_loss")
-    expected = "compile_model()" if hasattr(blocklab.Transformer, "compile_model") else "compile_blocks()"
+    expected = "compile_model()" if hasattr(blocklab.LanguageModel, "compile_model") else "compile_blocks()"
     assert how[("pre-ln", "compile")][0].startswith(expected) and how[("pre-ln", "compile")][1] == "lm_loss"
 
 
@@ -146,7 +146,7 @@ def test_hand_gpt_computes_the_logits_of_hf_gpt2_and_blocklab_pre_ln():
     torch.manual_seed(0)
     hand = perturbed(bench_train.make_hand(shape)).double()
     ours = bench_train.blocklab_from_hand(hand, shape)
-    assert isinstance(ours, blocklab.Transformer)
+    assert isinstance(ours, blocklab.LanguageModel)
     assert ours.cfg.n_heads == 3 and ours.cfg.mlp_act == "gelu_tanh"
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hand.parameters())
     ids = torch.randint(0, 97, (3, 24))
@@ -155,7 +155,7 @@ def test_hand_gpt_computes_the_logits_of_hf_gpt2_and_blocklab_pre_ln():
         assert expected.shape == (3, 24, 97) and expected.dtype == torch.float64
         torch.testing.assert_close(ours(ids), expected, rtol=0, atol=1e-10)
     # a blocklab model whose weights were not copied differs: the check can fail
-    other = blocklab.Transformer(ours.cfg).double()
+    other = blocklab.LanguageModel(ours.cfg).double()
     with torch.no_grad():
         assert (other(ids) - expected).abs().max() > 1e-3
 
@@ -280,7 +280,7 @@ def test_hand_loop_refuses_what_it_does_not_compute():
         cfg = blocklab.ModelConfig.from_preset(arch, "small", **bench_decode.SIZES["tiny"],
                                                **bench_decode.GPT2_BLOCK, context_length=32)
         with pytest.raises(ValueError, match="hand loop"):
-            bench_decode.HandDecoder(blocklab.Transformer(cfg))
+            bench_decode.HandDecoder(blocklab.LanguageModel(cfg))
 
 
 def test_bench_decode_main_measures_both_contenders(tmp_path):
@@ -363,7 +363,7 @@ def test_bench_centering_checks_every_variant_and_restores_shaped_attention(tmp_
     from its JSON: outputs and gradients), the SAS-P step pair is timed and its ops counted, and
     `ops.shaped_attention` and `ops.SCAN_T_INNERMOST` are the library's again after."""
     import bench_centering
-    from blocklab import ops
+    from blocklab.model import ops
 
     library, scan = ops.shaped_attention, dict(ops.SCAN_T_INNERMOST)
     out = tmp_path / "centering.json"

@@ -13,7 +13,7 @@ import torch
 from torch.testing import assert_close
 
 import reference as R
-from blocklab import Transformer
+from blocklab import LanguageModel
 from blocklab.model.carry import Carry
 from helpers import MASKS, TOL, T, make_cfg, make_model, tokens
 
@@ -128,7 +128,7 @@ def tied_model(tie, arch="pre-ln", seed=0):
     torch.manual_seed(seed)
     cfg = make_cfg(arch, n_layers=4, value_form="reparam", first_value_form="reparam", proj_form="reparam",
                    reparam_init="orthogonal", reparam_tie=tie, trainable_reparam_gains=True)
-    return Transformer(cfg).double()
+    return LanguageModel(cfg).double()
 
 
 def paper_inits(model, i):

@@ -1,4 +1,4 @@
-"""The KV cache (model/cache.py) and generation (model/generate.py).
+"""The KV cache (runtime/cache.py) and generation (runtime/generate.py).
 
 References: the model's own full-sequence forward pass without a cache (decoding must reproduce it),
 byte counts of each layout written here by hand from the papers (SVFormer keeps (L+1)/(2L) of the
@@ -15,11 +15,12 @@ from fractions import Fraction
 import pytest
 import torch
 
-from blocklab import ConfigError, ModelConfig, Transformer, ops
-from blocklab.model.cache import cache_bytes_per_token
-from blocklab.model.generate import sample_next
+from blocklab import ConfigError, LanguageModel, ModelConfig
+from blocklab.model import ops
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.runtime.cache import cache_bytes_per_token
+from blocklab.runtime.generate import sample_next
 
 VOCAB = 61
 BASE = dict(n_layers=4, d_model=32, n_heads=4, vocab_size=VOCAB, context_length=24, mlp_hidden=48)
@@ -40,9 +41,9 @@ def make_cfg(arch: str, options: dict | None = None, **overrides) -> ModelConfig
     return ModelConfig.from_preset(arch, "tiny", value_path_options=options or {}, **{**BASE, **overrides})
 
 
-def build(arch: str = "pre-ln", options: dict | None = None, seed: int = 0, **overrides) -> Transformer:
+def build(arch: str = "pre-ln", options: dict | None = None, seed: int = 0, **overrides) -> LanguageModel:
     torch.manual_seed(seed)
-    model = Transformer(make_cfg(arch, options, **overrides)).eval()
+    model = LanguageModel(make_cfg(arch, options, **overrides)).eval()
     perturb(model, seed + 1)
     return model
 
@@ -51,7 +52,7 @@ def ids_of(batch: int, t: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, t), generator=torch.Generator().manual_seed(seed))
 
 
-def decode_error(model: Transformer, ids: torch.Tensor, prompt: int, chunk: int = 1) -> float:
+def decode_error(model: LanguageModel, ids: torch.Tensor, prompt: int, chunk: int = 1) -> float:
     """Max |logits| difference between one full forward pass and a prefill of `prompt` tokens, one
     chunk of `chunk` tokens (a query block shorter than the keys), then one token per step."""
     with torch.no_grad():
@@ -277,7 +278,7 @@ def kv_bytes(cache) -> int:
 
 def test_standard_cache_bytes_by_hand():
     cfg = make_cfg("pre-ln", **L6)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     cache = model.new_cache(3, 20)
     assert cache.nbytes == 3 * 20 * 6 * 2 * 32 * 4  # B T L (K, V) d float32
     assert model.new_cache(3, 20, dtype=torch.bfloat16).nbytes == 3 * 20 * 6 * 2 * 32 * 2
@@ -286,8 +287,8 @@ def test_standard_cache_bytes_by_hand():
 @pytest.mark.parametrize("n_layers", [3, 4, 6])
 def test_svformer_keeps_l_plus_1_over_2l_of_the_kv_bytes(n_layers):
     """Value Residual Learning Sec. 3.5: SVFormer shares V_1, so K per layer plus V once: (L + 1) / (2L)."""
-    base = Transformer(make_cfg("pre-ln", n_layers=n_layers)).new_cache(2, 16)
-    sv = Transformer(make_cfg("pre-ln+svformer", n_layers=n_layers)).new_cache(2, 16)
+    base = LanguageModel(make_cfg("pre-ln", n_layers=n_layers)).new_cache(2, 16)
+    sv = LanguageModel(make_cfg("pre-ln+svformer", n_layers=n_layers)).new_cache(2, 16)
     assert Fraction(kv_bytes(sv), kv_bytes(base)) == Fraction(n_layers + 1, 2 * n_layers)
 
 
@@ -300,8 +301,8 @@ def test_bank_of_values_saves_eq6(context):
     Negative below the breakeven T = |V|, zero at it, positive beyond.
     """
     n_layers, d, elem = 6, 32, 4
-    base = Transformer(make_cfg("pre-ln", n_layers=n_layers, context_length=80))
-    bov = Transformer(make_cfg("pre-ln+bov", n_layers=n_layers, context_length=80))
+    base = LanguageModel(make_cfg("pre-ln", n_layers=n_layers, context_length=80))
+    bov = LanguageModel(make_cfg("pre-ln+bov", n_layers=n_layers, context_length=80))
     table_params = [p for n, p in bov.named_parameters() if n.endswith("value_table")]
     table_bytes = sum(p.numel() * p.element_size() for p in table_params)
     assert table_bytes == (n_layers // 3) * VOCAB * d * elem
@@ -316,8 +317,8 @@ def test_bank_of_values_saves_eq6(context):
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
 def test_grouped_query_cache_ratio(kv_heads):
-    base = Transformer(make_cfg("pre-ln")).new_cache(2, 16)
-    gqa = Transformer(make_cfg("pre-ln", n_kv_heads=kv_heads)).new_cache(2, 16)
+    base = LanguageModel(make_cfg("pre-ln")).new_cache(2, 16)
+    gqa = LanguageModel(make_cfg("pre-ln", n_kv_heads=kv_heads)).new_cache(2, 16)
     assert Fraction(gqa.nbytes, base.nbytes) == Fraction(kv_heads, 4)
 
 
@@ -325,15 +326,15 @@ def test_grouped_query_cache_ratio(kv_heads):
                                                     (3, 6, Fraction(1, 3)), (3, 4, Fraction(1, 2))])
 def test_cla_cache_ratio(group, n_layers, ratio):
     """CLA keeps one K and V per group of layers: ceil(L / group) of L."""
-    base = Transformer(make_cfg("pre-ln", n_layers=n_layers)).new_cache(2, 16)
-    cla = Transformer(make_cfg("pre-ln+cla", dict(group=group), n_layers=n_layers)).new_cache(2, 16)
+    base = LanguageModel(make_cfg("pre-ln", n_layers=n_layers)).new_cache(2, 16)
+    cla = LanguageModel(make_cfg("pre-ln+cla", dict(group=group), n_layers=n_layers)).new_cache(2, 16)
     assert Fraction(cla.nbytes, base.nbytes) == ratio
 
 
 def test_shaped_cache_bytes_by_hand():
     """SAS-P with SSSL windows of 3: K and V of 3 positions in layers 0-2, of max_len in layer 3,
     and one float32 running sum (B, kv_dim) for layer 3's centering term, whatever the cache dtype."""
-    model = Transformer(make_cfg("sas-p", window_size=3, window_pattern="SSSL"))
+    model = LanguageModel(make_cfg("sas-p", window_size=3, window_pattern="SSSL"))
     for dtype, elem in ((torch.float32, 4), (torch.bfloat16, 2)):
         cache = model.new_cache(2, 20, dtype=dtype)
         assert cache.nbytes == 2 * (3 * 3 + 20) * 2 * 32 * elem + 2 * 32 * 4
@@ -341,7 +342,7 @@ def test_shaped_cache_bytes_by_hand():
 
 def test_window_layers_hold_window_entries():
     """SSSL with window 3: layers 0-2 keep 3 positions, the last layer all max_len."""
-    cache = Transformer(make_cfg("pre-ln", window_size=3, window_pattern="SSSL")).new_cache(2, 20)
+    cache = LanguageModel(make_cfg("pre-ln", window_size=3, window_pattern="SSSL")).new_cache(2, 20)
     for i in range(4):
         for kind in ("keys", "values"):
             assert cache.tensors()[f"{kind}.{i}"].shape[1] == (3 if i < 3 else 20)
@@ -350,7 +351,7 @@ def test_window_layers_hold_window_entries():
 
 def test_a_store_read_by_a_full_context_layer_keeps_every_position():
     """SVFormer with a windowed layer 0: the last (full-context) layer attends over all of V_1."""
-    cache = Transformer(make_cfg("pre-ln+svformer", window_size=3, window_pattern="SSSL")).new_cache(2, 20)
+    cache = LanguageModel(make_cfg("pre-ln+svformer", window_size=3, window_pattern="SSSL")).new_cache(2, 20)
     shapes = {n: t.shape[1] for n, t in cache.tensors().items()}
     assert shapes == {"keys.0": 3, "keys.1": 3, "keys.2": 3, "keys.3": 20, "values.0": 20}
 
@@ -364,7 +365,7 @@ LAYOUT_CASES = [dict(), dict(window_size=3, window_pattern="SSSL"), dict(n_kv_he
 @pytest.mark.parametrize("arch", archs(["pre-ln", "shaped"]))
 def test_nbytes_equals_the_layout_formula(arch, case, dtype):
     cfg = make_cfg(arch, n_layers=6, **LAYOUT_CASES[case])
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     elem = torch.tensor([], dtype=dtype).element_size()
     for batch, max_len in ((1, 24), (3, 7)):
         formula = cache_bytes_per_token(cfg, dtype_bytes=elem, context=max_len)
@@ -385,7 +386,7 @@ def test_bytes_used_counts_filled_positions():
 
 # -- 3. errors -----------------------------------------------------------------------------------
 def test_encoder_cannot_use_a_cache():
-    model = Transformer(make_cfg("pre-ln", causal=False))
+    model = LanguageModel(make_cfg("pre-ln", causal=False))
     with pytest.raises(ConfigError, match="causal"):
         model.new_cache(1, 8)
     with pytest.raises(ConfigError, match="causal"):

@@ -7,14 +7,14 @@ import re
 import pytest
 import torch
 
-from blocklab import ModelConfig, Transformer, count_parameters
+from blocklab import LanguageModel, ModelConfig, count_parameters
 from blocklab.cli import main
 from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
 
 
 def total_params(arch, size):
     with torch.device("meta"):
-        return count_parameters(Transformer(ModelConfig.from_preset(arch, size))).total
+        return count_parameters(LanguageModel(ModelConfig.from_preset(arch, size))).total
 
 
 def row_of(out, arch, size):

@@ -22,9 +22,9 @@ from blocklab.compare import (
     run_configs,
 )
 from blocklab.errors import ConfigError
-from blocklab.model.cache import cache_bytes_per_token
 from blocklab.recipes import recipe_optim
 from blocklab.report import plots as report_plots
+from blocklab.runtime.cache import cache_bytes_per_token
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 from helpers import compare_base, write_code_corpus
@@ -120,7 +120,7 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
         assert all(s["step"] == 4 and s["tokens"] == 4 * 4 * 32 for s in summaries)  # equal budgets
         # parameters in the table are those of the trained model
         cfg = blocklab.ModelConfig(**json.loads((runs[0] / "model_config.json").read_text()))
-        model = blocklab.Transformer(cfg)
+        model = blocklab.LanguageModel(cfg)
         counts = blocklab.count_parameters(model)
         assert rows[label]["params"] == f"{counts.total / 1e6:.3f}M"
         assert rows[label]["non-embedding"] == f"{counts.non_embedding / 1e6:.3f}M"
@@ -379,14 +379,14 @@ def test_grids_carry_the_papers_budgets_and_build(tmp_path):
         for entry in grid.entries:
             cfg = blocklab.ModelConfig.from_preset(entry.arch, "tiny", **entry_model(entry, "tiny"))
             with torch.device("meta"):
-                blocklab.Transformer(cfg)
+                blocklab.LanguageModel(cfg)
         assert grid.description and len({e.label for e in grid.entries}) == len(grid.entries), name
     # Bank of Values Table 1 row 3: V_1 in every layer, where layer 0's own value is V_1
     row3 = next(e for e in GRIDS["bov-table1"].entries if e.label.startswith("3 "))
     for size in ("tiny", "nanochat-d12"):
         cfg = blocklab.ModelConfig.from_preset(row3.arch, size, **entry_model(row3, size))
         with torch.device("meta"):
-            model = blocklab.Transformer(cfg)
+            model = blocklab.LanguageModel(cfg)
         assert [b.attn.values.target for b in model.blocks] == [False] + [True] * (cfg.n_layers - 1)
     assert "ResFormer + NeuTRENO" in GRIDS["resformer-fig7"].description  # named as not expressible
 
@@ -500,7 +500,7 @@ def test_report_kv_bytes_equal_a_real_cache_without_building_the_model():
         measured = report_module.kv_cache_bytes_per_token(cfg.to_dict())
         assert measured == cache_bytes_per_token(cfg)["per_token"], arch
         if size == "tiny":  # the same cache, allocated on the CPU
-            real = blocklab.Transformer(cfg).new_cache(1, cfg.context_length, dtype=torch.bfloat16)
+            real = blocklab.LanguageModel(cfg).new_cache(1, cfg.context_length, dtype=torch.bfloat16)
             assert measured == real.nbytes / cfg.context_length
     encoder = blocklab.ModelConfig.from_preset("pre-ln", "tiny", causal=False)
     assert math.isnan(report_module.kv_cache_bytes_per_token(encoder.to_dict()))
@@ -734,7 +734,7 @@ def test_bov_table1_grid_runs_on_nanochats_trunk_at_cpu_size(corpus, tmp_path):
         "optim"]["name"]
     baseline = run_configs(entries[:1], 1, tmp_path, shared)[0][1]
     with torch.device("meta"):
-        model = blocklab.Transformer(baseline.model_config(256))
+        model = blocklab.LanguageModel(baseline.model_config(256))
     assert model.cfg.smear and model.cfg.init_scheme == "nanochat"  # the trunk, narrowed
     tokens_per_step = baseline.batch_size * baseline.seq_len
     shared["max_flops"] = 3 * tokens_per_step * flops_per_token(model)  # three baseline steps

@@ -1,4 +1,4 @@
-"""`Transformer.compile_decoding`: `generate` with the decoding step compiled as one graph gives the
+"""`LanguageModel.compile_decoding`: `generate` with the decoding step compiled as one graph gives the
 tokens of eager decoding, for value paths and trunks whose caches differ (rings, running sums, token
 ids, shared values, the smear's last token); with `freeze_weights=True` the folded weights are really
 folded (a stale step gives the old logits) and are compiled again after any change."""

@@ -353,7 +353,7 @@ def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
     the resolved sizes given explicitly, weight for weight and logit for logit."""
     import torch
 
-    from blocklab import Transformer
+    from blocklab import LanguageModel
     from blocklab.model.config import AttentionShape
 
     cfg = ModelConfig.from_dict(json.loads(json.dumps(SAVED_BEFORE_SHAPES)))
@@ -362,9 +362,9 @@ def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
     assert (cfg.attention_shape.kv_dim, cfg.mlp_shape.hidden) == (16, 128)
     explicit = cfg.replace(head_dim=8, mlp_hidden=128)
     torch.manual_seed(0)
-    saved = Transformer(cfg)
+    saved = LanguageModel(cfg)
     torch.manual_seed(0)
-    built = Transformer(explicit)
+    built = LanguageModel(explicit)
     state = saved.state_dict()
     assert {k: v.shape for k, v in state.items()} == {k: v.shape for k, v in built.state_dict().items()}
     assert all(torch.equal(v, built.state_dict()[k]) for k, v in state.items())

@@ -1,4 +1,4 @@
-"""The lean decoding loop and the choice of decoding step (model/generate.py, model/compiled_step.py).
+"""The lean decoding loop and the choice of decoding step (runtime/generate.py, runtime/compiled_step.py).
 
 References: argmax decoding by repeated full forward passes in float64 (greedy tokens), a sampling
 loop written here from `sample_next` and full forward passes (seeded sampling and stop tokens),
@@ -13,9 +13,9 @@ import warnings
 import pytest
 import torch
 
-from blocklab.model import compiled_step
-from blocklab.model.compiled_step import COMPILE_ENV, FallbackStep, wants_compiled
-from blocklab.model.generate import generate, sample_next
+from blocklab.runtime import compiled_step
+from blocklab.runtime.compiled_step import COMPILE_ENV, FallbackStep, wants_compiled
+from blocklab.runtime.generate import generate, sample_next
 from test_cache import build, greedy_by_full_forward, ids_of
 from test_compile_decoding import CountingBackend
 
@@ -69,7 +69,7 @@ def test_the_default_compiled_step_gives_the_eager_tokens_and_compiles_once(comp
     eager = generate(model, prompt, 10, compile=False)
     backend = CountingBackend()
     compile_on_cpu(backend)
-    assert torch.equal(model.generate(prompt, 10), eager)  # Transformer.generate: compile=None
+    assert torch.equal(model.generate(prompt, 10), eager)  # LanguageModel.generate: compile=None
     graphs = backend.graphs
     assert 1 <= graphs <= 3  # a static first step, then one graph with a dynamic length
     assert torch.equal(generate(model, prompt, 10), eager)

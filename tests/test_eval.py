@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.data import byte_tokenizer
 from blocklab.errors import ConfigError
 from blocklab.eval import (
@@ -81,7 +81,7 @@ def test_scores_do_not_depend_on_batching_or_padding():
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln+resformer", "tiny", d_model=32, n_layers=2, n_heads=2,
                                   vocab_size=V, context_length=16)
-    model = Transformer(cfg).double()
+    model = LanguageModel(cfg).double()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -105,7 +105,7 @@ def test_bad_requests_and_encoders_are_refused():
         score_continuations(stub, [([], [1])])
     with pytest.raises(ValueError, match="does not fit"):
         score_continuations(stub, [([1], list(range(9)))])
-    encoder = Transformer(ModelConfig.from_preset("pre-ln", "tiny", d_model=32, n_layers=1, n_heads=2,
+    encoder = LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", d_model=32, n_layers=1, n_heads=2,
                                                   vocab_size=V, context_length=8, causal=False))
     with pytest.raises(ConfigError, match="causal"):
         score_continuations(encoder, [([1], [2])])
@@ -305,7 +305,7 @@ def _harness_lm(context_length: int = 16):
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("sas", "tiny", d_model=32, n_layers=2, n_heads=2, vocab_size=V,
                                   context_length=context_length)
-    model = Transformer(cfg).double()
+    model = LanguageModel(cfg).double()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -23,7 +23,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from blocklab import ModelConfig, Transformer  # noqa: E402
+from blocklab import LanguageModel, ModelConfig  # noqa: E402
 from blocklab.data.tokenizer import byte_tokenizer, train_bpe  # noqa: E402
 from blocklab.interop import save_pretrained  # noqa: E402
 from blocklab.interop.model_card import BANK_OF_VALUES, SIMPLIFYING, VALUE_RESIDUAL, architecture  # noqa: E402
@@ -44,12 +44,12 @@ def tokenizers():
     return {"byte": byte_tokenizer(), "bpe": train_bpe(CORPUS, vocab_size=300)}
 
 
-def model_of(arch: str, vocab: int, seed: int = 0, **fields) -> Transformer:
+def model_of(arch: str, vocab: int, seed: int = 0, **fields) -> LanguageModel:
     torch.manual_seed(seed)
     fields = {**SMALL, "context_length": 48, "vocab_size": vocab, **fields}
     cfg = ModelConfig.from_preset(arch, "tiny", **fields)
     with torch.no_grad():
-        return perturb(Transformer(cfg).double(), seed=seed + 100, scale=0.5).eval()
+        return perturb(LanguageModel(cfg).double(), seed=seed + 100, scale=0.5).eval()
 
 
 def hf_tokenizer(folder: Path):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.data import byte_tokenizer
 from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
@@ -190,12 +190,12 @@ def test_pooling_by_hand():
     torch.testing.assert_close(pool(h, lengths, "mean"), torch.stack([(h[0, 0] + h[0, 1]) / 2, h[1].mean(0)]))
 
 
-def _encoder(**overrides) -> Transformer:
+def _encoder(**overrides) -> LanguageModel:
     torch.manual_seed(0)
     fields = {"d_model": 32, "n_layers": 2, "n_heads": 2, "vocab_size": 64, "context_length": 16,
               "causal": False, **overrides}
     cfg = ModelConfig.from_preset("sas-p", "tiny", **fields)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     with torch.no_grad():  # away from initialisation: SAS-P is close to the identity there
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

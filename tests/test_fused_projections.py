@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
 
-from blocklab import Transformer
+from blocklab import LanguageModel
 from blocklab.model import block as block_module
 from blocklab.model.block import Attention, Block, set_fused_projections
 from blocklab.model.linear_maps import fused_linear, plain_linear
@@ -64,7 +64,7 @@ GRAD_TOL = 1e-10  # relative to the whole gradient's norm: float64 GEMMs of othe
 
 
 def pair(arch: str, options: dict | None = None, seed: int = 0,
-         **overrides) -> tuple[Transformer, Transformer]:
+         **overrides) -> tuple[LanguageModel, LanguageModel]:
     """(unfused, fused): one perturbed float64 model and its copy."""
     unfused = make_model(arch, seed=seed, value_path_options=options or {}, **overrides)
     fused = copy.deepcopy(unfused)
@@ -73,12 +73,12 @@ def pair(arch: str, options: dict | None = None, seed: int = 0,
     return unfused, fused
 
 
-def loss_of(model: Transformer, ids: torch.Tensor) -> torch.Tensor:
+def loss_of(model: LanguageModel, ids: torch.Tensor) -> torch.Tensor:
     logits = model(ids[:, :-1])
     return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
 
 
-def assert_same_forward_and_gradients(unfused: Transformer, fused: Transformer) -> None:
+def assert_same_forward_and_gradients(unfused: LanguageModel, fused: LanguageModel) -> None:
     ids = tokens(batch=2, t=13, seed=3)
     with torch.no_grad():
         assert_close(fused(ids), unfused(ids), rtol=1e-12, atol=1e-12)
@@ -108,7 +108,7 @@ class Calls:
             h.remove()
 
 
-def ran_maps(model: Transformer, ids: torch.Tensor, **kwargs) -> set[str]:
+def ran_maps(model: LanguageModel, ids: torch.Tensor, **kwargs) -> set[str]:
     calls = Calls(model)
     with torch.no_grad():
         model(ids, **kwargs)
@@ -116,7 +116,7 @@ def ran_maps(model: Transformer, ids: torch.Tensor, **kwargs) -> set[str]:
     return calls.ran
 
 
-def block_maps(model: Transformer, layer: int) -> set[str]:
+def block_maps(model: LanguageModel, layer: int) -> set[str]:
     """The names of block `layer`'s fusable maps: what a fused forward must not run as modules."""
     block = model.block(layer)
     maps = block.attn.projection_maps()

@@ -26,11 +26,11 @@ from blocklab.claims import select
 from blocklab.cli import main as cli
 from blocklab.evidence import t_interval, welch_interval
 from blocklab.launch.store import Outcome
-from blocklab.model import Transformer
 from blocklab.reproduce import SCALES, needed_archs, plan, sweep_plan, unique_runs
 from blocklab.reproduce.estimate import PRIOR, TRAINED_ON, Estimator, run_steps
 from blocklab.reproduce.page_scales import NOT_YET_RUN, reading, verdict_rows
 from blocklab.reproduce.pieces import BudgetLauncher
+from blocklab.runtime import LanguageModel
 from blocklab.training import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_gpu_mid_is_the_cpu_recipe_at_29m_parameters_and_4_passes_over_the_corpu
     d, layers, vocab = 512, 8, 8192
     cfg = ModelConfig.from_preset("pre-ln", scale.size, **scale.model, vocab_size=vocab, context_length=512)
     with torch.device("meta"):
-        params = sum(p.numel() for p in Transformer(cfg).parameters())
+        params = sum(p.numel() for p in LanguageModel(cfg).parameters())
     # by hand: tied embedding, per layer Q, K, V, O (4 d^2), a ReLU MLP of 4d (8 d^2) and two norms
     assert params == vocab * d + layers * (12 * d * d + 2 * d) + d == 29_368_832
     assert (cfg.mlp_act, cfg.positions, cfg.norm, cfg.tie_embeddings) == ("relu", "rope", "rmsnorm", True)
@@ -61,7 +61,7 @@ def test_gpu_mid_is_the_cpu_recipe_at_29m_parameters_and_4_passes_over_the_corpu
         seq = 4 * scale.seq_len if setting == "seq-long" else scale.seq_len
         for arch in archs:
             with torch.device("meta"):
-                Transformer(ModelConfig.from_preset(arch, scale.size, **scale.model, vocab_size=vocab,
+                LanguageModel(ModelConfig.from_preset(arch, scale.size, **scale.model, vocab_size=vocab,
                                                     context_length=seq))
     # the plan: 16 architectures swept at 3 rates, 21 (setting, arch) pairs at 3 seeds
     out = Path("unused") / "gpu-mid"
@@ -116,7 +116,7 @@ def test_estimator_measures_the_store_and_counts_a_cut_off_runs_checkpoint(tmp_p
                       model={"d_model": 32, "n_layers": 2, "n_heads": 2}, data=data, progress=False)
     steps, fpt = run_steps(cfg)
     with torch.device("meta"):
-        model = Transformer(cfg.model_config(prepare_data(cfg.data).tokenizer.vocab_size))
+        model = LanguageModel(cfg.model_config(prepare_data(cfg.data).tokenizer.vocab_size))
     assert fpt == flops_per_token(model) and steps == 10
     # an equal-FLOPs budget: the steps it buys, rounded up
     assert run_steps(replace(cfg, max_steps=None, max_flops=fpt * 32 * 6.5))[0] == 7

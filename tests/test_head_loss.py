@@ -1,4 +1,4 @@
-"""The chunked head + cross-entropy (blocklab.model.head_loss) against float64 references: F.cross_entropy
+"""The chunked head + cross-entropy (blocklab.runtime.head_loss) against float64 references: F.cross_entropy
 on the full float64 logits, and a hand-written log-sum-exp,
 
     loss = mean over counted i of [ m_i + log sum_j exp(z_ij - m_i) - z_{i, y_i} ],  m_i = max_j z_ij,
@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blocklab.model import head_loss
-from blocklab.model.head_loss import default_chunk_size, linear_cross_entropy, padded_rows
+from blocklab.runtime import head_loss
+from blocklab.runtime.head_loss import default_chunk_size, linear_cross_entropy, padded_rows
 
 N, D, V = 11, 16, 37  # V is neither a multiple of 7 nor of 128; logits have a spread of ~4 (x, W ~ N(0, 1))
 CLOSE = dict(rtol=1e-5, atol=1e-6)  # float32 op against float64 references

@@ -1,5 +1,5 @@
 """Beam search (`generate(num_beams=...)`) through blocklab's cache in Hugging Face's loop
-(interop/hf_model.py `BlocklabCache.reorder_cache`, model/cache.py `KVCache.reorder`).
+(interop/hf_model.py `BlocklabCache.reorder_cache`, runtime/cache.py `KVCache.reorder`).
 
 References: the same model's beam search without a cache (``use_cache=False``: every step runs the
 whole sequence), in float64 so that the cached and uncached logits cannot rank two beams apart by
@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from blocklab.interop import from_hf  # noqa: E402
 from blocklab.interop.hf_model import hf_model  # noqa: E402
-from blocklab.model.cache import KVCache  # noqa: E402
+from blocklab.runtime.cache import KVCache  # noqa: E402
 from test_hf_model import SMALL, _every_arch, perturbed  # noqa: E402
 
 BEAMS, NEW = 3, 10

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from blocklab import ModelConfig, Transformer  # noqa: E402
+from blocklab import LanguageModel, ModelConfig  # noqa: E402
 from blocklab.data.tokenizer import train_bpe  # noqa: E402
 from blocklab.interop import from_hf, load_pretrained, save_pretrained  # noqa: E402
 
@@ -29,11 +29,11 @@ TEXT = ["def value(self):\n    return self.value + 1\n", "for i in range(10):\n 
 NEW_TOKENS = 10
 
 
-def perturbed(arch: str, seed: int = 0, scale: float = 0.05, **fields) -> Transformer:
+def perturbed(arch: str, seed: int = 0, scale: float = 0.05, **fields) -> LanguageModel:
     """A tiny model with every parameter moved off its initialisation by noise of std `scale` (many
     variants start as the identity, where wrong code could still pass)."""
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **fields)).eval()
+    model = LanguageModel(ModelConfig.from_preset(arch, size="tiny", **fields)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(scale * torch.randn_like(p))
@@ -265,7 +265,7 @@ def test_peft_lora_trains_saves_and_reloads(exports, tmp_path):
     lora.save_pretrained(tmp_path / "adapter")
     fresh = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
     reloaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter").eval()
-    merged = Transformer(model.cfg).eval()
+    merged = LanguageModel(model.cfg).eval()
     merged.load_state_dict(model.state_dict())
     params = dict(merged.named_parameters())
     with torch.no_grad():
@@ -385,7 +385,7 @@ def test_exported_tensor_names_stay_clear_of_transformers_renames(arch):
     from blocklab.interop.export_names import blocklab_name
     from blocklab.interop.hf_model import hf_model
 
-    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **SMALL))
+    model = LanguageModel(ModelConfig.from_preset(arch, size="tiny", **SMALL))
     names = list(hf_model(model).state_dict())
     assert not [n for n in names if "beta" in n or "gamma" in n]
     assert sorted(blocklab_name(n) for n in names) == sorted("model." + n for n in model.state_dict())
@@ -405,7 +405,7 @@ def test_an_export_written_with_blocklab_names_still_loads():
 
     state = load_file(OLD_EXPORT / "model.safetensors")
     assert "model.blocks.0.attn.beta.gain" in state and "model.blocks.1.attn.gamma.gain" in state
-    reference = Transformer(ModelConfig.from_dict(json.loads((OLD_EXPORT / "config.json").read_text())
+    reference = LanguageModel(ModelConfig.from_dict(json.loads((OLD_EXPORT / "config.json").read_text())
                                                   ["blocklab"])).eval()
     reference.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, strict=True)
     gains = [g for b in reference.blocks for g in (b.attn.beta.gain, b.attn.gamma.gain)]

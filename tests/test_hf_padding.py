@@ -13,14 +13,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from blocklab import Transformer  # noqa: E402
+from blocklab import LanguageModel  # noqa: E402
 from blocklab.data.tokenizer import train_bpe  # noqa: E402
 from blocklab.interop import save_pretrained  # noqa: E402
 from blocklab.interop.hf_model import hf_model  # noqa: E402
 from test_hf_model import perturbed as _perturbed  # noqa: E402
 
 
-def perturbed(arch: str, **fields) -> Transformer:
+def perturbed(arch: str, **fields) -> LanguageModel:
     """A tiny model with every parameter moved well off its initialisation (noise of std 0.3)."""
     return _perturbed(arch, scale=0.3, **fields)
 

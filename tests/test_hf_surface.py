@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers")
 
 import reference as R  # noqa: E402
-from blocklab import ModelConfig, Transformer  # noqa: E402
+from blocklab import LanguageModel, ModelConfig  # noqa: E402
 from blocklab.interop import from_hf, save_pretrained  # noqa: E402
 from blocklab.interop.hf_model import CACHE_NAME, BlocklabConfig, hf_model  # noqa: E402
 from blocklab.model.value_paths import VALUE_PATHS, is_value_table  # noqa: E402
@@ -26,10 +26,10 @@ from helpers import PRESETS, TOL, make_model, tokens  # noqa: E402
 SMALL = dict(n_layers=3, d_model=32, n_heads=2, mlp_hidden=64, vocab_size=96, context_length=32)
 
 
-def small(arch: str = "pre-ln", seed: int = 0, **fields) -> Transformer:
+def small(arch: str = "pre-ln", seed: int = 0, **fields) -> LanguageModel:
     """A float32 model of SMALL's sizes with every parameter moved off its initialisation."""
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_preset(arch, size="tiny", **{**SMALL, **fields}))
+    model = LanguageModel(ModelConfig.from_preset(arch, size="tiny", **{**SMALL, **fields}))
     with torch.no_grad():
         R.perturb(model, seed=seed + 100, scale=0.3)
     return model.eval()
@@ -98,7 +98,7 @@ def test_resize_keeps_old_logits_and_resizes_every_token_table(name):
         torch.testing.assert_close(resized[n][96:], old.mean(0).expand(4, -1))
     if name.startswith("bov") or name.startswith("value-embed"):
         assert tables, "this value path looks values up by token id"
-    again = Transformer(ModelConfig.from_dict(hf.config.blocklab)).eval()
+    again = LanguageModel(ModelConfig.from_dict(hf.config.blocklab)).eval()
     again.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(again(torch.tensor([[99, 3, 96]])), hf(torch.tensor([[99, 3, 96]])).logits)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.cli import main
 from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, loop, memory, train
@@ -126,7 +126,7 @@ def test_training_bytes_are_the_tensors_a_step_leaves(arch, optim):
     est = memory.training_bytes(cfg, OptimConfig(name=optim))
     assert torch.equal(torch.get_rng_state(), rng)  # the real model's initialisation is unchanged
     torch.manual_seed(0)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     optimizers = build_optimizers(model, OptimConfig(name=optim), 32)
     x = torch.randint(0, 300, (2, 16))
     model(x, labels=x).backward()
@@ -148,7 +148,7 @@ def test_a_vocabulary_of_two_billion_is_refused_before_the_data_and_the_model(co
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(loop, "Transformer", no_model)
+    monkeypatch.setattr(loop, "LanguageModel", no_model)
     before = digest(finished_run)
     assert main(["train", *small(corpus, tmp_path / "cache"), "max_steps=2", "model.vocab_size=2000000000",
                  "--out", str(tmp_path / "new")]) == 2
@@ -157,7 +157,7 @@ def test_a_vocabulary_of_two_billion_is_refused_before_the_data_and_the_model(co
     cfg = ModelConfig.from_preset("pre-ln", "tiny", vocab_size=258, d_model=32, n_layers=2, n_heads=2,
                                   context_length=16)
     rows = 2_000_000_000 - 258
-    expected = sum(p.numel() for p in Transformer(cfg).parameters()) + rows * 32 * (1 if cfg.tie_embeddings
+    expected = sum(p.numel() for p in LanguageModel(cfg).parameters()) + rows * 32 * (1 if cfg.tie_embeddings
                                                                                      else 2)
     assert f"has {expected:,} parameters" in err, err
     for words in ("does not fit in memory", "model.vocab_size=2000000000", "available", "Allowed here: about",
@@ -188,14 +188,14 @@ def test_the_limit_is_the_estimate_and_the_check_uses_the_tokenizers_vocabulary(
     assert main([*args, str(tmp_path / "fits")]) == 0
     capsys.readouterr()
     built = []
-    monkeypatch.setattr(loop, "Transformer", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(loop, "LanguageModel", lambda *a, **k: built.append(a))
     fake_meminfo(tmp_path, monkeypatch, (need - 1) // 1024 * 1024)
     assert main([*args, str(tmp_path / "short")]) == 2
     err = one_error_line(capsys)
     assert "does not fit in memory" in err and "MemAvailable + SwapFree in /proc/meminfo" in err
     assert built == [] and not (tmp_path / "short").exists()
     monkeypatch.setenv("BLOCKLAB_MEMORY_CHECK", "off")  # the documented way past a wrong estimate
-    monkeypatch.setattr(loop, "Transformer", Transformer)
+    monkeypatch.setattr(loop, "LanguageModel", LanguageModel)
     assert main([*args, str(tmp_path / "forced")]) == 0
 
 

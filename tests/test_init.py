@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
@@ -239,7 +239,7 @@ def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_every_tensor_follows_its_documented_law(key):
     cfg = _cfg(key)
     torch.manual_seed(0)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     for name, t in _tensors(model).items():
         check_law(name, t, documented_law(name, cfg))
 
@@ -248,7 +248,7 @@ def test_tied_reparam_inits_follow_simplifyings_appendix():
     """all-tied: W_O,init = W_V,init^T in every layer; ll-tied: the product over all layers is I."""
     for key in ("reparam-all-tied", "reparam-ll-tied"):
         torch.manual_seed(0)
-        model = Transformer(_cfg(key))
+        model = LanguageModel(_cfg(key))
         v = [b.attn.values.w_v.w_init for b in model.block_list()]
         o = [b.attn.proj.w_init for b in model.block_list()]
         product = torch.eye(v[0].shape[0], dtype=torch.float64)
@@ -267,11 +267,11 @@ def test_resformer_plus_logits_and_denseformer_weights():
     """ResFormer Plus: lambda'_n = log(n) over the mixing layers (1-based n); DenseFormer: each averaging
     block's weights are 1 on the current output and 0 on every earlier one."""
     torch.manual_seed(0)
-    plus = Transformer(_cfg("resformer-plus"))
+    plus = LanguageModel(_cfg("resformer-plus"))
     n_layers = plus.cfg.n_layers
     expected = torch.tensor([math.log(n + 1) for n in range(1, n_layers)])
     torch.testing.assert_close(plus.value_shared.logits.gain.detach(), expected)
-    dense = Transformer(_cfg("denseformer"))
+    dense = LanguageModel(_cfg("denseformer"))
     gains = {name: p for name, p in dense.named_parameters() if name.startswith("value_shared.dwa.")}
     assert len(gains) == n_layers
     for name, p in gains.items():
@@ -285,7 +285,7 @@ def test_bank_of_values_tables_are_the_embedding_through_a_fresh_value_map():
     RMSNorm(E)'s columns, d_model of them, so a least-squares fit from RMSNorm(E) leaves nothing."""
     for key in ("nanochat-bov", "bov-shared"):
         torch.manual_seed(0)
-        model = Transformer(_cfg(key))
+        model = LanguageModel(_cfg(key))
         e = F.rms_norm(model.tok_emb.weight.double(), (model.cfg.d_model,))
         tables = [t for n, t in model.named_parameters() if n.endswith("value_table")]
         assert tables
@@ -340,11 +340,11 @@ def test_the_grid_leaves_out_only_cross_layer_attention_without_softmax():
     assert dropped == {f"{b}+cross-layer-attn:tiny" for b in BLOCK_PRESETS if b not in softmax}
 
 
-def _meta_model(entry: tuple[str, str, dict]) -> Transformer:
+def _meta_model(entry: tuple[str, str, dict]) -> LanguageModel:
     arch, size, over = entry
     cfg = ModelConfig.from_preset(arch, size, **over)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = LanguageModel(cfg)
     model.to_empty(device="cpu")
     return model
 
@@ -394,7 +394,7 @@ def _record_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return writes
 
 
-def _tied_output_inits(model: Transformer) -> set[str]:
+def _tied_output_inits(model: LanguageModel) -> set[str]:
     """W_O,init buffers that the reparameterisation ties set after the map's own init (Simplifying App.
     Fig. 14): every layer's when all-tied, the last layer's when ll-tied. These are written twice."""
     mode, n = model.cfg.reparam_tie, model.cfg.n_layers

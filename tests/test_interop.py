@@ -26,7 +26,7 @@ transformers.logging.set_verbosity_error()  # tiny vocabularies make HF warn abo
 from safetensors import safe_open  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from blocklab import ConfigError, ModelConfig, Transformer  # noqa: E402
+from blocklab import ConfigError, LanguageModel, ModelConfig  # noqa: E402
 from blocklab.interop import (  # noqa: E402
     config_from_hf,
     from_hf,
@@ -71,7 +71,7 @@ def ids(batch: int, t: int, seed: int = 0) -> torch.Tensor:
 
 
 @torch.no_grad()
-def max_diff(ours: Transformer, hf, lengths=LENGTHS) -> float:
+def max_diff(ours: LanguageModel, hf, lengths=LENGTHS) -> float:
     worst = 0.0
     for t in lengths:
         x = ids(3, t, seed=t)
@@ -109,10 +109,10 @@ def test_import_from_folder(name, tmp_path):
     assert max_diff(from_hf(str(tmp_path / "hf")), hf, lengths=(5,)) <= TOL
 
 
-def _wrong(model: Transformer, edit) -> Transformer:
+def _wrong(model: LanguageModel, edit) -> LanguageModel:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     edit(state)
-    bad = Transformer(model.cfg)
+    bad = LanguageModel(model.cfg)
     bad.load_state_dict(state)
     return bad
 
@@ -132,7 +132,7 @@ def test_import_comparison_catches_convention_errors():
     assert max_diff(_wrong(ours, lambda s: s.__setitem__(w, s[w].t().contiguous())), hf) > 100 * TOL
     q, k = "blocks.1.attn.q.weight", "blocks.1.attn.k.weight"  # c_attn split in the wrong order
     assert max_diff(_wrong(ours, lambda s: s.update({q: s[k], k: s[q]})), hf) > 100 * TOL
-    gelu = Transformer(ours.cfg.replace(mlp_act="gelu"))  # exact GELU instead of the tanh form
+    gelu = LanguageModel(ours.cfg.replace(mlp_act="gelu"))  # exact GELU instead of the tanh form
     gelu.load_state_dict(ours.state_dict())
     assert max_diff(gelu, hf) > TOL
 
@@ -144,7 +144,7 @@ def test_import_comparison_catches_convention_errors():
     q, k = "blocks.0.attn.q.weight", "blocks.0.attn.k.weight"  # interleaved instead of half-split RoPE
     inter = _wrong(ours, lambda s: s.update({q: _interleave_rows(s[q], 12), k: _interleave_rows(s[k], 12)}))
     assert max_diff(inter, hf) > 100 * TOL
-    theta = Transformer(ours.cfg.replace(rope_base=10000.0))  # rope_theta ignored
+    theta = LanguageModel(ours.cfg.replace(rope_base=10000.0))  # rope_theta ignored
     theta.load_state_dict(ours.state_dict())
     assert max_diff(theta, hf) > 100 * TOL
 
@@ -248,9 +248,9 @@ def test_from_hf_rejects_bad_inputs(tmp_path):
 SMALL = dict(n_layers=3, d_model=32, n_heads=4, vocab_size=VOCAB, context_length=CONTEXT, mlp_hidden=64)
 
 
-def blocklab_model(arch: str, seed: int = 0, **overrides) -> Transformer:
+def blocklab_model(arch: str, seed: int = 0, **overrides) -> LanguageModel:
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
+    model = LanguageModel(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
     return perturb(model, seed + 1, scale=0.05)  # gains and lambdas away from their init too
 
 
@@ -358,9 +358,9 @@ HF_EXPORTS = {  # name: (overrides of the tiny Pre-LN preset, the HF class it be
 }
 
 
-def hf_exportable(name: str, seed: int = 0) -> Transformer:
+def hf_exportable(name: str, seed: int = 0) -> LanguageModel:
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, **HF_EXPORTS[name][0]}))
+    model = LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, **HF_EXPORTS[name][0]}))
     return perturb(model, seed + 1)  # norm weights, biases, every matrix away from its init
 
 
@@ -422,7 +422,7 @@ def test_native_hf_export_names_what_gpt2_and_llama_cannot_express(name, tmp_pat
     from blocklab.interop.hf_export import hf_target
 
     arch, overrides, expected = HF_REFUSED[name]
-    model = Transformer(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
+    model = LanguageModel(ModelConfig.from_preset(arch, "tiny", **{**SMALL, **overrides}))
     with pytest.raises(ConfigError) as err:
         hf_target(model.cfg)
     for text in expected:
@@ -484,18 +484,18 @@ def skip_bigram_batches(n: int, seed: int) -> list[torch.Tensor]:
     return out
 
 
-def loss(model: Transformer, batch: torch.Tensor) -> torch.Tensor:
+def loss(model: LanguageModel, batch: torch.Tensor) -> torch.Tensor:
     logits = model(batch[:, :-1])
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
 
 @torch.no_grad()
-def held_out_loss(model: Transformer, data) -> float:
+def held_out_loss(model: LanguageModel, data) -> float:
     model.eval()
     return sum(loss(model, b).item() for b in data) / len(data)
 
 
-def train(model: Transformer, data, steps: int, lr: float) -> Transformer:
+def train(model: LanguageModel, data, steps: int, lr: float) -> LanguageModel:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     for step in range(steps):
@@ -508,10 +508,10 @@ def train(model: Transformer, data, steps: int, lr: float) -> Transformer:
 @pytest.fixture(scope="module")
 def pretrained():
     torch.manual_seed(0)
-    baseline = Transformer(ModelConfig(**RETRO))
+    baseline = LanguageModel(ModelConfig(**RETRO))
     train(baseline, skip_bigram_batches(40, seed=1), steps=40, lr=1e-2)
     held_out = skip_bigram_batches(2, seed=2)
-    fresh = held_out_loss(Transformer(ModelConfig(**RETRO)), held_out)
+    fresh = held_out_loss(LanguageModel(ModelConfig(**RETRO)), held_out)
     return baseline, held_out, held_out_loss(baseline, held_out), fresh
 
 

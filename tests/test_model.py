@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.testing import assert_close
 
 import reference as R
-from blocklab import Transformer
+from blocklab import LanguageModel
 from helpers import MASKS, PRESETS, TOL, T, make_cfg, make_model, tokens
 
 
@@ -257,7 +257,7 @@ def meta_model(arch, size, **overrides):
     from blocklab import ModelConfig
 
     with torch.device("meta"):
-        return Transformer(ModelConfig.from_preset(arch, size, **overrides))
+        return LanguageModel(ModelConfig.from_preset(arch, size, **overrides))
 
 
 @pytest.mark.parametrize("arch,size,expected", PARAM_COUNTS)
@@ -325,7 +325,7 @@ def test_flops_per_token_by_hand():
 def test_meta_build_then_init_weights_gives_a_working_model(arch, overrides):
     cfg = make_cfg(arch, **overrides)
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = LanguageModel(cfg)
     assert all(p.is_meta for p in model.parameters())
     model.to_empty(device="cpu")
     with torch.no_grad():  # garbage that init_weights must overwrite everywhere
@@ -337,7 +337,7 @@ def test_meta_build_then_init_weights_gives_a_working_model(arch, overrides):
     logits = logits_of(model, tokens())
     assert torch.isfinite(logits).all()
     # it is the same model as an eagerly built one: same structure and the same init statistics
-    eager = Transformer(cfg)
+    eager = LanguageModel(cfg)
     assert [n for n, _ in eager.named_parameters()] == [n for n, _ in model.named_parameters()]
     for (name, a), b in zip(model.named_parameters(), eager.parameters(), strict=True):
         if a.dim() >= 2 and a.numel() >= 256 and b.std() > 0:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tests.nanochat_reference import nanochat_logits, random_nanochat_weights
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.interop.nanochat import config_from_nanochat, from_nanochat, state_dict_from_nanochat
 from blocklab.model.trunk import Backout, ResidualScalars, Smear
@@ -18,7 +18,7 @@ SMALL = dict(n_layer=4, d=64, head_dim=16, n_kv_head=2, vocab=100)
 WINDOW = 8  # keys to the left of the token in "S" layers (blocklab's window_size counts the token: 9)
 
 
-def _converted(upstream: bool, seed: int = 0) -> tuple[dict, Transformer]:
+def _converted(upstream: bool, seed: int = 0) -> tuple[dict, LanguageModel]:
     w = random_nanochat_weights(**SMALL, upstream=upstream, seed=seed)
     model = from_nanochat(w, vocab_size=SMALL["vocab"], sequence_len=64, head_dim=SMALL["head_dim"],
                           window_pattern="SSL", window_size=WINDOW + 1)
@@ -74,7 +74,7 @@ def test_x0_values_read_x0_where_the_option_says_with_a_trained_smear(x0):
     normal draw (not its initial 0), so the two differ, and each matches its own reference."""
     w, base = _converted(upstream=False, seed=5)
     gammas = {2: 1.7, 3: -0.6}  # last-third of 4 layers
-    model = Transformer(base.cfg.replace(value_path="x0-value", value_path_options={
+    model = LanguageModel(base.cfg.replace(value_path="x0-value", value_path_options={
         "layers": "last-third", "learnable": True, "x0": x0})).double()
     state = base.state_dict()
     for layer, gamma in gammas.items():
@@ -104,7 +104,7 @@ def test_bov_table1_grid_reads_x0_after_the_smear_as_the_official_code():
 
 def test_x0_option_rejects_other_sources():
     with pytest.raises(ConfigError, match="'x0'.*'embedding'.*'stream'"):
-        Transformer(ModelConfig.from_preset("pre-ln+x0-value", "nanochat-tiny",
+        LanguageModel(ModelConfig.from_preset("pre-ln+x0-value", "nanochat-tiny",
                                             value_path_options={"x0": "after-smear"}))
 
 
@@ -113,7 +113,7 @@ def test_nanochat_presets_count_the_papers_parameters():
     12 d^2 per layer (Q, K, V, O and a 4x MLP) + the smear's 24 + 1, no norm parameters."""
     for size, layers, d, paper in (("nanochat-d12", 12, 768, 135.3e6), ("nanochat-d24", 24, 1536, 780.1e6)):
         with torch.device("meta"):
-            model = Transformer(ModelConfig.from_preset("pre-ln", size))
+            model = LanguageModel(ModelConfig.from_preset("pre-ln", size))
         count = sum(p.numel() for p in model.parameters())
         assert count == 2 * 32768 * d + layers * 12 * d * d + 25
         assert round(count / 1e5) == round(paper / 1e5)
@@ -152,7 +152,7 @@ def test_nanochat_init_follows_nanochats_laws():
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln", "nanochat-tiny", d_model=256, n_heads=2, head_dim=128,
                                   mlp_hidden=1024)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     s = math.sqrt(3 / 256)
     assert model.tok_emb.weight.std().item() == pytest.approx(0.8, rel=0.02)
     assert model.head.weight.std().item() == pytest.approx(0.001, rel=0.02)
@@ -169,7 +169,7 @@ def test_attention_logit_scale_multiplies_the_scores():
     """softmax(s q.k / sqrt(d)) against a plain float64 attention with the scale written out."""
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln", "tiny", attn_logit_scale=1.44, n_layers=1, positions="none")
-    model = Transformer(cfg).double()
+    model = LanguageModel(cfg).double()
     attn = model.block(0).attn
     x = torch.randn(1, 6, cfg.d_model, dtype=torch.float64)
     from blocklab.model.carry import Carry
@@ -189,7 +189,7 @@ def test_embedding_norm_and_parameter_free_norms():
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln", "tiny", norm="rmsnorm", norm_eps=None, norm_affine=False,
                                   embed_norm=True, positions="none")
-    model = Transformer(cfg).double()
+    model = LanguageModel(cfg).double()
     ids = torch.randint(0, cfg.vocab_size, (1, 5))
     e = model.tok_emb.weight[ids]
     expected = e / torch.sqrt(e.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float64).eps)
@@ -227,7 +227,7 @@ def test_retrofit_keeps_the_trunk(value_path):
 
     torch.manual_seed(0)
     cfg = ModelConfig.from_preset("pre-ln", "nanochat-tiny", residual_scalars=True, backout=True, n_layers=3)
-    baseline = Transformer(cfg).double()
+    baseline = LanguageModel(cfg).double()
     with torch.no_grad():
         for p in baseline.parameters():
             p.add_(0.1 * torch.randn_like(p))

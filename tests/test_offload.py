@@ -1,4 +1,4 @@
-"""Offloaded Bank of Values tables (model/offload.py): E_v in host memory, the rows a batch used on the
+"""Offloaded Bank of Values tables (runtime/offload.py): E_v in host memory, the rows a batch used on the
 device (CPU here: the tables stay in CPU memory and the compact row tables are separate tensors; the
 CUDA paths, pinned memory and the side stream, are not exercised).
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from blocklab.accounting import offload_bytes
-from blocklab.model.cache import cache_bytes_per_token
-from blocklab.model.offload import OffloadedTableError
 from blocklab.model.value_paths import is_value_table
+from blocklab.model.value_paths.bank import OffloadedTableError
+from blocklab.runtime.cache import cache_bytes_per_token
 from helpers import make_model
 
 VOCAB = 50

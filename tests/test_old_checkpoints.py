@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.model.block import set_fused_projections
 
 # pre-issue40/ (blocklab at da7d2a6, before the model-core refactor): every value path, the block presets,
@@ -23,8 +23,8 @@ DATA = Path(__file__).parent / "data"
 NAMES = sorted(f"{p.parent.name}/{p.name.removesuffix('.json')}" for p in DATA.glob("pre-issue*/*.json"))
 
 
-def load_old(name: str) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
-    model = Transformer(ModelConfig.from_dict(json.loads((DATA / f"{name}.json").read_text())))
+def load_old(name: str) -> tuple[LanguageModel, torch.Tensor, torch.Tensor]:
+    model = LanguageModel(ModelConfig.from_dict(json.loads((DATA / f"{name}.json").read_text())))
     model.load_state_dict(load_file(DATA / f"{name}.safetensors"), strict=True)
     saved = load_file(DATA / f"{name}.logits.safetensors")
     return model.eval(), saved["ids"], saved["logits"]

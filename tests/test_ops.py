@@ -1,4 +1,4 @@
-"""blocklab.ops against the naive float64 reference (tests/reference.py).
+"""blocklab.model.ops against the naive float64 reference (tests/reference.py).
 
 Shaped attention is Simplifying Transformer Blocks Eq. (5), (alpha I + beta A - gamma C) V, with
 head-wise scalars (Eq. 13); Value-SkipInit is Eq. (4), alpha I + beta A. Masks are bottom-right
@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 import reference as R
-from blocklab import ops
+from blocklab.model import ops
 
 F64 = torch.float64
 EXACT = dict(rtol=1e-12, atol=1e-12)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from blocklab import ConfigError, ModelConfig, Transformer
+from blocklab import ConfigError, LanguageModel, ModelConfig
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
@@ -33,9 +33,9 @@ from blocklab.training.schedules import SCHEDULES, lr_factor
 TINY = dict(n_layers=3, d_model=32, n_heads=2, vocab_size=64, context_length=16, mlp_hidden=64)
 
 
-def make_model(arch: str, seed: int = 0, **overrides) -> Transformer:
+def make_model(arch: str, seed: int = 0, **overrides) -> LanguageModel:
     torch.manual_seed(seed)
-    return Transformer(ModelConfig.from_preset(arch, "tiny", **{**TINY, **overrides}))
+    return LanguageModel(ModelConfig.from_preset(arch, "tiny", **{**TINY, **overrides}))
 
 
 def group_names(optimizers) -> dict[str, list[str]]:
@@ -487,11 +487,11 @@ def test_loss_falls_over_30_steps(arch, optimizer):
 
 
 # -- nanochat's recipe (training/nanochat_recipe.py) ---------------------------------------------
-def _nanochat_model(d_model: int = 256, **fields) -> Transformer:
+def _nanochat_model(d_model: int = 256, **fields) -> LanguageModel:
     cfg = ModelConfig.from_preset("pre-ln+bov", "nanochat-tiny", d_model=d_model, n_heads=2,
                                   head_dim=d_model // 2, mlp_hidden=2 * d_model, residual_scalars=True,
                                   backout=True, qk_bias=True, **fields)
-    return Transformer(cfg)
+    return LanguageModel(cfg)
 
 
 def _groups(optimizers) -> dict[str, dict]:

@@ -1,4 +1,4 @@
-"""Padded batches (model/padding.py): a row of a padded batch computes what its prompt computes alone.
+"""Padded batches (model/masking.py): a row of a padded batch computes what its prompt computes alone.
 
 The reference is the model itself on each prompt alone, unpadded (a path with no mask, no per-row
 positions and no per-row cache state), and, for the matrix, Eq. (5) of Simplifying Transformer
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from blocklab import ops
+from blocklab.model import ops
 from blocklab.model.value_paths import VALUE_PATHS
 from helpers import PRESETS, make_cfg, make_model
 

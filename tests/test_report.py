@@ -15,9 +15,9 @@ from torch import nn
 from blocklab import ModelConfig, report
 from blocklab import compare as compare_module
 from blocklab.compare import Entry
-from blocklab.model import Transformer
 from blocklab.report import stats as report_stats
 from blocklab.report import tables as report_tables
+from blocklab.runtime import LanguageModel
 from blocklab.training import TrainConfig, memory
 from blocklab.training.optim import OptimConfig, build_optimizers
 
@@ -87,11 +87,11 @@ def test_a_neighbours_load_is_caught_by_the_interleaved_timing():
 def test_memory_is_counted_from_the_tensors():
     cfg = ModelConfig.from_preset("pre-ln", "tiny", n_layers=2, d_model=32, n_heads=2, vocab_size=64,
                                   context_length=16)
-    model = Transformer(cfg)
+    model = LanguageModel(cfg)
     n = sum(p.numel() for p in model.parameters())
     assert memory.parameter_bytes(model) == 4 * n == memory.gradient_bytes(model)
     adamw = build_optimizers(model, OptimConfig())
-    muon = build_optimizers(Transformer(cfg), OptimConfig(name="muon"))
+    muon = build_optimizers(LanguageModel(cfg), OptimConfig(name="muon"))
     for opts in (adamw, muon):
         for opt in opts:
             for group in opt.param_groups:
@@ -171,7 +171,7 @@ def test_sas_gains_act_only_through_their_product(arch):
         return
     assert "official SAS code" in note
     torch.manual_seed(0)
-    model = Transformer(cfg).eval()
+    model = LanguageModel(cfg).eval()
     ids = torch.randint(64, (2, 16))
     with torch.no_grad():
         for block in model.blocks:  # away from the initial values first

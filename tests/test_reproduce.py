@@ -18,9 +18,9 @@ from blocklab.claims import CLAIMS, PAPERS, select
 from blocklab.cli import main
 from blocklab.errors import ConfigError
 from blocklab.evidence import RELATIONS
-from blocklab.model import Transformer
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
 from blocklab.reproduce.page import write_reproduction
+from blocklab.runtime import LanguageModel
 from blocklab.training.config import NOT_RESULTS, changed_fields
 from blocklab.training.metrics import read_metrics
 
@@ -43,7 +43,7 @@ def test_every_claim_is_well_formed_and_its_architectures_build():
             for scale in ("cpu", "cpu-deep"):
                 fields = {**SCALES[scale].model, "vocab_size": 4096}
                 with torch.device("meta"):
-                    Transformer(ModelConfig.from_preset(arch, SCALES[scale].size, **fields))
+                    LanguageModel(ModelConfig.from_preset(arch, SCALES[scale].size, **fields))
 
 
 def test_select_by_id_and_paper_and_bad_names():
@@ -63,7 +63,7 @@ def test_settings_keep_tokens_per_step_and_equal_flops(tmp_path):
     flops = scale.base("flops")["max_flops"]
     with torch.device("meta"):  # by hand: pre-ln's FLOPs per token x tokens of `steps` steps
         fpt = flops_per_token(
-            Transformer(ModelConfig.from_preset("pre-ln", "tiny", vocab_size=4096, context_length=128))
+            LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", vocab_size=4096, context_length=128))
         )
     assert flops == pytest.approx(fpt * scale.steps * scale.batch_size * scale.seq_len, rel=1e-12)
     with pytest.raises(ConfigError, match="setting"):

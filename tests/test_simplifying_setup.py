@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blocklab import ModelConfig, Transformer
+from blocklab import LanguageModel, ModelConfig
 from blocklab.errors import ConfigError
 from blocklab.model.norms import RMSNormEpsOutside, make_norm
 
 
 def test_qk_bias_gives_q_and_k_alone_a_bias_that_trains():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig.from_preset("pre-ln", "tiny", qk_bias=True, n_layers=2)).double()
+    model = LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", qk_bias=True, n_layers=2)).double()
     biased = sorted(n for n, p in model.named_parameters() if n.endswith(".bias"))
     assert biased == [f"blocks.{i}.attn.{m}.bias" for i in range(2) for m in ("k", "q")]
     q = model.block(1).attn.q
@@ -49,7 +49,7 @@ def test_codeparrot_18l_uses_the_sas_codes_setup():
     cfg = ModelConfig.from_preset("sas", "codeparrot-18l")
     assert cfg.qk_bias and cfg.rmsnorm_eps == "outside"
     with torch.device("meta"):
-        pre_ln = Transformer(ModelConfig.from_preset("pre-ln", "codeparrot-18l"))
+        pre_ln = LanguageModel(ModelConfig.from_preset("pre-ln", "codeparrot-18l"))
     d, layers, vocab = 768, 18, 50257
     # 12 d^2 per layer, the Q/K biases, two norms per layer and the final one, the tied embedding
     expected = layers * (12 * d * d + 2 * d + 2 * d) + d + vocab * d

@@ -291,7 +291,7 @@ def test_training_run_writes_its_directory_and_learns(corpus, tmp_path):
     assert summary["val_bpb"] == pytest.approx(vals[-1]["val_loss"] / math.log(2) / split_bpt, rel=1e-2)
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_000020", "step_000030"]
     # the final checkpoint reloads into a model with the same outputs
-    model = blocklab.Transformer(blocklab.ModelConfig(**json.loads((run / "model_config.json").read_text())))
+    model = blocklab.LanguageModel(blocklab.ModelConfig(**json.loads((run / "model_config.json").read_text())))
     ckpt.load_weights(ckpt.latest_checkpoint(run), model)
     ids = torch.randint(0, 256, (2, 16))
     torch.testing.assert_close(model(ids), result.model.cpu()(ids))
@@ -550,10 +550,10 @@ def test_autocast_policy():
 
 def test_compiled_run_keeps_the_warm_up_out_of_tokens_per_s(corpus, tmp_path, monkeypatch):
     calls = []
-    real = blocklab.Transformer.compile_model
-    # the whole forward pass as one graph (Transformer.compile_model); aot_eager: dynamo's and
+    real = blocklab.LanguageModel.compile_model
+    # the whole forward pass as one graph (LanguageModel.compile_model); aot_eager: dynamo's and
     # AOTAutograd's graphs without inductor's minute of code generation on this CPU
-    monkeypatch.setattr(blocklab.Transformer, "compile_model",
+    monkeypatch.setattr(blocklab.LanguageModel, "compile_model",
                         lambda self, **kw: calls.append(kw) or real(self, backend="aot_eager"))
     result = train(config(corpus, tmp_path, max_steps=3, eval_every=0, compile=True))
     assert calls == [{}]
@@ -712,7 +712,7 @@ def test_two_processes_match_one(corpus, tmp_path, arch, parallel):
         assert r2["val_bpb"] == pytest.approx(r1["val_bpb"], abs=2e-5)
     # the 2-process checkpoint holds the full (unsharded) model
     cfg = blocklab.ModelConfig(**json.loads((tmp_path / "two" / "model_config.json").read_text()))
-    ckpt.load_weights(ckpt.latest_checkpoint(tmp_path / "two"), blocklab.Transformer(cfg))
+    ckpt.load_weights(ckpt.latest_checkpoint(tmp_path / "two"), blocklab.LanguageModel(cfg))
 
 
 def test_two_fsdp_processes_train_nanochats_trunk_as_one(corpus, tmp_path):

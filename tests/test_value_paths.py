@@ -44,9 +44,9 @@ def perturb_(model: torch.nn.Module, seed: int, gains: bool = True) -> None:
 
 
 def build(arch: str = "pre-ln", options: dict | None = None, seed: int = 0, perturb: bool = True,
-          **overrides) -> blocklab.Transformer:
+          **overrides) -> blocklab.LanguageModel:
     torch.manual_seed(seed)
-    model = blocklab.Transformer(make_cfg(arch, options, **overrides)).double()
+    model = blocklab.LanguageModel(make_cfg(arch, options, **overrides)).double()
     if perturb:
         perturb_(model, seed + 1)
     return model
@@ -314,10 +314,10 @@ def test_bov_shared_table_is_one_table_used_by_every_target():
 def test_bov_first_forward_equals_x0_value(perturb, overrides):
     """With E_v = RMSNorm(emb) W_V of x0-value's W_V and equal other weights, BoV == x0-value."""
     torch.manual_seed(1)
-    x0 = blocklab.Transformer(make_cfg("pre-ln+x0-value", **overrides))
+    x0 = blocklab.LanguageModel(make_cfg("pre-ln+x0-value", **overrides))
     if perturb:
         perturb_(x0, seed=2)
-    bov = blocklab.Transformer(make_cfg("pre-ln+bov", **overrides))
+    bov = blocklab.LanguageModel(make_cfg("pre-ln+bov", **overrides))
     cfg = bov.cfg
     targets = target_layers("last-third", cfg.n_layers)
     dead = {f"blocks.{i}.attn.values.w_v.weight" for i in targets}  # x0-value's W_V in the targets
@@ -342,7 +342,7 @@ def test_bov_first_forward_equals_x0_value(perturb, overrides):
 def test_bov_default_table_init_is_rmsnorm_embedding_times_fresh_w_v(options):
     """The default init ties E_v = RMSNorm(emb) W^T with W a freshly initialised value map (std init_std)."""
     torch.manual_seed(0)
-    model = blocklab.Transformer(make_cfg("pre-ln+bov", options, n_layers=6, vocab_size=40, **GQA))
+    model = blocklab.LanguageModel(make_cfg("pre-ln+bov", options, n_layers=6, vocab_size=40, **GQA))
     cfg = model.cfg
     emb = model.tok_emb.weight.detach().double()
     eps = torch.finfo(model.tok_emb.weight.dtype).eps
@@ -400,7 +400,7 @@ def test_cla_followers_have_no_keys_or_values():
 PATH_ARCHS = [f"pre-ln+{vp}" for vp in VALUE_PATHS] + ["sas-p+bov", "sas-p+resformer", "sas-p+svformer"]
 
 
-def _path_model(arch: str) -> blocklab.Transformer:
+def _path_model(arch: str) -> blocklab.LanguageModel:
     return build(arch, seed=7, **({} if arch.startswith("sas") else GQA))
 
 
@@ -454,7 +454,7 @@ def test_gradients_reach_every_parameter(arch):
 
 # -- 6. parameter and FLOP accounting ------------------------------------------------------------
 def _counts(arch: str, options: dict | None = None, **overrides):
-    model = blocklab.Transformer(make_cfg(arch, options, **overrides))
+    model = blocklab.LanguageModel(make_cfg(arch, options, **overrides))
     return blocklab.count_parameters(model), blocklab.flops_per_token(model), model.cfg
 
 
@@ -626,7 +626,7 @@ def test_value_paths_that_would_change_nothing_are_config_errors(arch, options, 
     ("pre-ln+value-embed", dict(layers="last-1")),
 ])
 def test_one_target_layer_after_the_source_is_enough(arch, options):
-    model = blocklab.Transformer(make_cfg(arch, options))
+    model = blocklab.LanguageModel(make_cfg(arch, options))
     assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
 
 
@@ -731,7 +731,7 @@ def test_reparam_tie_needs_a_value_projection_in_every_layer(tie, arch, options,
 
 @pytest.mark.parametrize("arch", ["pre-ln", "pre-ln+resformer", "pre-ln+x0-value", "pre-ln+resformer-dense"])
 def test_reparam_tie_combines_with_paths_that_keep_every_value_projection(arch):
-    model = blocklab.Transformer(make_cfg(arch, reparam_tie="all-tied", **TIED))
+    model = blocklab.LanguageModel(make_cfg(arch, reparam_tie="all-tied", **TIED))
     assert model(random_ids(1, 5)).shape == (1, 5, VOCAB)
 
 
@@ -754,7 +754,7 @@ def test_the_layers_that_own_w_v_and_w_k_are_the_papers(path, options):
     those with a W_K module, against the hand-written table above."""
     key = (path, ",".join(f"{k}={v}" for k, v in options.items())) if options else path
     cfg = make_cfg(f"pre-ln+{path}", options)
-    model = blocklab.Transformer(cfg)
+    model = blocklab.LanguageModel(cfg)
     built = [i for i, b in enumerate(model.blocks) if getattr(b.attn.values, "w_v", None) is not None]
     expected = OWN_MAPS.get(key, VALUE_MAPS.get(path, ALL)) if options else VALUE_MAPS.get(path, ALL)
     assert built == expected and value_layers(cfg) == expected
@@ -815,7 +815,7 @@ def test_malformed_option_values_raise_config_error(arch, options, match):
     except Exception as err:  # any other exception type is the failure
         pytest.fail(f"{type(err).__name__} instead of ConfigError: {err}")
     with pytest.raises(ConfigError):
-        blocklab.Transformer(cfg)
+        blocklab.LanguageModel(cfg)
 
 
 def test_resformer_sparse_default_is_last_three_layers_with_lambda_5():

@@ -16,21 +16,23 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "ConfigError": "blocklab.errors",
     "ModelConfig": "blocklab.presets",
+    "LanguageModel": "blocklab.runtime",
     "Transformer": "blocklab.model",
     "count_parameters": "blocklab.accounting",
     "flops_per_token": "blocklab.accounting",
     "list_presets": "blocklab.presets",
 }
-_SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "model", "ops",
-               "presets", "training"}
+_SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "model", "presets", "runtime",
+               "training"}
 
 if TYPE_CHECKING:
-    from blocklab import interop, ops
+    from blocklab import interop, runtime
     from blocklab.accounting import count_parameters, flops_per_token
     from blocklab.errors import ConfigError
     from blocklab.model import Transformer
     from blocklab.model.config import ModelConfig
     from blocklab.presets import list_presets
+    from blocklab.runtime import LanguageModel
 
 
 def __getattr__(name: str) -> Any:
@@ -52,5 +54,5 @@ def train(*args: Any, **kwargs: Any) -> Any:
     return _train(*args, **kwargs)
 
 
-__all__ = ["ConfigError", "ModelConfig", "Transformer", "__version__", "count_parameters", "flops_per_token",
-           "interop", "list_presets", "ops", "train"]
+__all__ = ["ConfigError", "LanguageModel", "ModelConfig", "Transformer", "__version__", "count_parameters",
+           "flops_per_token", "interop", "list_presets", "runtime", "train"]

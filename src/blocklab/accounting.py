@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from blocklab.model.cache import cache_bytes_per_token, table_layers
 from blocklab.model.linear_maps import ReparamLinear
-from blocklab.model.offload import SLOT_DTYPE
 from blocklab.model.value_paths import is_value_table
+from blocklab.runtime.cache import cache_bytes_per_token, table_layers
+from blocklab.runtime.offload import SLOT_DTYPE
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
@@ -85,7 +85,7 @@ def flops_per_token(model: nn.Module, seq_len: int | None = None) -> int:
 
 def offload_bytes(cfg: ModelConfig, context: int, unique_ids: int | None = None, batch: int = 1,
                   dtype_bytes: int = 2) -> dict:
-    """Device and host bytes of Bank of Values with its tables resident and offloaded (model/offload.py),
+    """Device and host bytes of Bank of Values with its tables resident and offloaded (runtime/offload.py),
     against the standard model's cache, for `batch` sequences of `context` positions.
 
     `unique_ids`: distinct token ids the batch used (default: every position distinct, at most |V|,

@@ -27,11 +27,11 @@ def _flops_per_token(run: Path) -> float:
     import torch
 
     from blocklab.accounting import flops_per_token
-    from blocklab.model import Transformer
     from blocklab.model.config import ModelConfig
+    from blocklab.runtime import LanguageModel
 
     with torch.device("meta"):
-        model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
+        model = LanguageModel(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
     return float(flops_per_token(model))
 
 

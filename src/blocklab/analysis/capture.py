@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from blocklab import ops
+from blocklab.model import ops
 from blocklab.model.block import Attention
 
 

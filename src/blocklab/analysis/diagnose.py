@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab import ops
 from blocklab.analysis import stats
 from blocklab.analysis.capture import LayerTrace, changes_attended_keys, diagnostic_mode, trace
+from blocklab.model import ops
 
 FORMAT = "blocklab.diagnostics/1"
 

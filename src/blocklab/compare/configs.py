@@ -85,7 +85,7 @@ def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps:
         return steps
     from blocklab.accounting import flops_per_token
     from blocklab.data import prepare_data
-    from blocklab.model import Transformer
+    from blocklab.runtime import LanguageModel
 
     cfg = run_configs(entries[:1], 1, Path("unused"), {**base, "max_steps": steps})[0][1]
     tokens = steps * cfg.batch_size * cfg.seq_len
@@ -93,7 +93,7 @@ def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps:
         return tokens
     vocab = prepare_data(cfg.data, progress=cfg.progress).tokenizer.vocab_size  # the runs reuse it (cached)
     with torch.device("meta"):
-        model = Transformer(cfg.model_config(vocab))
+        model = LanguageModel(cfg.model_config(vocab))
     return float(tokens * flops_per_token(model))
 
 

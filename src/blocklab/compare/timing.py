@@ -36,14 +36,14 @@ class StepProbe:
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
-        from blocklab.model import Transformer
+        from blocklab.runtime import LanguageModel
         from blocklab.training.optim import build_optimizers
         from blocklab.training.step import autocast_for, compile_for_training
 
         run = Path(cfg.out_dir)
         self.cfg, self.device = cfg, device
         torch.manual_seed(cfg.seed)
-        self.model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
+        self.model = LanguageModel(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
         self.model.to(device).train()
         compile_for_training(self.model, cfg.compile)
         self.optimizers = build_optimizers(self.model, cfg.optim, cfg.batch_size * cfg.seq_len)

@@ -37,7 +37,7 @@ from blocklab.finetune.tasks import (
     read_examples,
     resolve_labels,
 )
-from blocklab.model import Transformer
+from blocklab.runtime import LanguageModel
 from blocklab.training.optim import OptimConfig, build_optimizers, clip_grad_norm
 from blocklab.training.schedules import lr_factor
 
@@ -144,7 +144,7 @@ def prepare_encoder(run_dir: str | Path, cfg: FinetuneConfig):
                           "fine-tuning needs a masked-LM encoder (train with data.objective=mlm, e.g. "
                           "`blocklab train crammed-bert`), or set allow_causal=True (--allow-causal) to pool "
                           "its last token.")
-    encoder = Transformer(model_cfg.replace(dropout=float(cfg.dropout)))
+    encoder = LanguageModel(model_cfg.replace(dropout=float(cfg.dropout)))
     encoder.load_state_dict(run.model.state_dict())
     pooling = cfg.pooling or ("last" if model_cfg.causal else "first")
     return encoder, run.tokenizer, pooling

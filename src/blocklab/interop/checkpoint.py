@@ -44,8 +44,8 @@ from blocklab.interop.export_files import (
     WEIGHTS_NAME,
     export_metadata,
 )
-from blocklab.model import Transformer
 from blocklab.model.config import ModelConfig
+from blocklab.runtime import LanguageModel
 
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"
@@ -123,14 +123,14 @@ def _move_into_place(tmp: Path, folder: Path) -> None:
     shutil.rmtree(old)
 
 
-def _write_blocklab(model: Transformer, tmp: Path) -> None:
+def _write_blocklab(model: LanguageModel, tmp: Path) -> None:
     save_model(model, str(tmp / WEIGHTS_NAME), metadata=export_metadata("blocklab"), force_contiguous=True)
     meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch."),
             SHA_KEY: integrity.record(tmp, (WEIGHTS_NAME, TOKENIZER_NAME))}
     (tmp / CONFIG_NAME).write_text(json.dumps({**model.cfg.to_dict(), **meta}, indent=2) + "\n")
 
 
-def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: Any = None,
+def save_pretrained(model: LanguageModel, folder: str | os.PathLike, tokenizer: Any = None,
                     format: str = "blocklab", run: str | os.PathLike | None = None) -> Path:
     """Write `model` (and `tokenizer`) to `folder` atomically; returns the folder's path.
 
@@ -155,7 +155,7 @@ def save_pretrained(model: Transformer, folder: str | os.PathLike, tokenizer: An
     return given
 
 
-def _write_folder(model: Transformer, folder: Path, tokenizer: Any, format: str, native: bool,
+def _write_folder(model: LanguageModel, folder: Path, tokenizer: Any, format: str, native: bool,
                   run: str | os.PathLike | None) -> None:
     """save_pretrained's writing, under the folder's lock: into a temporary sibling, then renamed."""
     _check_replaceable(folder)
@@ -184,7 +184,7 @@ def _write_folder(model: Transformer, folder: Path, tokenizer: Any, format: str,
 
 
 def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True
-                    ) -> Transformer:
+                    ) -> LanguageModel:
     """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`. With
     `verify`, the weights and tokenizer must match the sha256 recorded in config.json."""
     folder = Path(folder)
@@ -208,7 +208,7 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     dtype = getattr(torch, data.pop("dtype", "float32"))
     cfg = ModelConfig.from_dict(data)
     with torch.device(device):
-        model = Transformer(cfg)
+        model = LanguageModel(cfg)
     model.to(dtype)
     try:
         load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
 from blocklab.model.config import ModelConfig
+from blocklab.runtime import LanguageModel
 
 # HF activation name -> blocklab mlp_act, for GPT-2's plain MLP
 _GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
@@ -250,17 +250,17 @@ def _check_loading_info(path: Path, model_type: str, info: dict[str, Any]) -> No
                           "source.")
 
 
-def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> Transformer:
+def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> LanguageModel:
     """A `Transformer` of `cfg` holding copies of `state`, in the dtype and on the device of `like`."""
     with torch.device("meta"):  # built in the weights' own dtype: float64 is never rounded via float32
-        model = Transformer(cfg)
+        model = LanguageModel(cfg)
     model = model.to_empty(device=like.device).to(like.dtype)
     model.init_weights()  # the buffers; every parameter is then loaded
     model.load_state_dict(state, strict=True)  # copies, so the two models never share storage
     return model
 
 
-def from_hf(model_or_path, **overrides: Any) -> Transformer:
+def from_hf(model_or_path, **overrides: Any) -> LanguageModel:
     """A blocklab `Transformer` with the weights of an HF GPT-2 or Llama causal LM, or of any blocklab
     model behind HF's classes (`BlocklabForCausalLM` / `BlocklabForMaskedLM`).
 

@@ -14,7 +14,7 @@ HF `generate` runs its own loop, but the cache it carries from step to step is b
 `KVCache` (`BlocklabCache`), laid out by the value paths: SVFormer keeps one V, Bank of Values
 keeps token ids instead of deep values, CLA one K and V per group. The model takes token ids only
 (Bank of Values looks its values up by token id, so `inputs_embeds` cannot stand in for them), and
-an attention mask that pads a row on the left, on the right or both (model/padding.py): each row
+an attention mask that pads a row on the left, on the right or both (model/masking.py): each row
 computes what it would alone. `generate` runs right-padded prompts left-padded, so that new tokens
 follow each prompt's last real token, and returns the prompts as given.
 
@@ -67,10 +67,10 @@ from blocklab.interop.hf_surface import (
     recording,
     resize_value_tables,
 )
-from blocklab.model import Transformer
-from blocklab.model.cache import KVCache
 from blocklab.model.config import ModelConfig
-from blocklab.model.generate import left_padded
+from blocklab.runtime import LanguageModel
+from blocklab.runtime.cache import KVCache
+from blocklab.runtime.generate import left_padded
 
 MODEL_TYPE = "blocklab"
 # transformers 5 calls the cache `cache`, 4.x `past_key_values`: in the model's outputs and inputs
@@ -143,7 +143,7 @@ class BlocklabCache:
         """The positions it holds at most (None: the model's context, once allocated)."""
         return self.kv.max_len if self.kv is not None else self.max_len
 
-    def ready(self, model: Transformer, batch_size: int) -> KVCache:
+    def ready(self, model: LanguageModel, batch_size: int) -> KVCache:
         if self.kv is None:
             self.kv = model.new_cache(batch_size, self.max_len or model.cfg.context_length)
         return self.kv
@@ -174,7 +174,7 @@ class BlocklabPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: BlocklabConfig):
         super().__init__(config)
-        self.model = Transformer(config.model_config)
+        self.model = LanguageModel(config.model_config)
         # every tensor goes by its export name here (interop/export_names.py): in state_dict (what
         # save_pretrained writes and loading expects), load_state_dict and get_submodule
         self.register_state_dict_post_hook(_to_export_names)
@@ -404,7 +404,7 @@ class BlocklabForMaskedLM(BlocklabPreTrainedModel):
         return MaskedLMOutput(loss=loss, logits=logits, **seen)
 
 
-def hf_model(model: Transformer) -> BlocklabPreTrainedModel:
+def hf_model(model: LanguageModel) -> BlocklabPreTrainedModel:
     """`model` behind the HF class that fits it (its parameters shared, not copied)."""
     config = BlocklabConfig(blocklab=model.cfg.to_dict())
     cls = model_class(config)

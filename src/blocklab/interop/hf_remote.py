@@ -45,12 +45,12 @@ from blocklab.interop.export_files import (
 from blocklab.interop.export_names import check_export_names
 from blocklab.interop.hf_export import write_generation_config
 from blocklab.interop.model_card import model_card
-from blocklab.model import Transformer
+from blocklab.runtime import LanguageModel
 
 FILES = (f"{CONFIG_MODULE}.py", f"{MODEL_MODULE}.py", CARD_NAME, GENERATION_CONFIG_NAME)
 
 
-def write_remote_code(model: Transformer, folder: Path, dtype: torch.dtype, specials: SpecialTokens,
+def write_remote_code(model: LanguageModel, folder: Path, dtype: torch.dtype, specials: SpecialTokens,
                       run: Path | None = None) -> None:
     """Write the files above (less the tokenizer's, which the caller writes, finding its `specials`)
     into `folder`."""

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from blocklab.model import Transformer
 from blocklab.model.block import Block
 from blocklab.model.carry import Carry
 from blocklab.model.value_paths import is_value_table
+from blocklab.runtime import LanguageModel
 
 OUTPUT_FLAGS = ("output_attentions", "output_hidden_states")
 
@@ -50,7 +50,7 @@ class Record:
             self.queries_keys.append((attn, q, k, key_valid))
         return hook
 
-    def outputs(self, model: Transformer, x: Tensor) -> dict[str, Any]:
+    def outputs(self, model: LanguageModel, x: Tensor) -> dict[str, Any]:
         """HF's ``hidden_states``: n_layers + 1 tensors (B, T, d), the last with the final norm applied
         (what the head reads), as GPT-2 and Llama give them; ``attentions``: per layer the (B, H, T, T)
         matrix it applies to its values (softmax A, or alpha I + beta A - gamma C for shaped attention).
@@ -66,7 +66,7 @@ def _matrix(attn: Any, q: Tensor, k: Tensor, valid: Tensor | None) -> Tensor:
 
 
 @contextmanager
-def recording(model: Transformer, hidden: bool, attentions: bool, cached: bool) -> Iterator[Record]:
+def recording(model: LanguageModel, hidden: bool, attentions: bool, cached: bool) -> Iterator[Record]:
     """Hooks on every block (its input) and value path (its queries and keys) while inside."""
     record = Record(hidden, attentions)
     if attentions:
@@ -84,15 +84,13 @@ def recording(model: Transformer, hidden: bool, attentions: bool, cached: bool) 
             handle.remove()
 
 
-def check_attentions(model: Transformer, cached: bool) -> None:
+def check_attentions(model: LanguageModel, cached: bool) -> None:
     """output_attentions needs each layer's whole matrix, of one set of queries and keys."""
-    from blocklab.analysis.capture import changes_attended_keys
-
     if cached:
         raise ValueError("output_attentions is not available with a KV cache (generate, or a cache passed "
                          "in): the earlier positions' keys are in the cache, not in this pass. Run the model "
                          "on the whole sequence without a cache: model(input_ids, output_attentions=True).")
-    layers = [i for i, block in enumerate(model.block_list()) if changes_attended_keys(block)]
+    layers = [i for i, block in enumerate(model.block_list()) if block.attn.values.key_sets > 1]
     if layers:
         raise ValueError(f"output_attentions is not available for value_path={model.cfg.value_path!r}: "
                          f"layers {layers} attend over their own keys and another layer's (cross-layer "
@@ -149,7 +147,7 @@ def non_reentrant(func: Callable[..., Any]) -> Callable[..., Any]:
 
 # -- resize_token_embeddings ----------------------------------------------------------------------
 @torch.no_grad()
-def resize_value_tables(model: Transformer, vocab_size: int, mean_resizing: bool = True) -> None:
+def resize_value_tables(model: LanguageModel, vocab_size: int, mean_resizing: bool = True) -> None:
     """Every value table indexed by token id (`is_value_table`: Bank of Values' E_v, value embeddings)
     to `vocab_size` rows: the first ones kept, new ones the mean of the old rows (or zeros: the token
     adds no value). In place, so that the parameters stay the same objects."""
@@ -164,7 +162,7 @@ def resize_value_tables(model: Transformer, vocab_size: int, mean_resizing: bool
 
 
 @torch.no_grad()
-def init_new_rows(model: Transformer, old: int) -> None:
+def init_new_rows(model: LanguageModel, old: int) -> None:
     """The embedding's and the head's rows from `old` on, as the model initialises them: N(0, std)."""
     cfg = model.cfg
     std = cfg.init_std if cfg.embed_init_std is None else cfg.embed_init_std

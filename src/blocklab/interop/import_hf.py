@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
+from blocklab.runtime import LanguageModel
 
 MODEL_TYPES = ("gpt2", "llama", "blocklab")  # config.json's model_type values blocklab imports
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -37,7 +37,7 @@ class Imported:
 
     folder: Path
     model_type: str
-    model: Transformer
+    model: LanguageModel
     tokenizer: str
 
 
@@ -83,7 +83,7 @@ def check_checkpoint(folder: Path) -> str:
     return model_type
 
 
-def load_hf_checkpoint(folder: str | os.PathLike) -> Transformer:
+def load_hf_checkpoint(folder: str | os.PathLike) -> LanguageModel:
     """The blocklab `Transformer` of an HF checkpoint folder (`from_hf`), in the dtype it was saved in."""
     from blocklab.interop.hf import from_hf
 
@@ -121,7 +121,7 @@ def hf_tokenizer(folder: Path) -> tuple[Any, str]:
                       f"{', '.join(found)} ({first}); give one when training (data.tokenizer=PATH)")
 
 
-def _check_tokenizer_fits(tokenizer: Any, model: Transformer, folder: Path) -> None:
+def _check_tokenizer_fits(tokenizer: Any, model: LanguageModel, folder: Path) -> None:
     """A tokenizer with ids beyond the model's vocabulary belongs to another model."""
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > model.cfg.vocab_size:

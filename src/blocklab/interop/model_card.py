@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from blocklab.accounting import count_parameters
-from blocklab.model import Transformer
-from blocklab.model.cache import cache_bytes_per_token
 from blocklab.model.config import ModelConfig
 from blocklab.model.value_paths import BANK_OF_VALUES, VALUE_PATHS, VALUE_RESIDUAL  # noqa: F401 (cited here)
 from blocklab.presets import BLOCK_PRESETS, split_arch
+from blocklab.runtime import LanguageModel
+from blocklab.runtime.cache import cache_bytes_per_token
 
 if TYPE_CHECKING:
     from blocklab.interop.export_files import SpecialTokens
@@ -80,7 +80,7 @@ def _block_paper(block: str) -> str | None:
     return VASWANI if reference.startswith("Vaswani") else reference or None
 
 
-def papers(model: Transformer, arch: Arch | None = None) -> list[str]:
+def papers(model: LanguageModel, arch: Arch | None = None) -> list[str]:
     """The papers `model` comes from: its block preset's and its value path's."""
     arch = arch or architecture(model.cfg)
     entry = VALUE_PATHS.get(arch.value_path)
@@ -103,7 +103,7 @@ def _recorded_run(run: Path | None) -> dict[str, Any]:
 
 
 # -- the card's parts ---------------------------------------------------------------------------
-def _front_matter(model: Transformer, arch: Arch, native: str | None, cited: list[str]) -> str:
+def _front_matter(model: LanguageModel, arch: Arch, native: str | None, cited: list[str]) -> str:
     """The YAML block the Hub reads: licence, library, pipeline, tags (arXiv ids link the papers)."""
     tags = ["blocklab", arch.block]
     tags += [arch.value_path] if arch.value_path != "standard" else []
@@ -133,7 +133,7 @@ def _preset_line(arch: Arch, size: str | None) -> str:
     return f"Preset: `{arch.name}`{sized} ({how}): `ModelConfig.from_preset({arch.name!r}, ...)` in blocklab."
 
 
-def _usage(model: Transformer, native: str | None) -> str:
+def _usage(model: LanguageModel, native: str | None) -> str:
     if native:
         return f"""Exported from blocklab as a plain `{NATIVE_CLASSES[native]}` checkpoint: it loads with
 transformers alone, with no blocklab installed and no remote code, and computes the blocklab
@@ -178,7 +178,7 @@ def _tokenizer_lines(specials: SpecialTokens | None, causal: bool) -> list[str]:
             "training (`split_special_tokens`)."]
 
 
-def _architecture_rows(model: Transformer, arch: Arch) -> list[tuple[str, str]]:
+def _architecture_rows(model: LanguageModel, arch: Arch) -> list[tuple[str, str]]:
     cfg = model.cfg
     counts = count_parameters(model)
     options = json.dumps(cfg.value_path_options, sort_keys=True) if cfg.value_path_options else "defaults"
@@ -219,7 +219,7 @@ def _training_lines(run: Path | None) -> list[str]:
     return lines
 
 
-def model_card(model: Transformer, run: Path | None = None, native: str | None = None,
+def model_card(model: LanguageModel, run: Path | None = None, native: str | None = None,
                specials: SpecialTokens | None = None) -> str:
     """README.md for an export folder of `model` (trained in the blocklab run folder `run`, if any):
     a native checkpoint when `native` names its target ("gpt2", "llama"), else remote code;

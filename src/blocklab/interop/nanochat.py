@@ -26,8 +26,8 @@ from torch import Tensor
 
 import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
 from blocklab.model.config import ModelConfig
+from blocklab.runtime import LanguageModel
 
 NANOCHAT_HEAD_DIM = 128  # nanochat's d_model is a multiple of its head size, 128
 
@@ -95,14 +95,14 @@ def state_dict_from_nanochat(state_dict: Mapping[str, Tensor], cfg: ModelConfig)
 
 
 def from_nanochat(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None = None,
-                  **config_fields: Any) -> Transformer:
+                  **config_fields: Any) -> LanguageModel:
     """A blocklab model with a nanochat state dict's weights (`config_from_nanochat` takes the
     `config_fields`); built in `dtype` (default: the weights' own, e.g. float32 master weights)."""
     state_dict = {k.removeprefix("_orig_mod."): t for k, t in state_dict.items()}  # a compiled model's keys
     cfg = config_from_nanochat(state_dict, **config_fields)
     dtype = dtype or state_dict["transformer.h.0.attn.c_q.weight"].dtype
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = LanguageModel(cfg)
     model.to_empty(device="cpu").to(dtype)
     model.init_weights()  # buffers and anything the state dict lacks
     weights = state_dict_from_nanochat(state_dict, cfg)

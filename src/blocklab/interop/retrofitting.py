@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, split_arch
+from blocklab.runtime import LanguageModel
 
 STARTS = ("baseline", "paper")
 
@@ -61,14 +61,14 @@ def _value_path_of(name: str, cfg) -> str:
     return value_path
 
 
-def _value_modules(model: Transformer) -> list:
+def _value_modules(model: LanguageModel) -> list:
     """The value paths of every layer and the model-level module, which carry the retrofit rules."""
     paths = [block.attn.values for block in model.blocks]
     return paths + ([model.value_shared] if model.value_shared is not None else [])
 
 
-def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "baseline",
-             **options: Any) -> Transformer:
+def retrofit(model: LanguageModel, arch_or_value_path: str, *, start: str = "baseline",
+             **options: Any) -> LanguageModel:
     """A new `Transformer` with `model`'s block and weights and the value path `arch_or_value_path`.
 
     `model` is a pretrained baseline (``value_path="standard"``), left unchanged. `options` are
@@ -89,7 +89,7 @@ def retrofit(model: Transformer, arch_or_value_path: str, *, start: str = "basel
 
     ref = next(model.parameters())
     with torch.device(ref.device):
-        new = Transformer(new_cfg)
+        new = LanguageModel(new_cfg)
     new.to(ref.dtype)
     old_state, new_state = model.state_dict(), new.state_dict()
     new.load_state_dict({k: v for k, v in old_state.items() if k in new_state}, strict=False)

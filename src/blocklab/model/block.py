@@ -1,10 +1,10 @@
 """One Transformer block, top to bottom: its layout with skip and branch gains, its attention, its MLP.
 
-Block layouts (Simplifying Transformer Blocks):
+Block layouts (Simplifying Transformer Blocks), one class each, whose `forward` is the equation:
 
-    pre-ln:   X' = a_SA X + b_SA MHA(N1(X));   out = a_FF X' + b_FF MLP(N2(X'))     Eq. (1)
-    post-ln:  X' = N1(a_SA X + b_SA MHA(X));   out = N2(a_FF X' + b_FF MLP(X'))     Vaswani et al.
-    parallel: out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))                   Eq. (7)
+    pre-ln:   X' = a_SA X + b_SA MHA(N1(X));   out = a_FF X' + b_FF MLP(N2(X'))     Eq. (1)   PreLNBlock
+    post-ln:  X' = N1(a_SA X + b_SA MHA(X));   out = N2(a_FF X' + b_FF MLP(X'))     Vaswani   PostLNBlock
+    parallel: out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))                   Eq. (7)   ParallelBlock
 
 A skip whose gain is 0 is absent (SAS removes the attention skip, SAS-P both). In the parallel
 layout a_comb is `mlp_skip_gain`.
@@ -19,7 +19,7 @@ with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
 One forward pass: Q and K heads (a CLA follower takes its group's keys from the carry) -> the value
 path gives V (and another layer's keys and values, an output offset) as data -> with a KV cache, the
 cache stores what this layer keeps and returns every visible key and value -> `attend` runs the
-attention through `blocklab.ops` -> the projection W^O.
+attention through `blocklab.model.ops` -> the projection W^O.
 
 MLP (`MLP`): d -> hidden -> d with one of the usual activations, or a gated one.
 
@@ -36,13 +36,15 @@ as themselves. `Block.fused_projections` ("auto", "on", "off"; `set_fused_projec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab import ops
+from blocklab.errors import ConfigError
+from blocklab.model import ops
 from blocklab.model.carry import Carry
+from blocklab.model.config import register_checks
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import fused_linear, make_proj_map, plain_linear
 from blocklab.model.norms import norm_of
@@ -60,11 +62,9 @@ def _skip(init: float, trainable: bool) -> Gain | None:
 
 FuseMode = Literal["auto", "on", "off"]
 FUSE_MODES: tuple[FuseMode, ...] = ("auto", "on", "off")
-# Where "auto" fuses the projections (outside decoding). CUDA: one bigger GEMM per input in place of
-# two to four (fewer launches, better tile use), as nanoGPT's fused QKV. Not the CPU: on an idle
-# 2-core machine a training step ran 0.97-1.00x as fast fused (`small`, d 768 x 4 layers) and the maps
-# alone 0.97-1.06x: MKL's GEMMs are already efficient at these widths and the weight copy costs about
-# what the merge saves (benchmarks/results/fused-projections-cpu.json).
+# Where "auto" fuses the projections (outside decoding): CUDA, where one bigger GEMM per input in place
+# of two to four means fewer launches and better tile use, as nanoGPT's fused QKV; not the CPU, where
+# the weights' copy costs about what the merge saves (docs/design.md, "Fused projections").
 FUSE_DEVICES = frozenset({"cuda"})
 
 
@@ -80,17 +80,21 @@ def set_fused_projections(model: nn.Module, mode: FuseMode) -> None:
 
 
 class Block(nn.Module):
-    """A norm, the attention and the MLP, joined by skips and branch gains as `block_layout` says."""
+    """What every layout has: its norms, the attention and the MLP, skips and branch gains. A layout is a
+    subclass whose `forward` is its equation (`BLOCK_LAYOUTS`); `make_block` builds the config's."""
+
+    layout: ClassVar[str]
+    has_second_norm: ClassVar[bool] = True  # N2 before the MLP (pre-ln) or after it (post-ln)
+    norm2: nn.Module
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.layout = cfg.block_layout
         has_norm = cfg.norm_layers == "all" or layer == 0
         norm = cfg.norm if has_norm else "none"
         trainable = cfg.trainable_block_gains
         self.norm1 = norm_of(cfg.norm_shape, norm)
-        second = norm if cfg.norm_layers == "all" else "none"
-        self.norm2 = norm_of(cfg.norm_shape, second) if self.layout != "parallel" else None
+        if self.has_second_norm:
+            self.norm2 = norm_of(cfg.norm_shape, norm if cfg.norm_layers == "all" else "none")
         self.attn = Attention(cfg, layer)
         self.mlp = MLP(cfg.mlp_shape)
         self.attn_skip = _skip(cfg.attn_skip_gain, trainable)
@@ -101,25 +105,9 @@ class Block(nn.Module):
         self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
         self.fused_projections: FuseMode = "auto"  # see the module docstring
 
-    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        if self.residual is not None:  # nanochat: x <- lambda_r x + lambda_0 x0
-            x = self.residual(x, carry.x0)
-        if self.layout == "parallel":  # Eq. (7)
-            h = self.norm1(x)
-            a, m, carry = self.parallel_branches(h, carry)
-            out = self.mlp_branch(self.dropout(m)) + self.attn_branch(self.dropout(a))
-            return _add_skip(out, self.mlp_skip, x), carry
-        norm2 = self.norm2
-        assert norm2 is not None  # every layout but parallel has a second norm
-        if self.layout == "pre-ln":  # Eq. (1)
-            a, carry = self.attend(self.norm1(x), carry)
-            h = _add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
-            m = self.mlp_branch(self.dropout(self.mlp(norm2(h))))
-            return _add_skip(m, self.mlp_skip, h), carry
-        a, carry = self.attend(x, carry)  # post-ln
-        h = self.norm1(_add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
-        m = self.mlp_branch(self.dropout(self.mlp(h)))
-        return norm2(_add_skip(m, self.mlp_skip, h)), carry
+    def mix_x0(self, x: Tensor, carry: Carry) -> Tensor:
+        """nanochat's residual scalars, x <- lambda_r x + lambda_0 x0, when the config has them."""
+        return x if self.residual is None else self.residual(x, carry.x0)
 
     def fuses(self, x: Tensor, carry: Carry) -> bool:
         """Whether this forward pass fuses the projections (`fused_projections`)."""
@@ -135,8 +123,49 @@ class Block(nn.Module):
             return self.attn(x, carry)
         return self.attn(x, carry, fused_linear(x, maps))
 
-    def parallel_branches(self, h: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
-        """MHA(h) and MLP(h) of Eq. (7), with x W_Q, x W_K, (x W_V) and x W_fc as one GEMM when fused."""
+
+class PreLNBlock(Block):
+    """X' = a_SA X + b_SA MHA(N1(X));   out = a_FF X' + b_FF MLP(N2(X'))      Simplifying Eq. (1)"""
+
+    layout = "pre-ln"
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        x = self.mix_x0(x, carry)
+        a, carry = self.attend(self.norm1(x), carry)
+        h = add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
+        m = self.mlp_branch(self.dropout(self.mlp(self.norm2(h))))
+        return add_skip(m, self.mlp_skip, h), carry
+
+
+class PostLNBlock(Block):
+    """X' = N1(a_SA X + b_SA MHA(X));   out = N2(a_FF X' + b_FF MLP(X'))      Vaswani et al. (2017)"""
+
+    layout = "post-ln"
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        x = self.mix_x0(x, carry)
+        a, carry = self.attend(x, carry)
+        h = self.norm1(add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
+        m = self.mlp_branch(self.dropout(self.mlp(h)))
+        return self.norm2(add_skip(m, self.mlp_skip, h)), carry
+
+
+class ParallelBlock(Block):
+    """out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))      Simplifying Eq. (7); a_comb is the MLP skip.
+    One norm; x W_Q, x W_K, (x W_V) and x W_fc, which all read N1(X), run as one GEMM when fused."""
+
+    layout = "parallel"
+    has_second_norm = False
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        x = self.mix_x0(x, carry)
+        h = self.norm1(x)
+        a, m, carry = self.branches(h, carry)
+        out = self.mlp_branch(self.dropout(m)) + self.attn_branch(self.dropout(a))
+        return add_skip(out, self.mlp_skip, x), carry
+
+    def branches(self, h: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
+        """MHA(h) and MLP(h), fused into one GEMM of their input maps when `fuses`."""
         fc = plain_linear(self.mlp.fc)
         maps = self.attn.projection_maps() if fc is not None and self.fuses(h, carry) else []
         if not maps or fc is None:
@@ -147,7 +176,25 @@ class Block(nn.Module):
         return a, self.mlp.from_fc(hidden), carry
 
 
-def _add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
+# the block layouts by their `block_layout` name; a new layout is a subclass of `Block` and an entry here
+BLOCK_LAYOUTS: dict[str, type[Block]] = {cls.layout: cls for cls in (PreLNBlock, PostLNBlock, ParallelBlock)}
+
+
+def make_block(cfg: ModelConfig, layer: int) -> Block:
+    """Block `layer` of the layout `cfg.block_layout`."""
+    return BLOCK_LAYOUTS[cfg.block_layout](cfg, layer)
+
+
+def check_block_layout(cfg: ModelConfig) -> None:
+    if cfg.block_layout not in BLOCK_LAYOUTS:
+        raise ConfigError(f"block_layout = {cfg.block_layout!r} is not allowed: choose one of "
+                          f"{', '.join(map(repr, BLOCK_LAYOUTS))}.")
+
+
+register_checks(check_block_layout)
+
+
+def add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
     """branch + skip(x); a skip whose gain is 0 is absent (None)."""
     return branch if skip is None else branch + skip(x)
 
@@ -175,7 +222,7 @@ class Attention(nn.Module):
         self.proj = make_proj_map(cfg)
         # identity values (SAS, SAS-P) are the block's input itself: attention reads them as a contiguous
         # (B, H, T, D) copy, so that no compiler writes the norm's output into the transposed layout of
-        # `ops.split_heads` (inductor's Triton codegen fails on that buffer, issue 37)
+        # `ops.split_heads` (inductor's Triton code generation fails on that buffer)
         self.contiguous_values = isinstance(getattr(self.values, "w_v", None), nn.Identity)
         if self.form != "softmax":
             heads = cfg.n_heads if cfg.headwise_gains else 1

@@ -25,11 +25,39 @@ class Seen:
 
 
 class LayerCache(Protocol):
-    """What attention asks of a KV cache (model/cache.py's `KVCache`): the carry names only this, so
+    """What attention asks of a KV cache (runtime/cache.py's `KVCache`): the model names only this, so
     it sits below the cache, which reads the value paths."""
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> Seen:
         """Store this layer's new keys and values; return everything its queries may see."""
+        ...
+
+
+class DecodingCache(LayerCache, Protocol):
+    """What the Transformer asks of a KV cache around one forward pass (runtime/cache.py's `KVCache`)."""
+
+    cfg: Any  # the ModelConfig the cache was made for
+    length: int  # positions cached before this forward pass
+    padding: Any  # the per-row padding state of a padded batch, or None
+
+    def begin(self, input_ids: Tensor, real: Tensor | None) -> Tensor:
+        """Start a forward pass of `input_ids` (real: (B, T) False at padding); return their positions."""
+        ...
+
+    def key_valid(self) -> Tensor | None:
+        """(B, P) False at padding, for every position up to the newest token; None: no padding."""
+        ...
+
+    def last_token_ids(self) -> Tensor:
+        """(B, 1) the newest cached token's id (nanochat's smear reads it)."""
+        ...
+
+    def end(self) -> None:
+        """The forward pass is done: its tokens count as cached."""
+        ...
+
+    def abort(self) -> None:
+        """The forward pass failed: forget what it began to store."""
         ...
 
 
@@ -44,7 +72,7 @@ class Carry:
     x0: Tensor | None = None  # (B, T, d) the input of the first block (DenseFormer's X_0, x0-value)
     token_embeddings: Tensor | None = None  # (B, T, d) raw token embeddings (Bank of Values' x0)
     embedding_table: Tensor | None = None  # (vocab, d) the token embedding (x0-value maps cached ids)
-    cache: LayerCache | None = None  # set while decoding with a KV cache (model/cache.py)
+    cache: LayerCache | None = None  # set while decoding with a KV cache (runtime/cache.py)
     # a padded batch: (B, P) False at padding, for every position up to the newest token (the cached
     # ones too), so a layer's keys, the last T_k positions, are masked by its last T_k columns; then
     # `positions` is (B, T), each row counting its own real tokens. None: no padding

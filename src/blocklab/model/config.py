@@ -8,10 +8,10 @@ concept, through `attention_shape` and `mlp_shape`; the norms read `norm_shape`.
 
 Every `ModelConfig` is checked on construction (`__post_init__`): each field against its annotated type
 (`blocklab.configbase.check_types`), then the rules between fields below, then the value path's rules.
-Two things sit above this module and register themselves with it, so that it imports neither:
-- the value-path registry (model/value_paths/) checks `value_path` and its options
-  (`register_value_path_checks`, called by the registry as it loads, which the `blocklab.model`
-  package does on import);
+Three things sit above this module and register themselves with it, so that it imports none of them:
+- the block layouts (model/block.py) check `block_layout`, and the value-path registry
+  (model/value_paths/) checks `value_path` and its options (`register_checks`, called by each as it
+  loads, which the `blocklab.model` package does on import);
 - the named presets (`blocklab.presets`) resolve `ModelConfig.from_preset` (`register_presets`);
   `blocklab.ModelConfig` loads them for you.
 """
@@ -38,7 +38,7 @@ RMSNormEps = Literal["inside", "outside"]
 Positions = Literal["learned", "sinusoidal", "rope", "none"]
 MLPAct = Literal["relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu"]  # gelu_tanh: GPT-2
 InitScheme = Literal["normal", "nanochat"]
-BlockLayout = Literal["pre-ln", "post-ln", "parallel"]
+BlockLayout = str  # a name of model/block.py's `BLOCK_LAYOUTS`: "pre-ln", "post-ln", "parallel"
 AttnMatrix = Literal["softmax", "skipinit", "shaped"]
 LinearForm = Literal["linear", "identity", "reparam"]
 ReparamInit = Literal["identity", "orthogonal"]
@@ -92,9 +92,9 @@ class NormShape:
 
 # (arch, size) -> field overrides; set by `blocklab.presets` when it is imported (`register_presets`)
 _resolve_preset: Callable[[str, str], dict[str, Any]] | None = None
-# the value path's checks (`value_path`, its options, what it needs of the other fields); set when the
-# `blocklab.model` package loads (`register_value_path_checks`)
-_check_value_path: Callable[[ModelConfig], None] | None = None
+# the checks of the components above: the block layout's and the value path's (`value_path`, its
+# options, what it needs of the other fields); registered when the `blocklab.model` package loads
+_component_checks: list[Callable[[ModelConfig], None]] = []
 
 
 def register_presets(resolve: Callable[[str, str], dict[str, Any]]) -> None:
@@ -103,10 +103,10 @@ def register_presets(resolve: Callable[[str, str], dict[str, Any]]) -> None:
     _resolve_preset = resolve
 
 
-def register_value_path_checks(check: Callable[[ModelConfig], None]) -> None:
+def register_checks(check: Callable[[ModelConfig], None]) -> None:
     """Run `check(cfg)` on every new `ModelConfig`, after the checks of this module."""
-    global _check_value_path
-    _check_value_path = check
+    if check not in _component_checks:
+        _component_checks.append(check)
 
 
 @config_dataclass
@@ -185,10 +185,11 @@ class ModelConfig(ConfigBase):
 
     def __post_init__(self) -> None:
         _check(self)
-        if _check_value_path is None:
-            raise RuntimeError("ModelConfig's value-path checks are not registered: they register when the "
-                               "blocklab.model package loads (blocklab.model.value_paths).")
-        _check_value_path(self)
+        if not _component_checks:
+            raise RuntimeError("ModelConfig's block-layout and value-path checks are not registered: they "
+                               "register when the blocklab.model package loads.")
+        for check in _component_checks:
+            check(self)
 
     # -- the components' resolved sizes -----------------------------------------------------------
     @property
@@ -264,7 +265,7 @@ def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
 
 
 def _check(cfg: ModelConfig) -> None:
-    """Every check of the fields alone; the value path's own come after (`register_value_path_checks`)."""
+    """Every check of the fields alone; the value path's own come after (`register_checks`)."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):

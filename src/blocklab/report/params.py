@@ -12,10 +12,10 @@ def params_rows(archs: list[str] | None, sizes: list[str]) -> list[dict[str, Any
     built on the meta device (no memory). `archs` None: every block preset, then every value path on a
     Pre-LN block."""
     from blocklab.accounting import count_parameters, flops_per_token
-    from blocklab.model import Transformer
     from blocklab.model.config import ModelConfig
     from blocklab.model.value_paths import VALUE_PATHS
     from blocklab.presets import BLOCK_PRESETS
+    from blocklab.runtime import LanguageModel
 
     if archs is None:
         archs = list(BLOCK_PRESETS) + [f"pre-ln+{vp}" for vp in VALUE_PATHS if vp != "standard"]
@@ -24,7 +24,7 @@ def params_rows(archs: list[str] | None, sizes: list[str]) -> list[dict[str, Any
         for arch in archs:
             cfg = ModelConfig.from_preset(arch, size=size)
             with torch.device("meta"):
-                model = Transformer(cfg)
+                model = LanguageModel(cfg)
             counts = count_parameters(model)
             rows.append(dict(arch=arch, size=size, total=counts.total, embedding=counts.embedding,
                              value_tables=counts.value_tables, non_embedding=counts.non_embedding,

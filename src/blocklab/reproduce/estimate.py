@@ -51,13 +51,13 @@ def _flops_per_token(cfg: TrainConfig, vocab: int) -> float:
     import torch
 
     from blocklab.accounting import flops_per_token
-    from blocklab.model import Transformer
+    from blocklab.runtime import LanguageModel
 
     model = cfg.model_config(vocab)
     key = repr(model)
     if key not in _FLOPS_PER_TOKEN:
         with torch.device("meta"):
-            _FLOPS_PER_TOKEN[key] = float(flops_per_token(Transformer(model)))
+            _FLOPS_PER_TOKEN[key] = float(flops_per_token(LanguageModel(model)))
     return _FLOPS_PER_TOKEN[key]
 
 

@@ -63,32 +63,32 @@ def _params(cfg: ModelConfig) -> float:
     import torch
 
     from blocklab.accounting import count_parameters
-    from blocklab.model import Transformer
+    from blocklab.runtime import LanguageModel
 
     with torch.device("meta"):
-        return float(count_parameters(Transformer(cfg)).total)
+        return float(count_parameters(LanguageModel(cfg)).total)
 
 
 def _flops(cfg: ModelConfig) -> float:
     import torch
 
     from blocklab.accounting import flops_per_token
-    from blocklab.model import Transformer
+    from blocklab.runtime import LanguageModel
 
     with torch.device("meta"):
-        return float(flops_per_token(Transformer(cfg)))
+        return float(flops_per_token(LanguageModel(cfg)))
 
 
 def _kv_bytes(cfg: ModelConfig) -> float:
-    from blocklab.model.cache import cache_bytes_per_token
+    from blocklab.runtime.cache import cache_bytes_per_token
 
     return float(cache_bytes_per_token(cfg)["per_token"])
 
 
 def _table_layer_value_bytes(cfg: ModelConfig) -> float:
     """Value-cache bytes of the layers whose value path reads a token-indexed table or x0 (no V cache)."""
-    from blocklab.model.cache import cache_bytes_per_token
     from blocklab.model.value_paths import target_layers
+    from blocklab.runtime.cache import cache_bytes_per_token
 
     targets = target_layers(cfg.value_path_options.get("layers", "last-third"), cfg.n_layers)
     layers = cache_bytes_per_token(cfg)["layers"]

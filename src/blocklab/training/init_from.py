@@ -7,11 +7,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
+from blocklab.runtime import LanguageModel
 from blocklab.training.config import UNNAMED_SIZE, TrainConfig
 
 
-def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
+def load_init(cfg: TrainConfig) -> tuple[LanguageModel, Path | None]:
     """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory, a
     `blocklab.interop.save_pretrained` export, or a Hugging Face GPT-2 / Llama checkpoint folder, read
     as `blocklab import-hf` reads it), retrofitted with the value path `cfg.retrofit`
@@ -44,7 +44,7 @@ def load_init(cfg: TrainConfig) -> tuple[Transformer, Path | None]:
     return model, tok if tok.is_file() else None
 
 
-def source_preset(model: Transformer) -> tuple[str, str]:
+def source_preset(model: LanguageModel) -> tuple[str, str]:
     """The architecture and size names of a model read from init_from, as a run records them: the
     block preset its fields are nearest to with its value path (`model_card.architecture`, as the HF
     model card names it), and the size preset whose fields it has (vocabulary and context aside, which
@@ -59,7 +59,7 @@ def source_preset(model: Transformer) -> tuple[str, str]:
     return architecture(m).name, size
 
 
-def with_source_preset(cfg: TrainConfig, model: Transformer) -> TrainConfig:
+def with_source_preset(cfg: TrainConfig, model: LanguageModel) -> TrainConfig:
     """`cfg` recording the architecture and size of the model it trains, the init_from source's
     (`source_preset`), so that summary.json, the result line, plots and model cards name what trained.
     An arch or size given that is neither the default nor the source's is refused: the source fixes
@@ -86,7 +86,7 @@ def with_source_preset(cfg: TrainConfig, model: Transformer) -> TrainConfig:
     return replace(cfg, arch=arch, size=size)
 
 
-def check_init(cfg: TrainConfig, model: Transformer, source_tok: Path | None, tokenizer) -> None:
+def check_init(cfg: TrainConfig, model: LanguageModel, source_tok: Path | None, tokenizer) -> None:
     """The source must fit the data: its tokenizer, vocabulary, objective and context length."""
     from blocklab.data import load_tokenizer
 

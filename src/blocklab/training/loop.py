@@ -27,8 +27,8 @@ from blocklab.data import Batches, bits_per_byte, prepare_data
 from blocklab.diskfull import said_plainly
 from blocklab.errors import ConfigError, TrainingError
 from blocklab.filemodes import atomic_write_text
-from blocklab.model import Transformer
 from blocklab.model.config import ModelConfig
+from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
 from blocklab.training import distributed, init_from, memory, rundir
 from blocklab.training.budget import Budget
@@ -43,7 +43,7 @@ from blocklab.training.step import autocast_for, compile_for_training, lm_loss, 
 @dataclass
 class RunResult:
     run_dir: Path
-    model: Transformer
+    model: LanguageModel
     summary: dict[str, Any]
 
 
@@ -224,7 +224,7 @@ class Trainer:
         else:
             self.model_cfg = cfg.model_config(self.data.tokenizer.vocab_size)
             memory.check_training_fits(cfg, self.model_cfg, self.device, self.env.world_size)
-            self.model = Transformer(self.model_cfg).to(self.device)
+            self.model = LanguageModel(self.model_cfg).to(self.device)
         self.counts = count_parameters(self.model)
         self.flops_per_token = flops_per_token(self.model)
         compile_for_training(self.model, cfg.compile)

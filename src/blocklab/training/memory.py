@@ -147,11 +147,11 @@ def training_bytes(model_cfg: ModelConfig, optim_cfg, shards: int = 1) -> Traini
     (exp_avg, exp_avg_sq) in the parameter's dtype and a float32 step count per tensor, Muon one
     momentum buffer per matrix of its group (`optim.named_groups`). `shards`: FSDP's processes, which
     split gradients and optimizer state (each builds the whole model before sharding it)."""
-    from blocklab.model import Transformer
+    from blocklab.runtime import LanguageModel
     from blocklab.training.optim import named_groups
 
     with torch.device("meta"):
-        model = Transformer(model_cfg)
+        model = LanguageModel(model_cfg)
     weights = sum(t.numel() * t.element_size() for t in chain(model.parameters(), model.buffers()))
     groups = named_groups(model, muon=optim_cfg.name == "muon", nanochat=optim_cfg.name == "nanochat")
     gradients = optimizer = 0

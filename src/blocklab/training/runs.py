@@ -12,8 +12,8 @@ import torch
 
 from blocklab.data import Tokenizer, load_tokenizer
 from blocklab.errors import ConfigError
-from blocklab.model import Transformer
 from blocklab.model.config import ModelConfig
+from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import TrainConfig
 
@@ -23,13 +23,13 @@ class LoadedRun:
     """A model in eval mode with its tokenizer; `config` is the run's TrainConfig (None for an export
     or a run without config.yaml) and `checkpoint` the weights file it was read from."""
 
-    model: Transformer
+    model: LanguageModel
     tokenizer: Tokenizer
     config: TrainConfig | None
     checkpoint: Path
 
     def complete(self, prompt: str, max_new_tokens: int, stop: bool = True, **sampling: Any) -> str:
-        """The text the model writes after `prompt`, decoded with the KV cache (`Transformer.generate`;
+        """The text the model writes after `prompt`, decoded with the KV cache (`LanguageModel.generate`;
         `sampling`: temperature, top_k, top_p, seed; greedy by default). With `stop` it ends at the
         tokenizer's end-of-text token, which is not part of the text."""
         prompt_ids = self.tokenizer.encode(prompt)
@@ -67,7 +67,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
         raise FileNotFoundError(f"run {str(run)!r} has no checkpoint yet.")
     if verify:
         ckpt.verify_checkpoint(path, run, files=("model.safetensors",))
-    model = Transformer(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
+    model = LanguageModel(ModelConfig.from_dict(json.loads((run / "model_config.json").read_text())))
     ckpt.load_weights(path, model)
     config = TrainConfig.load(run / "config.yaml") if (run / "config.yaml").is_file() else None
     return LoadedRun(model.to(torch.device(device)).eval(), load_tokenizer(run), config, path)

@@ -21,15 +21,15 @@ def autocast_for(precision: str, device: torch.device):
 
 def lm_loss(model: nn.Module, batch: dict[str, Tensor]) -> Tensor:
     """Mean cross-entropy over the labelled positions (next tokens, or masked tokens; -100 ignored),
-    from the model's final hidden states chunk by chunk (`Transformer.forward` with labels): no float32
+    from the model's final hidden states chunk by chunk (`LanguageModel.forward` with labels): no float32
     logits of the whole batch."""
     return model(batch["input_ids"], labels=batch["labels"])
 
 
 def compile_for_training(model: nn.Module, how: bool | str) -> None:
     """`TrainConfig.compile`: True or "model" compiles the forward pass as one graph
-    (`Transformer.compile_model`, per block if inductor fails), "blocks" each block
-    (`Transformer.compile_blocks`), False nothing."""
+    (`LanguageModel.compile_model`, per block if inductor fails), "blocks" each block
+    (`LanguageModel.compile_blocks`), False nothing."""
     if how is True or how == "model":
         model.compile_model()  # type: ignore[operator]
     elif how == "blocks":

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from blocklab.errors import ConfigError
-from blocklab.model.config import register_value_path_checks
+from blocklab.model.config import register_checks
 from blocklab.model.value_paths.bank import (
     BANK_TITLES,
     BankOfValues,
@@ -209,7 +209,7 @@ def scalar_role(name: str) -> str | None:
 
 
 # ModelConfig runs these checks on construction (it imports nothing of the registry)
-register_value_path_checks(check_value_path)
+register_checks(check_value_path)
 
 __all__ = ["BANK_OF_VALUES", "OWN_VALUE_WEIGHT", "VALUE_PATHS", "VALUE_RESIDUAL", "LayerRole",
            "LayerValues", "Registered", "ResFormerOptions", "SharedModule", "ValuePath", "ValuePathOptions",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +28,6 @@ from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import ReparamLinear, init_projection_, make_value_map
-from blocklab.model.offload import TableKey, ValueRows, offload_error, value_rows_of
 from blocklab.model.value_paths.base import (
     LayerRole,
     LayerValues,
@@ -42,6 +41,37 @@ from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, targ
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
+
+TableKey = int | None  # a target layer's own table (its index), or None: the table all targets share
+
+
+class DeviceRows(Protocol):
+    """The device rows of offloaded tables that a KV cache holds (runtime/offload.py's `ValueRows`):
+    slot s of each compact table is the row of the s-th distinct token id its batch used."""
+
+    current: Tensor | None  # (B, T) the slots of the tokens of the forward pass in progress
+
+    def table(self, key: TableKey) -> Tensor:
+        """The compact table (slots, d) of `key` on the device."""
+        ...
+
+
+class OffloadedTableError(RuntimeError):
+    """A forward pass that needs a value table on the device met an offloaded one."""
+
+
+def offload_error(what: str) -> OffloadedTableError:
+    return OffloadedTableError(
+        f"{what}, but the Bank of Values tables are offloaded to host memory "
+        "(model.offload_value_tables()): they serve cached decoding without gradients only "
+        "(model.generate, or model(ids, cache=model.new_cache(...)) under torch.no_grad()). Call "
+        "model.offload_value_tables(False) to bring them back to the device for training or a forward pass "
+        "without a KV cache.")
+
+
+def value_rows_of(carry: Carry) -> DeviceRows | None:
+    """The device rows of the carry's KV cache, when its model's tables are offloaded."""
+    return getattr(carry.cache, "value_rows", None)
 
 
 def _rms(x: Tensor) -> Tensor:
@@ -111,7 +141,7 @@ class BankOfValues(_Substitutive):
     target layers, not their V (Bank of Values Sec. 4, "Inference").
     """
 
-    offloaded = False  # E_v lives in host memory (`offload_value_tables`, model/offload.py)
+    offloaded = False  # E_v lives in host memory (`offload_value_tables`, runtime/offload.py)
     options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
     opts: BankOfValuesOptions
 
@@ -132,7 +162,7 @@ class BankOfValues(_Substitutive):
 
     @property
     def table_key(self) -> TableKey:
-        """Which offloaded table this layer reads (model/offload.py): its own (its index), or None: shared."""
+        """Which offloaded table this layer reads (runtime/offload.py): its own (its index), or None."""
         return None if self.opts.shared else self.layer
 
     def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
@@ -155,7 +185,7 @@ class BankOfValues(_Substitutive):
             return self.coef(F.embedding(source, self.rows_table(rows, carry)))
         return self.coef(F.embedding(source, self.table(carry)))
 
-    def rows_table(self, rows: ValueRows, carry: Carry) -> Tensor:
+    def rows_table(self, rows: DeviceRows, carry: Carry) -> Tensor:
         """This layer's compact device table; refuses gradients, which could not reach the host table."""
         if torch.is_grad_enabled() and self.table(carry).requires_grad:
             raise offload_error(f"Bank of Values layer {self.layer} ran with gradients enabled")
@@ -230,7 +260,7 @@ class SharedValueTable(SharedModule):
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
-    offloaded = False  # the table lives in host memory (`offload_value_tables`, model/offload.py)
+    offloaded = False  # the table lives in host memory (`offload_value_tables`, runtime/offload.py)
     table_key: TableKey = None  # the offloaded table every target layer reads
 
     def before_blocks(self, carry: Carry) -> Carry:

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
-from blocklab import ops
 from blocklab.errors import ConfigError
+from blocklab.model import ops
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import LayerRole, LayerValues, SharedModule, ValuePath, carried

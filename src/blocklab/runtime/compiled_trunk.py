@@ -1,4 +1,4 @@
-"""The forward pass compiled as one `torch.compile` graph (`Transformer.compile_model`), with a fallback.
+"""The forward pass compiled as one `torch.compile` graph (`LanguageModel.compile_model`), with a fallback.
 
 Whole-model compilation lets inductor fuse across blocks (norms, gains and residual adds around the
 GEMMs) and is what ``compile=true`` trains with. An inductor failure on one architecture should cost
@@ -23,7 +23,7 @@ import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
-from blocklab.model.compiled_step import compile_errors, describe_compile_error, own_code
+from blocklab.runtime.compiled_step import compile_errors, describe_compile_error, own_code
 
 
 @functools.cache

@@ -32,29 +32,14 @@ eagerly (`torch.compiler.disable`), so a compiled decoding step breaks its graph
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from blocklab.model.carry import Carry
+from blocklab.model.value_paths.bank import TableKey
 
-TableKey = int | None  # a target layer's own table (its index), or None: the table all targets share
 SLOT_DTYPE = torch.int32  # what the cache stores per position in place of the token id
-
-
-class OffloadedTableError(RuntimeError):
-    """A forward pass that needs a value table on the device met an offloaded one."""
-
-
-def offload_error(what: str) -> OffloadedTableError:
-    return OffloadedTableError(
-        f"{what}, but the Bank of Values tables are offloaded to host memory "
-        "(model.offload_value_tables()): they serve cached decoding without gradients only "
-        "(model.generate, or model(ids, cache=model.new_cache(...)) under torch.no_grad()). Call "
-        "model.offload_value_tables(False) to bring them back to the device for training or a forward pass "
-        "without a KV cache.")
 
 
 class ValueRows:
@@ -170,12 +155,6 @@ class ValueRows:
 
 
 # -- the model's side ------------------------------------------------------------------------------
-def value_rows_of(carry: Carry) -> ValueRows | None:
-    """The row cache of the carry's KV cache, when its model's tables are offloaded."""
-    rows = getattr(carry.cache, "value_rows", None)
-    return rows if isinstance(rows, ValueRows) else None
-
-
 def table_owners(model: nn.Module) -> Iterator[tuple[TableKey, nn.Module]]:
     """Every module that owns an offloadable table, with its key: the modules of value_paths/bank.py
     that hold a `value_table` parameter themselves and declare `offloaded` and `table_key` (a target

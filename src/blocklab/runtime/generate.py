@@ -2,7 +2,7 @@
 
 Prompts of different lengths share a batch through an `attention_mask` (1: real token, 0: padding),
 padded on the left or on the right: each row gives the tokens of its prompt generated alone
-(model/padding.py). A row stops at its first stop token, which is kept; later positions of that row
+(model/masking.py). A row stops at its first stop token, which is kept; later positions of that row
 hold `pad_token`. Generation ends when every row has stopped or after `max_new_tokens`.
 """
 
@@ -15,14 +15,14 @@ from typing import Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from blocklab.model import padding
-from blocklab.model.cache import KVCache
-from blocklab.model.compiled_step import Step, default_step, wants_compiled
+from blocklab.model import masking
 from blocklab.model.config import ModelConfig
+from blocklab.runtime.cache import KVCache
+from blocklab.runtime.compiled_step import Step, default_step, wants_compiled
 
 
 class Decoder(Protocol):
-    """What generation reads of a model (`blocklab.model.Transformer`, whose `generate` calls this
+    """What generation reads of a model (`blocklab.runtime.LanguageModel`, whose `generate` calls this
     module, so it is named here by what it offers rather than imported)."""
 
     cfg: ModelConfig
@@ -103,11 +103,11 @@ def _last_logits(model: Decoder, ids: Tensor, cache: KVCache, real: Tensor | Non
 def left_padded(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
     """The prompts with every row's real tokens moved to its end (left padding), and their flags (None
     when nothing is padded): new tokens then follow each prompt's last real token. A row must hold at
-    least one real token, and padding may not split its real tokens (model/padding.py)."""
-    real = padding.real_tokens(attention_mask, input_ids)
+    least one real token, and padding may not split its real tokens (model/masking.py)."""
+    real = masking.real_tokens(attention_mask, input_ids)
     if real is None or bool(real.all()):
         return input_ids, None
-    padding.check_rows(real)
+    masking.check_rows(real)
     empty = ~real.any(dim=1)
     if bool(empty.any()):
         raise ValueError(f"attention_mask row {int(empty.nonzero()[0])} has no real token: every prompt "

@@ -48,11 +48,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from blocklab import ops
 from blocklab.errors import ConfigError
+from blocklab.model import ops
 from blocklab.model.carry import Seen
-from blocklab.model.offload import TableKey, ValueRows
-from blocklab.model.padding import PaddingState
 from blocklab.model.value_paths import (
     SharedModule,
     ValuePath,
@@ -60,6 +58,8 @@ from blocklab.model.value_paths import (
     make_shared_module,
     make_value_path,
 )
+from blocklab.runtime.offload import TableKey, ValueRows
+from blocklab.runtime.padding import PaddingState
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
@@ -266,13 +266,13 @@ class KVCache:
         # the last token of every row, cached and pending (nanochat's smear reads the previous token)
         self._last_ids = (torch.zeros(2, batch_size, 1, dtype=TOKEN_ID_DTYPE, device=device)
                           if cfg.smear else None)
-        # a padded batch (model/padding.py): which positions are real, set at the first padded pass
+        # a padded batch (model/masking.py): which positions are real, set at the first padded pass
         self.padding: PaddingState | None = None
         self._real: Tensor | None = None  # (B, max_len) bool, False at padding
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
-        # offloaded Bank of Values tables (model/offload.py): the rows this batch used, on the device;
+        # offloaded Bank of Values tables (runtime/offload.py): the rows this batch used, on the device;
         # then `token_ids` stores each position's slot in those rows in place of its token id
         self.value_rows: ValueRows | None = None
         if value_tables is not None:
@@ -301,7 +301,7 @@ class KVCache:
 
     @property
     def value_row_bytes(self) -> int:
-        """Device bytes of the offloaded value tables' rows this cache holds (model/offload.py; 0 when the
+        """Device bytes of the offloaded value tables' rows this cache holds (runtime/offload.py; 0 when the
         tables are resident). Not in `nbytes`, which counts the cache's own tensors."""
         return 0 if self.value_rows is None else self.value_rows.device_bytes
 
@@ -372,7 +372,7 @@ class KVCache:
         return positions[self.length:self.length + t]
 
     def _padded_positions(self, token_ids: Tensor, real: Tensor | None) -> Tensor:
-        """Record which new positions are real and return each row's positions (model/padding.py)."""
+        """Record which new positions are real and return each row's positions (model/masking.py)."""
         b, t = token_ids.shape
         device = token_ids.device
         if self.padding is None:  # the first padded pass: every cached position was real

@@ -1,4 +1,4 @@
-"""The decoding step compiled as one `torch.compile` graph for one model (`Transformer.compile_decoding`).
+"""The decoding step compiled as one `torch.compile` graph for one model (`LanguageModel.compile_decoding`).
 
 Two facts of dynamo and inductor shape it:
 
@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from blocklab.model.cache import KVCache
+    from blocklab.runtime.cache import KVCache
 
 Step = Callable[[Tensor, "KVCache"], Tensor]
 
