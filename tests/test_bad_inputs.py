@@ -187,7 +187,7 @@ def test_compare_python_api_refuses_no_seeds_or_no_architectures(tmp_path):
 
 
 def test_transformer_names_bad_token_ids():
-    model = blocklab.LanguageModel(blocklab.ModelConfig.from_preset("pre-ln", "tiny", vocab_size=50, d_model=32,
+    model = blocklab.Transformer(blocklab.ModelConfig.from_preset("pre-ln", "tiny", vocab_size=50, d_model=32,
                                                                   n_heads=2, n_layers=1))
     for ids, words in ((torch.tensor([[1, 50]]), ["[0, vocab_size=50)", "50"]),
                        (torch.tensor([[-1, 3]]), ["[0, vocab_size=50)", "-1"]),

@@ -291,7 +291,7 @@ def test_training_run_writes_its_directory_and_learns(corpus, tmp_path):
     assert summary["val_bpb"] == pytest.approx(vals[-1]["val_loss"] / math.log(2) / split_bpt, rel=1e-2)
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_000020", "step_000030"]
     # the final checkpoint reloads into a model with the same outputs
-    model = blocklab.LanguageModel(blocklab.ModelConfig(**json.loads((run / "model_config.json").read_text())))
+    model = blocklab.Transformer(blocklab.ModelConfig(**json.loads((run / "model_config.json").read_text())))
     ckpt.load_weights(ckpt.latest_checkpoint(run), model)
     ids = torch.randint(0, 256, (2, 16))
     torch.testing.assert_close(model(ids), result.model.cpu()(ids))
