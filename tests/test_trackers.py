@@ -181,3 +181,26 @@ def test_only_rank_0_logs_to_wandb_under_torchrun(corpus, tmp_path):
     [run] = wandb_runs(tmp_path / "two" / "wandb")
     assert logged([run]) == expected(tmp_path / "two")
     assert not list(tmp_path.glob("wandb"))  # nothing in the working folder
+
+
+def test_reproduce_gives_every_run_the_trackers_and_its_settings_group(tmp_path):
+    from argparse import Namespace
+
+    from blocklab.cli import build_parser
+    from blocklab.reproduce.tracking import fields, with_tracking
+    from blocklab.training.config import NOT_RESULTS, changed_fields
+
+    args = build_parser().parse_args(["reproduce", "--quick", "--logger", "wandb", "--wandb-project", "p"])
+    tracking = fields(args)
+    assert tracking == {"logger": ["wandb"], "wandb_project": "p"}
+    run = tmp_path / "rep" / "quick" / "tiny-steps" / "runs" / "pre-ln-seed0"
+    cfg = TrainConfig(max_steps=2, out_dir=str(run))
+    [(_, got)] = with_tracking([(None, cfg)], tracking, tmp_path / "rep")
+    assert (got.logger, got.wandb_project, got.wandb_group) == (["wandb"], "p", "rep/quick/tiny-steps")
+    assert not changed_fields(cfg, got, NOT_RESULTS)  # runs trained without a tracker are reused
+    assert with_tracking([(None, cfg)], fields(Namespace(logger=None, wandb_project=None)), tmp_path) == [
+        (None, cfg)]
+    with pytest.raises(ConfigError, match="--wandb-project is allowed only with --logger wandb"):
+        fields(Namespace(logger=None, wandb_project="p"))
+    with pytest.raises(ConfigError, match="--logger 'wandbb' is not allowed"):
+        fields(Namespace(logger="wandbb", wandb_project=None))
