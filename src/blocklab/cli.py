@@ -147,7 +147,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from blocklab.claims import select
-    from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduce import SCALES, reproduce, tracking
     from blocklab.reproduce.page import scope, write_reproduction, write_summary
 
     def names(text):
@@ -165,13 +165,14 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
     reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
-                      partial=args.partial) for scale in scales]
+                      partial=args.partial, tracking=tracking.fields(args)) for scale in scales]
     if len(reps) == 1:
         path = write_reproduction(reps[0], args.report or args.out)
+        tracking.send_figures(tracking.fields(args), [(reps[0].scale_name, path)], args.out)
         print(f"report: {path} (and {path.with_suffix('.html')})")
     else:  # each scale's report beside its runs, and one page over them all
-        for rep in reps:
-            write_reproduction(rep, Path(args.out) / rep.scale_name)
+        written = [(rep.scale_name, write_reproduction(rep, Path(args.out) / rep.scale_name)) for rep in reps]
+        tracking.send_figures(tracking.fields(args), written, args.out)
         report = args.report or str(Path(args.out) / "REPRODUCTION.md")
         command = (f"blocklab reproduce --scale {','.join(scales)} --no-train "
                    f"{'--partial ' if args.partial else ''}--out {args.out} --report {report}")
@@ -356,6 +357,7 @@ def _add_reproduce(sub) -> None:
                    "(the report of a campaign still under way)")
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
+    cli_args.add_tracking_arguments(p)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
 

@@ -110,3 +110,10 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a positive integer")
     return value
+
+
+def add_tracking_arguments(p: argparse.ArgumentParser) -> None:
+    """`reproduce`'s trackers (`reproduce.tracking`); train and compare take logger=... overrides."""
+    p.add_argument("--logger", help="experiment trackers for every run and the report's figures: wandb, "
+                   "tensorboard, or both separated by a comma (TrainConfig.logger)")
+    p.add_argument("--wandb-project", help="the wandb project (default blocklab)")

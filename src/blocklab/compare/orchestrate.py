@@ -16,7 +16,7 @@ from blocklab.compare.timing import TIMING_ROUNDS, TIMING_STEPS, measure_archite
 from blocklab.configbase import is_count
 from blocklab.errors import ConfigError
 from blocklab.launch import Launch, RunsFailed, train_runs
-from blocklab.training import TrainConfig
+from blocklab.training import TrainConfig, trackers
 
 
 def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
@@ -56,7 +56,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
                 with locks.hold(run):  # never a run another process is training (FolderInUse names it)
                     shutil.rmtree(run)
-        base = base or {}
+        # a wandb group per comparison (training.trackers), unless the caller names one
+        base = {"wandb_group": trackers.group_under(out / "runs" / "run", out), **(base or {})}
         sweep = sweep_info = None
         failed = []
         if lr_sweep:
@@ -86,7 +87,11 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
                     "launch": launch.describe(),
                     "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
                     "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
+        began_report = time.time()
         report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
+        # its figures (this report's PNGs: written since) as the group's "report" run, for wandb
+        trackers.send_figures(trackers.track_to(configs[0][1]), sorted(
+            p for p in out.glob("*.png") if p.stat().st_mtime >= began_report - 1), out, "report")
         if failed:
             raise RunsFailed(failed, report)
         return report

@@ -23,10 +23,18 @@ __all__ = ["Launch", "LocalLauncher", "RunsFailed", "RunsPending", "parse_jobs",
 
 
 def train_runs(configs: list[tuple[Any, Any]], launcher=None, log=print) -> Launch:
-    """Train every (entry, TrainConfig) with `launcher` (default: one at a time in this process)."""
+    """Train every (entry, TrainConfig) with `launcher` (default: one at a time in this process). The
+    trackers' packages are checked first (`trackers.require_installed`); a finished run reused gives its
+    trackers the rows they lack (`trackers.catch_up`)."""
     from blocklab.launch.local import LocalLauncher
+    from blocklab.training import trackers
 
-    return (launcher or LocalLauncher()).train(configs, log)
+    trackers.require_installed(list(dict.fromkeys(n for _, c in configs for n in trackers.tracker_names(c))))
+    launch = (launcher or LocalLauncher()).train(configs, log)
+    for outcome in launch.outcomes:
+        if outcome.status == "reused":
+            trackers.catch_up(outcome.cfg)
+    return launch
 
 
 def __getattr__(name: str) -> Any:  # the launchers import torch: only when asked for

@@ -24,6 +24,7 @@ from blocklab.reproduce.planning import (
 )
 from blocklab.reproduce.scales import SCALES, Scale, run_group
 from blocklab.reproduce.timing import time_throughput
+from blocklab.reproduce.tracking import with_tracking
 from blocklab.training import TrainConfig
 
 
@@ -89,6 +90,7 @@ def reproduce(
     launcher=None,
     name: str | None = None,
     partial: bool = False,
+    tracking: dict[str, Any] | None = None,  # logger fields for every run (`reproduce.tracking`)
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
     (`blocklab.launch`; default one at a time here) and give each claim its verdict;
@@ -121,7 +123,7 @@ def reproduce(
         from blocklab.launch import RunsFailed, train_runs
 
         log(f"{what}: {len(configs)} runs")
-        launch = train_runs(configs, launcher, log)
+        launch = train_runs(with_tracking(configs, tracking, out), launcher, log)
         launch.raise_if_pending("reproduce", "judge the claims")
         if launch.failed:
             raise RunsFailed(launch.failed)

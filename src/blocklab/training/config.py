@@ -40,15 +40,17 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 PARALLELISMS = ("auto", "ddp", "fsdp")
 # Fields that change how a run is watched or stored, not what it computes, so a saved run is reused
 # across them (compare, reproduce). Training is a pure function of the config minus these: progress
-# bars and TensorBoard only display; log_every only decides which train rows are written (the loss and
-# weights at every step are the same); ckpt_every and keep_checkpoints only decide which states are
-# saved (a resumed run equals an uninterrupted one); data.cache_dir is where the same shards are cached;
-# out_dir is where the run lives (a directory of runs may be moved) and overwrite whether a new run may
-# replace one there; threads is how many CPU threads compute the same steps (as on another machine, a
-# float sum may round differently in its last bits). Everything else counts, eval_every and eval_batches
-# included: they decide which validation losses are recorded.
-NOT_RESULTS = frozenset({"progress", "tensorboard", "log_every", "ckpt_every", "keep_checkpoints",
-                         "data.cache_dir", "out_dir", "overwrite", "threads"})
+# bars and the trackers (logger, tensorboard, wandb_project, wandb_group) only display; log_every only
+# decides which train rows are written (the loss and weights at every step are the same); ckpt_every and
+# keep_checkpoints only decide which states are saved (a resumed run equals an uninterrupted one);
+# data.cache_dir is where the same shards are cached; out_dir is where the run lives (a directory of runs
+# may be moved) and overwrite whether a new run may replace one there; threads is how many CPU threads
+# compute the same steps (as on another machine, a float sum may round differently in its last bits).
+# Everything else counts, eval_every and eval_batches included: they decide which validation losses are
+# recorded.
+NOT_RESULTS = frozenset({"progress", "tensorboard", "logger", "wandb_project", "wandb_group", "log_every",
+                         "ckpt_every", "keep_checkpoints", "data.cache_dir", "out_dir", "overwrite",
+                         "threads"})
 # What a resumed run may change: those, the budget (extending a run) and eval_every (the validations
 # still to come). The rest fixes the steps already taken (data, model, optimiser, batch, schedule so
 # far, precision).
@@ -81,6 +83,11 @@ class TrainConfig(ConfigBase):
     ckpt_every: int = 200  # steps; 0 keeps only the final checkpoint
     keep_checkpoints: int = 2
     tensorboard: bool = False
+    # experiment trackers beside metrics.jsonl (training.trackers): "none", "tensorboard", "wandb" or a
+    # list of them; the wandb run's project and group (compare sets it to the comparison's folder)
+    logger: str | list[str] = "none"
+    wandb_project: str = "blocklab"
+    wandb_group: str | None = None
     progress: bool = True
     # -- execution -------------------------------------------------------------------------------
     seed: int = 0
@@ -367,6 +374,7 @@ def _validate(cfg: TrainConfig) -> None:
         except ImportError:
             cfg.fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
                                                      "'blocklab[tensorboard]', or set tensorboard=false.")
+    _validate_trackers(cfg)
     if cfg.init_from is not None:  # the source fixes the model: arch and size are checked against it
         _check_preset_names(cfg)
     else:
@@ -388,6 +396,20 @@ def _validate(cfg: TrainConfig) -> None:
                 cfg.fail(name, value, "steps and tokens are counted whole: give a positive integer.")
             setattr(cfg, name, int(value))  # 5e6 from YAML or a key=value override
     _validate_init(cfg)
+
+
+def _validate_trackers(cfg: TrainConfig) -> None:
+    """logger and the wandb fields; whether a tracker's package is installed is checked when a run starts
+    (`trackers.require_installed`), so that a saved run's config reads on a machine without it."""
+    from blocklab.training.trackers import logger_names
+
+    names = logger_names(cfg.logger)
+    if isinstance(names, str):
+        cfg.fail("logger", cfg.logger, names)
+    if not isinstance(cfg.wandb_project, str) or not cfg.wandb_project.strip():
+        cfg.fail("wandb_project", cfg.wandb_project, "give the wandb project's name (default 'blocklab').")
+    if cfg.wandb_group is not None and (not isinstance(cfg.wandb_group, str) or not cfg.wandb_group):
+        cfg.fail("wandb_group", cfg.wandb_group, "give a group name, or None for no group.")
 
 
 def _check_preset_names(cfg: TrainConfig) -> None:

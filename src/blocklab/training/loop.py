@@ -30,7 +30,7 @@ from blocklab.filemodes import atomic_write_text
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
-from blocklab.training import distributed, init_from, memory, rundir
+from blocklab.training import distributed, init_from, memory, rundir, trackers
 from blocklab.training.budget import Budget
 from blocklab.training.config import TrainConfig, read_yaml, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
@@ -165,6 +165,7 @@ class Trainer:
             torch.set_num_threads(self.threads_before)
 
     def _setup(self, cfg: TrainConfig, resume: bool) -> None:
+        trackers.require_installed(trackers.tracker_names(cfg))  # before the data, which may take long
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
         if init is not None:  # the run records the source's arch and size, the model it trains
             cfg = init_from.with_source_preset(cfg, init[0])
@@ -334,6 +335,7 @@ class Trainer:
 
     def run(self) -> RunResult:
         cfg, env = self.cfg, self.env
+        logger: MetricsLogger | None = None
         try:
             with said_plainly("the run's files in", self.run_dir, None, self._resume_hint):
                 self._prepare_run_dir()
@@ -343,7 +345,7 @@ class Trainer:
                 if not self.budget.done(self.state):  # training goes on from here
                     self.state.resumed_at.append(self.state.step)
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
-                                   cfg.tensorboard) if env.is_main else None
+                                   cfg) if env.is_main else None  # rank 0 alone: metrics and trackers
             if logger is not None and logger.torn is not None:
                 say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
                     "write")
@@ -362,6 +364,10 @@ class Trainer:
                     atomic_write_text(path, text)
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
+        except BaseException:
+            if logger is not None:  # a tracker's run ends as failed; a resume goes on with it
+                logger.close(failed=True)
+            raise
         finally:
             distributed.teardown(env)
             self._restore_threads()

@@ -1,4 +1,5 @@
-"""`metrics.jsonl` (one JSON object per line) and, optionally, TensorBoard.
+"""`metrics.jsonl` (one JSON object per line) and, beside it, the run's trackers (`trackers`: TensorBoard,
+Weights & Biases).
 
 Training lines: ``{"kind": "train", "step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s",
 "wall_time", "scalars": {name: [floats]}}``; validation lines: ``{"kind": "val", "step", "tokens",
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -22,6 +23,10 @@ from blocklab.errors import ConfigError
 from blocklab.filemodes import atomic_write_text
 from blocklab.model.gains import is_gain
 from blocklab.training.checkpoint import resume_hint
+from blocklab.training.trackers import Tracker, open_trackers
+
+if TYPE_CHECKING:
+    from blocklab.training.config import TrainConfig
 
 
 def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
@@ -125,9 +130,10 @@ def _is_number(value: Any) -> bool:
 
 class MetricsLogger:
     """Appends to metrics.jsonl; on resume, drops lines past the resumed step so the log stays one curve,
-    and a torn last line (`torn`, its size in bytes, tells; None when there was none)."""
+    and a torn last line (`torn`, its size in bytes, tells; None when there was none). With `cfg`, each
+    row also goes to the run's trackers (`trackers.open_trackers`, opened once the file is cut back)."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = False):
+    def __init__(self, run_dir: Path, resume_step: int | None = None, cfg: TrainConfig | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.run_dir = Path(run_dir)
         self.torn: int | None = None
@@ -140,14 +146,7 @@ class MetricsLogger:
             text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
             with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was
                 atomic_write_text(self.path, text)
-        self.writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as err:
-                raise ImportError("tensorboard=True needs the tensorboard package: "
-                                  "pip install 'blocklab[tensorboard]'") from err
-            self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+        self.trackers: list[Tracker] = [] if cfg is None else open_trackers(self.run_dir, cfg, resume_step)
 
     def _writing(self, size: int) -> AbstractContextManager[None]:
         """A write to metrics.jsonl, said plainly when the disk refuses it."""
@@ -157,14 +156,11 @@ class MetricsLogger:
         line = json.dumps(row) + "\n"
         with self._writing(len(line)), self.path.open("a") as f:  # one write: only it can be torn
             f.write(line)
-        if self.writer is not None:
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and key not in ("step", "kind"):
-                    self.writer.add_scalar(f"{row['kind']}/{key}", value, row["step"])
-            for name, values in row.get("scalars", {}).items():
-                for i, v in enumerate(values):
-                    self.writer.add_scalar(f"scalars/{name}/{i}", v, row["step"])
+        for tracker in self.trackers:
+            tracker.log(row)
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers (once; `failed`: the run ended by an error or an interrupt)."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            tracker.close(failed)
