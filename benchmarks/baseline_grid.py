@@ -3,7 +3,7 @@
 Every trial is a short `blocklab.train` run on the embedded corpus: the main job's settings (batches
 of 16 x 128 tokens, 400 steps, validation every 50 steps on 16 batches, the main job's optimiser
 recipe of the trial's architecture) with one thing changed. It reports, per trial, the validation
-loss along the way, the step at which the run left the unigram plateau (`blocklab.plateau`:
+loss along the way, the step at which the run left the unigram plateau (`blocklab.statistics.plateau`:
 validation loss below U - 0.1 nats, U the loss of the training split's unigram model on the scored
 validation tokens) and the final bits per byte, which decide across vocabularies.
 
@@ -133,7 +133,7 @@ def trial_config(fields: dict[str, Any], out_dir: str):
 
 
 def read_run(run: Path) -> dict[str, Any]:
-    from blocklab.plateau import plateau_exit
+    from blocklab.statistics.plateau import plateau_exit
 
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     curve = [(r["step"], r["tokens"], r["val_loss"]) for r in rows if "val_loss" in r]
@@ -149,7 +149,7 @@ def plateau_of(run: Path) -> float:
     import yaml
 
     from blocklab.data import Batches, prepare_data
-    from blocklab.plateau import run_plateau
+    from blocklab.statistics.plateau import run_plateau
     from blocklab.training import TrainConfig
 
     cfg = TrainConfig.from_dict(yaml.safe_load((run / "config.yaml").read_text()))

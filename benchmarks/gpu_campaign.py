@@ -77,11 +77,11 @@ def smoke_scale(scale, opts: argparse.Namespace):
 def run_campaign(opts: argparse.Namespace) -> list[str]:
     """`next`: train the campaign's next runs for `--minutes` (`pieces.run_piece`) and print what
     remains; `status` (or `next --dry-run`): only what remains."""
-    from blocklab.claims import select
     from blocklab.reproduce import SCALES
     from blocklab.reproduce.estimate import Estimator, remaining
     from blocklab.reproduce.orchestrate import scale_claims
     from blocklab.reproduce.pieces import run_device, run_piece
+    from blocklab.statistics.claims import select
 
     scale = SCALES[opts.scale]
     if opts.smoke:
@@ -111,9 +111,9 @@ def run_campaign(opts: argparse.Namespace) -> list[str]:
 def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
     """Train (or reuse) one piece's runs, write its report beside them, delete their weights; the
     verdicts as lines."""
-    from blocklab.claims import select
     from blocklab.reproduce import SCALES, reproduce
     from blocklab.reproduce.page import write_reproduction
+    from blocklab.statistics.claims import select
 
     name, claims = PIECES[piece]
     scale = SCALES[name]  # its runs train on the GPU (TrainConfig device "auto") in bf16 autocast
@@ -149,9 +149,9 @@ def check_options(opts: argparse.Namespace) -> None:
     """Every option checked before anything trains: a wrong one is found now, not after a run."""
     import torch
 
-    from blocklab.claims import select
-    from blocklab.errors import ConfigError
     from blocklab.reproduce import SCALES
+    from blocklab.statistics.claims import select
+    from blocklab.util.errors import ConfigError
 
     if opts.minutes is not None and not (math.isfinite(opts.minutes) and opts.minutes > 0):
         raise usage_error(f"--minutes {opts.minutes:g} is not allowed: give a positive number of minutes, "

@@ -4,7 +4,7 @@ A compare report with too few seeds to tell a difference from noise says how man
 needs the standard deviation of the per-seed paired differences (architecture minus baseline, same
 batches, same held-out windows) at the report's size and budget. This script pools it over every
 architecture pair of the committed run data and writes src/blocklab/recipes/seed_spread.json, which
-the report reads (blocklab.verdict).
+the report reads (blocklab.statistics.verdict).
 
     python benchmarks/seed_spread.py            # prints the table, rewrites the JSON
 """

@@ -21,7 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blocklab"
 # The bottom layers: they may import only each other (and torch, the standard library). The model owns
 # its config (model/config.py), so presets, training, interop and the rest sit above and import it.
-BOTTOM = ("blocklab.errors", "blocklab.configbase", "blocklab.model.ops", "blocklab.model")
 
 
 def _module_name(path: Path) -> str:
@@ -93,17 +92,59 @@ def test_one_module_holds_the_model_config():
     assert not {m for m in graph["blocklab.model.config"] if m.startswith("blocklab.model.value_paths")}
 
 
-def _bottom(name: str) -> bool:
-    return any(name == b or name.startswith(b + ".") for b in BOTTOM)
+# The layers, bottom first: a module may import its own layer and those below, never one above. A module
+# is in the layer of its package (or root module) under blocklab; the command line's modules (cli.py,
+# cli_args.py, import_hf_cli.py and each package's cli.py) are the top layer. The package root itself
+# (blocklab/__init__.py: `__version__` and the public names, loaded lazily) is not a layer.
+LAYERS: list[tuple[str, ...]] = [
+    ("util",),  # errors, the config base, locks, disk-full handling, checksums, file modes, path text
+    ("model",),  # the definition
+    ("runtime", "presets", "statistics"),  # what runs a model; named presets; claims and statistics
+    ("accounting", "recipes", "data"),
+    ("interop",),
+    ("training",),
+    ("analysis", "eval", "finetune", "launch"),
+    ("report", "plot"),
+    ("compare",),
+    ("reproduce",),
+    ("scaling",),
+    ("cli", "cli_args", "import_hf_cli", "__main__"),
+]
+LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 
-def test_nothing_below_config_imports_from_above():
+def layer(module: str) -> int | None:
+    """The layer of a blocklab module (None: the package root)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if parts[-1] == "cli":
+        return len(LAYERS) - 1
+    return LAYER_OF[parts[1]]
+
+
+def test_every_module_has_a_layer():
+    unplaced = {m.split(".")[1] for m in import_graph() if "." in m} - set(LAYER_OF)
+    assert not unplaced, f"modules in no layer of LAYERS: {sorted(unplaced)}"
+
+
+def test_no_import_runs_up_the_layers():
     graph = import_graph()
-    up = {(m, dep) for m, deps in graph.items() if _bottom(m) for dep in deps if not _bottom(dep)}
-    assert not up, f"imports that run back up the layers: {sorted(up)}"
-    assert not graph["blocklab.errors"] and graph["blocklab.configbase"] == {"blocklab.errors"}
+    up = sorted((m, dep) for m, deps in graph.items() for dep in deps
+                if layer(m) is not None and layer(dep) is not None and layer(dep) > layer(m))
+    assert not up, f"imports that run back up the layers: {up}"
+    assert graph["blocklab.util.errors"] == set()
+    assert graph["blocklab.util.configbase"] == {"blocklab.util.errors"}
     # the model's config needs nothing of the presets: they register themselves with it
-    assert "blocklab.presets" in graph and "blocklab.model.config" in graph["blocklab.presets"]
+    assert "blocklab.model.config" in graph["blocklab.presets"]
+    # the definition imports nothing that runs it
+    assert not {d for m, deps in graph.items() if m.startswith("blocklab.model") for d in deps
+                if d.startswith("blocklab.runtime")}
+
+
+def test_the_layer_rule_finds_an_upward_import():
+    assert layer("blocklab.model.block") == 1 and layer("blocklab.runtime.cache") == 2
+    assert layer("blocklab.scaling.cli") == len(LAYERS) - 1 and layer("blocklab") is None
 
 
 def test_the_import_finder_counts_type_checking_and_function_level_imports():
@@ -117,7 +158,7 @@ def test_the_model_config_loads_without_the_presets():
     its checks when the model package loads); `from_preset` works once presets are imported."""
     code = "\n".join([
         "import sys, blocklab.model.config as c",
-        "from blocklab.errors import ConfigError",
+        "from blocklab.util.errors import ConfigError",
         "assert 'blocklab.presets' not in sys.modules",
         "try:",
         "    c.ModelConfig(value_path='nope')",

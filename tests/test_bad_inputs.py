@@ -11,9 +11,9 @@ import torch
 
 import blocklab
 from blocklab.cli import main
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig
 from blocklab.training.checkpoint import latest_checkpoint, list_checkpoints
+from blocklab.util.errors import ConfigError
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from blocklab import LanguageModel, ModelConfig
-from blocklab.errors import ConfigError
-from blocklab.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
+from blocklab.statistics.plateau import plateau_exit, run_health, spread_warnings, unigram_loss
+from blocklab.util.errors import ConfigError
 
 
 def test_unigram_loss_by_hand():

@@ -335,8 +335,8 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
     from tests.helpers import write_code_corpus
 
     import gpu_campaign
-    from blocklab.claims import select
     from blocklab.reproduce import reproduce
+    from blocklab.statistics.claims import select
 
     (tmp_path / "corpus").mkdir()
     corpus = write_code_corpus(tmp_path / "corpus")

@@ -21,12 +21,12 @@ from blocklab.compare import (
     resolve_compare,
     run_configs,
 )
-from blocklab.errors import ConfigError
 from blocklab.recipes import recipe_optim
 from blocklab.report import plots as report_plots
 from blocklab.runtime.cache import cache_bytes_per_token
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 from helpers import compare_base, write_code_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -218,7 +218,7 @@ def test_train_config_compile_choices(monkeypatch, value, method):
 
 
 def test_train_config_refuses_an_unknown_compile_mode():
-    from blocklab.errors import ConfigError
+    from blocklab.util.errors import ConfigError
 
     with pytest.raises(ConfigError, match="'blocks'"):
         TrainConfig(compile="graph", max_steps=1)

@@ -195,7 +195,7 @@ def test_reparam_tie_with_a_value_path_that_drops_w_v_names_the_tie_the_path_and
         assert text in message, f"{text!r} not in {message!r}"
 
 
-# -- one base for every config class (blocklab.configbase) -----------------------------------------------
+# -- one base for every config class (blocklab.util.configbase) -------------------------------------
 def _base_configs():
     from blocklab.data import DataConfig
     from blocklab.finetune.loop import FinetuneConfig
@@ -235,7 +235,7 @@ TYPE_CASES = [
 
 @pytest.mark.parametrize(("hint", "value", "passes"), TYPE_CASES)
 def test_check_type_passes_exactly_the_values_of_the_annotated_type(hint, value, passes):
-    from blocklab.configbase import check_type
+    from blocklab.util.configbase import check_type
 
     if passes:
         check_type("X.f", value, hint)
@@ -245,7 +245,7 @@ def test_check_type_passes_exactly_the_values_of_the_annotated_type(hint, value,
 
 
 def test_check_types_names_the_setting_and_what_it_must_be():
-    from blocklab.configbase import check_types
+    from blocklab.util.configbase import check_types
 
     @dataclasses.dataclass
     class Options:

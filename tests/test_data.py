@@ -32,7 +32,7 @@ from blocklab.data import (
 from blocklab.data import prepare as prepare_module
 from blocklab.data.prepare import token_dtype
 from blocklab.data.tokenizer import Tokenizer
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 SNAPSHOT_SHA256 = "6ae4f8656aefe05edb99757cef0d8d5198e820d0f7862e00d450a9c29f2e99cf"  # pinned at build time
 EOS, MASK = 256, 257  # byte tokenizer specials

@@ -10,7 +10,7 @@ import pytest
 
 from blocklab.data import prepare_data
 from blocklab.data.sources import paragraphs
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 from test_data import byte_cfg, byte_stream, ref_split, write_files
 
 

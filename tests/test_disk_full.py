@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from blocklab import diskfull
-from blocklab.errors import DiskFullError, TrainingError
 from blocklab.training import TrainConfig, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.metrics import MetricsLogger, read_metrics
+from blocklab.util import diskfull
+from blocklab.util.errors import DiskFullError, TrainingError
 from helpers import make_model, write_code_corpus
 
 # torch.save's own text on a full disk (its zip writer keeps no errno)

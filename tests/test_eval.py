@@ -17,7 +17,6 @@ from torch import nn
 
 from blocklab import LanguageModel, ModelConfig
 from blocklab.data import byte_tokenizer
-from blocklab.errors import ConfigError
 from blocklab.eval import (
     MCExample,
     continuation_ids,
@@ -28,6 +27,7 @@ from blocklab.eval import (
     score_mc,
 )
 from blocklab.training import TrainConfig, load_run, train
+from blocklab.util.errors import ConfigError
 
 V = 258  # the byte tokenizer: 256 bytes, then the separator (256) and the mask token (257)
 

@@ -1,4 +1,4 @@
-"""blocklab.evidence against scipy, and the verdict logic on constructed intervals."""
+"""blocklab.statistics.evidence against scipy, and the verdict logic on constructed intervals."""
 
 from __future__ import annotations
 
@@ -8,8 +8,15 @@ import random
 import pytest
 from scipy import stats
 
-from blocklab import evidence
-from blocklab.evidence import Interval, combine, exact_verdict, paired_differences, t_interval, verdict
+from blocklab.statistics import evidence
+from blocklab.statistics.evidence import (
+    Interval,
+    combine,
+    exact_verdict,
+    paired_differences,
+    t_interval,
+    verdict,
+)
 
 
 @pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 9, 29, 200])

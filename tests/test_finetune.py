@@ -15,12 +15,12 @@ from torch import nn
 
 from blocklab import LanguageModel, ModelConfig
 from blocklab.data import byte_tokenizer
-from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
 from blocklab.finetune.loop import FinetuneConfig, finetune, prepare_encoder
 from blocklab.finetune.model import SequenceClassifier, encode_example, final_hidden_states, pool
 from blocklab.finetune.tasks import compute_metrics, load_task_file, make_task, resolve_labels
 from blocklab.training import TrainConfig, train
+from blocklab.util.errors import ConfigError
 
 WORDS = ["the", "film", "was", "plot", "scene", "story", "and", "a", "end"]
 

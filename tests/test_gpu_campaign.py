@@ -22,15 +22,15 @@ from scipy import stats
 from tests.helpers import write_code_corpus
 
 from blocklab import ModelConfig
-from blocklab.claims import select
 from blocklab.cli import main as cli
-from blocklab.evidence import t_interval, welch_interval
 from blocklab.launch.store import Outcome
 from blocklab.reproduce import SCALES, needed_archs, plan, sweep_plan, unique_runs
 from blocklab.reproduce.estimate import PRIOR, TRAINED_ON, Estimator, run_steps
 from blocklab.reproduce.page_scales import NOT_YET_RUN, reading, verdict_rows
 from blocklab.reproduce.pieces import BudgetLauncher
 from blocklab.runtime import LanguageModel
+from blocklab.statistics.claims import select
+from blocklab.statistics.evidence import t_interval, welch_interval
 from blocklab.training import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

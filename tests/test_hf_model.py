@@ -425,7 +425,7 @@ def test_from_hf_refuses_tensors_missing_or_left_over(tmp_path):
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from blocklab.errors import ConfigError
+    from blocklab.util.errors import ConfigError
 
     folder = save_pretrained(perturbed("sas-p", **SMALL), tmp_path / "hf", format="hf")
     file = folder / "model.safetensors"

@@ -15,14 +15,14 @@ import pytest
 
 import blocklab.compare
 import blocklab.training
-from blocklab import locks
 from blocklab.cli import main
 from blocklab.compare import compare
-from blocklab.errors import ConfigError
 from blocklab.interop import load_pretrained, save_pretrained
 from blocklab.launch.store import run_lock
 from blocklab.training import TrainConfig
 from blocklab.training.config import resolve_config
+from blocklab.util import locks
+from blocklab.util.errors import ConfigError
 from helpers import compare_base, make_model, write_code_corpus
 from test_locks import HOLD, _holder
 

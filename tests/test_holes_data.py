@@ -140,7 +140,7 @@ def test_a_batch_larger_than_the_training_split_is_refused_before_any_allocation
 
 def test_the_largest_batch_the_split_holds_is_allowed(corpus, tmp_path):
     from blocklab.data import Batches
-    from blocklab.errors import ConfigError
+    from blocklab.util.errors import ConfigError
 
     data = prepare_data(DataConfig(source=str(corpus), tokenizer="byte", cache_dir=str(tmp_path / "cache"),
                                    val_fraction=0.3))

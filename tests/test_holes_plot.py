@@ -15,10 +15,11 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pytest
 
-from blocklab import ModelConfig, evidence
+from blocklab import ModelConfig
 from blocklab.compare import Entry
 from blocklab.report import plots as report_plots
 from blocklab.report import write_report
+from blocklab.statistics import evidence
 from blocklab.training import TrainConfig
 
 STEPS, LOG_EVERY, EVAL_EVERY = 150, 10, 50

@@ -14,10 +14,10 @@ import torch
 
 from blocklab import LanguageModel, ModelConfig
 from blocklab.cli import main
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, loop, memory, train
 from blocklab.training.metrics import read_metrics, resume_gap
 from blocklab.training.optim import OptimConfig, build_optimizers
+from blocklab.util.errors import ConfigError
 from helpers import small_run_args
 
 small = small_run_args

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from blocklab import LanguageModel, ModelConfig
-from blocklab.errors import ConfigError
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.util.errors import ConfigError
 
 
 # -- the documented laws ---------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 from blocklab.cli import main
-from blocklab.integrity import IntegrityError, sha256
 from blocklab.interop import load_pretrained, save_pretrained
 from blocklab.training import load_run
 from blocklab.training.checkpoint import latest_checkpoint
+from blocklab.util.integrity import IntegrityError, sha256
 
 
 @pytest.fixture(scope="module")

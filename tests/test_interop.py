@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blocklab.integrity import sha256
+from blocklab.util.integrity import sha256
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")

@@ -18,11 +18,11 @@ import pytest
 from blocklab import cli
 from blocklab import compare as compare_module
 from blocklab.compare import Entry
-from blocklab.errors import ConfigError
 from blocklab.launch import LocalLauncher, RunsFailed, RunsPending, parse_jobs, plan, resolve_jobs
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import run_lock
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 from helpers import compare_base, write_code_corpus
 
 ARCHS = ["pre-ln", "sas", "resformer"]
@@ -261,8 +261,8 @@ def test_a_second_process_waits_for_the_runs_lock(tmp_path):
 
 def test_the_summary_marks_a_finished_run_only_once_it_is_whole(corpus, tmp_path, monkeypatch):
     """summary.json is written to a temporary file and renamed: a run stopped while writing it has none."""
-    from blocklab import filemodes
     from blocklab.training import TrainConfig, train
+    from blocklab.util import filemodes
 
     real = os.replace
 

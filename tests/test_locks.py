@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from blocklab import locks
 from blocklab.cli import main
 from blocklab.compare import compare
 from blocklab.training.metrics import read_metrics
+from blocklab.util import locks
 from helpers import compare_base, write_code_corpus
 
 HOLD = textwrap.dedent("""
     import sys, time
-    from blocklab import locks
+    from blocklab.util import locks
     with locks.hold(sys.argv[1], wait=True, on_wait=lambda: print("waiting", flush=True)):
         print("held", flush=True)
         time.sleep(120)

@@ -10,9 +10,9 @@ import torch
 from tests.nanochat_reference import nanochat_logits, random_nanochat_weights
 
 from blocklab import LanguageModel, ModelConfig
-from blocklab.errors import ConfigError
 from blocklab.interop.nanochat import config_from_nanochat, from_nanochat, state_dict_from_nanochat
 from blocklab.model.trunk import Backout, ResidualScalars, Smear
+from blocklab.util.errors import ConfigError
 
 SMALL = dict(n_layer=4, d=64, head_dim=16, n_kv_head=2, vocab=100)
 WINDOW = 8  # keys to the left of the token in "S" layers (blocklab's window_size counts the token: 9)

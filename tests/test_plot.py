@@ -9,8 +9,8 @@ import pytest
 
 from blocklab.cli import main
 from blocklab.compare import compare
-from blocklab.errors import ConfigError
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 from helpers import compare_base, write_code_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

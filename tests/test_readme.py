@@ -80,8 +80,8 @@ def check_command(argv: list[str]) -> None:
     if args.command in ("train", "compare"):
         check_training_names(args)
     if args.command == "reproduce":
-        from blocklab.claims import PAPERS
         from blocklab.reproduce import SCALES
+        from blocklab.statistics.claims import PAPERS
 
         for scale in (args.scale or "").split(","):
             assert not scale or scale in SCALES, f"unknown scale {scale!r} in blocklab {shlex.join(argv)}"
@@ -141,7 +141,7 @@ def test_the_command_finder_splits_lines_continuations_and_operators():
     ["reproduce", "--paper", "value-residuals"],
 ])
 def test_the_command_check_refuses_what_blocklab_refuses(argv, tmp_path, monkeypatch):
-    from blocklab.errors import ConfigError
+    from blocklab.util.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises((AssertionError, ConfigError)):

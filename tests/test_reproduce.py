@@ -14,15 +14,15 @@ from scipy import stats
 
 from blocklab import ModelConfig
 from blocklab.accounting import flops_per_token
-from blocklab.claims import CLAIMS, PAPERS, select
 from blocklab.cli import main
-from blocklab.errors import ConfigError
-from blocklab.evidence import RELATIONS
 from blocklab.reproduce import FORMULAS, METRICS, SCALES, SETTINGS, Scale, plan, reproduce
 from blocklab.reproduce.page import write_reproduction
 from blocklab.runtime import LanguageModel
+from blocklab.statistics.claims import CLAIMS, PAPERS, select
+from blocklab.statistics.evidence import RELATIONS
 from blocklab.training.config import NOT_RESULTS, changed_fields
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 
 
 def test_every_claim_is_well_formed_and_its_architectures_build():
@@ -378,9 +378,9 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
 def test_undecided_checks_get_more_seeds_up_to_the_most():
     from dataclasses import replace
 
-    from blocklab.claims import Check, Claim
-    from blocklab.evidence import t_interval
     from blocklab.reproduce import CheckResult, ClaimResult, more_seeds
+    from blocklab.statistics.claims import Check, Claim
+    from blocklab.statistics.evidence import t_interval
 
     scale = Scale("s", "tiny", 5, seeds=5, max_seeds=10)
 

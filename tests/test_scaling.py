@@ -15,7 +15,6 @@ import pytest
 from scipy import optimize, stats
 from tests.helpers import write_code_corpus
 
-from blocklab.claims import HEADLINES
 from blocklab.cli import main as cli
 from blocklab.scaling.fit import (
     PowerLaw,
@@ -31,6 +30,7 @@ from blocklab.scaling.fit import (
 from blocklab.scaling.judge import LadderData, Point, judge_ladder, read_ladder
 from blocklab.scaling.ladders import LADDERS, Ladder, Rung, plan
 from blocklab.scaling.orchestrate import train_ladder, train_piece
+from blocklab.statistics.claims import HEADLINES
 
 # Value Residual Learning, Table 5: the validation loss averaged over SlimPajama's domains (last column).
 SIZES = [82e6, 180e6, 468e6]

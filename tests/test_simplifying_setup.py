@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from blocklab import LanguageModel, ModelConfig
-from blocklab.errors import ConfigError
 from blocklab.model.norms import RMSNormEpsOutside, make_norm
+from blocklab.util.errors import ConfigError
 
 
 def test_qk_bias_gives_q_and_k_alone_a_bias_that_trains():

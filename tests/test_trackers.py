@@ -16,9 +16,9 @@ import pytest
 
 import blocklab
 from blocklab.cli import main
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, train
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 from helpers import compare_base, write_code_corpus
 from wandb_records import WandbRun, scalar_rows, wandb_runs
 

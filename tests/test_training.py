@@ -21,11 +21,11 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig, TrainingError, loop, progress, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
+from blocklab.util.errors import ConfigError
 
 TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2}
 

@@ -1,4 +1,4 @@
-"""The compare report's verdict (blocklab.verdict) against hand computations and scipy."""
+"""The compare report's verdict (blocklab.statistics.verdict) against hand computations and scipy."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from blocklab import verdict
 from blocklab.compare import Entry
+from blocklab.statistics import verdict
 
 
 def runs(losses: dict[str, list[float]]) -> tuple[list[Entry], dict[str, list[dict]]]:

@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 # public name -> the module to read it from: the one that defines it, except `ModelConfig` (defined in
 # blocklab.model.config), read from blocklab.presets, which registers the presets `from_preset` reads
 _EXPORTS = {
-    "ConfigError": "blocklab.errors",
+    "ConfigError": "blocklab.util.errors",
     "ModelConfig": "blocklab.presets",
     "LanguageModel": "blocklab.runtime",
     "Transformer": "blocklab.model",
@@ -28,11 +28,11 @@ _SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "mo
 if TYPE_CHECKING:
     from blocklab import interop, runtime
     from blocklab.accounting import count_parameters, flops_per_token
-    from blocklab.errors import ConfigError
     from blocklab.model import Transformer
     from blocklab.model.config import ModelConfig
     from blocklab.presets import list_presets
     from blocklab.runtime import LanguageModel
+    from blocklab.util.errors import ConfigError
 
 
 def __getattr__(name: str) -> Any:

@@ -10,11 +10,11 @@ import traceback
 from importlib import metadata
 
 from blocklab import __version__, cli_args, import_hf_cli
-from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
 from blocklab.scaling import cli as scaling_cli
+from blocklab.util.errors import ConfigError, DiskFullError
 
 # torch and the model load inside the commands, so that --help and --version answer at once.
 
@@ -146,9 +146,9 @@ def _print_report(report, summary_table) -> None:
 def cmd_reproduce(args: argparse.Namespace) -> None:
     from pathlib import Path
 
-    from blocklab.claims import select
     from blocklab.reproduce import SCALES, reproduce, tracking
     from blocklab.reproduce.page import scope, write_reproduction, write_summary
+    from blocklab.statistics.claims import select
 
     def names(text):
         return [n.strip() for n in text.split(",") if n.strip()] if text else None

@@ -4,7 +4,7 @@
 before them: ``blocklab train arch=pre-ln --out runs/r max_steps=10`` is read as if every override came
 first, in the order typed (a later one for the same key still wins). argparse alone takes only the
 first run of positionals and calls the rest "unrecognized arguments", which reads as if the key were
-wrong. It then refuses any argument that is not valid text (`blocklab.pathtext`), naming it.
+wrong. It then refuses any argument that is not valid text (`blocklab.util.pathtext`), naming it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import shutil
 import textwrap
 
-from blocklab.pathtext import is_text, not_text
+from blocklab.util.pathtext import is_text, not_text
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 AXES = (("step", "step"), ("tokens", "tokens"), ("flops", "training FLOPs"),
         ("wall_time", "training wall-clock from the run's log (s)"))

@@ -14,9 +14,9 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig, register_presets  # noqa: F401 (blocklab.ModelConfig)
 from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from blocklab.analysis.diagnose import diagnose
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 # "window": every seq_len tokens from the start of the split (the validation windows' inputs);
 # "document": at the first token of each document (after the end-of-text separator);

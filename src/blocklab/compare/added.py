@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.compare.grids import Entry
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
 # What an added run must share with the comparison's runs for its losses to be read against theirs:
 # the held-out windows are a function of the data, the tokenizer and these fields.

@@ -10,13 +10,13 @@ from typing import Any
 import torch
 
 from blocklab.compare.grids import GRIDS, Entry
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
 from blocklab.training.config import BUDGET_FIELDS, BUDGETS, apply_overrides
+from blocklab.util.errors import ConfigError
 
 # The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
 # recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its

@@ -7,16 +7,16 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from blocklab import locks
 from blocklab.compare.added import added_runs, require_finished
 from blocklab.compare.configs import run_configs
 from blocklab.compare.grids import Entry
 from blocklab.compare.sweep import sweep_learning_rates, with_best_rates
 from blocklab.compare.timing import TIMING_ROUNDS, TIMING_STEPS, measure_architectures
-from blocklab.configbase import is_count
-from blocklab.errors import ConfigError
 from blocklab.launch import Launch, RunsFailed, train_runs
 from blocklab.training import TrainConfig, trackers
+from blocklab.util import locks
+from blocklab.util.configbase import is_count
+from blocklab.util.errors import ConfigError
 
 
 def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,

@@ -10,10 +10,10 @@ from typing import Any
 
 from blocklab.compare.configs import merge, run_configs
 from blocklab.compare.grids import Entry
-from blocklab.errors import ConfigError
 from blocklab.launch import Launch, train_runs
 from blocklab.launch.store import read_summary
 from blocklab.training.config import BUDGET_FIELDS
+from blocklab.util.errors import ConfigError
 
 
 def sweep_learning_rates(entries: list[Entry], rates: list[float], out: Path, base: dict[str, Any],

@@ -27,7 +27,7 @@ import torch
 
 from blocklab.data.config import OBJECTIVES
 from blocklab.data.prepare import PreparedData
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 IGNORE = -100  # label value that torch.nn.functional.cross_entropy ignores by default
 _SHUFFLE, _MASK, _VAL_MASK = 0, 1, 2  # separate random streams for the three uses

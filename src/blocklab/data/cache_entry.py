@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from blocklab import locks
 from blocklab.data.tokenizer import Tokenizer
-from blocklab.errors import ConfigError
+from blocklab.util import locks
+from blocklab.util.errors import ConfigError
 
 FORMAT = 2  # bump when the shard or manifest layout changes (2: each shard's size and sha256)
 TOKENIZER_ENTRY = 1  # the layout of a cached tokenizer's folder (1: tokenizer.json and its manifest)
@@ -278,7 +278,7 @@ def discard(out_dir: Path) -> None:
 
 
 def repair_lock(target: Path) -> contextlib.AbstractContextManager[None]:
-    """Hold `target`'s lock (`blocklab.locks`, waiting) while a damaged cache file is replaced, so that
+    """Hold `target`'s lock (`blocklab.util.locks`, waiting) while a damaged cache file is replaced, so that
     processes finding the same damage (DDP ranks, launcher workers) repair it once: the others wait,
     then find it whole. In a folder this process cannot write there is no lock (the repair itself says
     what is wrong); the temporary names and renames keep every entry whole either way."""

@@ -12,7 +12,7 @@ import os
 from dataclasses import field
 from typing import Any
 
-from blocklab.configbase import ConfigBase, config_dataclass
+from blocklab.util.configbase import ConfigBase, config_dataclass
 
 EMBEDDED = "python-stdlib"
 TOKENIZER_KINDS = ("bpe", "byte")

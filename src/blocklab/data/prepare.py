@@ -44,7 +44,6 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from blocklab import diskfull
 from blocklab.data.cache_entry import (
     FORMAT,
     SPLITS,
@@ -64,7 +63,8 @@ from blocklab.data.cache_entry import (
 from blocklab.data.config import DataConfig
 from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
-from blocklab.errors import ConfigError
+from blocklab.util import diskfull
+from blocklab.util.errors import ConfigError
 
 # The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
 # tokenizers again (a retrained BPE need not equal the one saved runs were trained with).

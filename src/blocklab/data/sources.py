@@ -30,7 +30,7 @@ from typing import Any
 
 from blocklab.data.config import EMBEDDED, DataConfig
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 Select = Callable[[str], bool]
 

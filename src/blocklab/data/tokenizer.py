@@ -26,8 +26,8 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from blocklab.errors import ConfigError
-from blocklab.filemodes import atomic_write_text
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import atomic_write_text
 
 # Names other tokenizers give their separator and mask tokens, tried when loading a tokenizer.json.
 KNOWN_EOS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "[SEP]", "<|eot_id|>")

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 def add_parsers(sub) -> None:

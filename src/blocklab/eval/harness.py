@@ -28,8 +28,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 
-from blocklab.errors import ConfigError
 from blocklab.eval.loglik import check_causal, model_device, score_continuations
+from blocklab.util.errors import ConfigError
 
 
 @register_model("blocklab")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 def model_device(model: nn.Module) -> torch.device:

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from torch import nn
 
-from blocklab.errors import ConfigError
 from blocklab.eval.loglik import check_causal, score_continuations
+from blocklab.util.errors import ConfigError
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 def add_parsers(sub) -> None:

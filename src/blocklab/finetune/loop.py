@@ -25,8 +25,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from blocklab.configbase import ConfigBase, config_dataclass, is_count
-from blocklab.errors import ConfigError
 from blocklab.finetune.model import POOLINGS, SequenceClassifier, encode_example
 from blocklab.finetune.tasks import (
     Example,
@@ -40,6 +38,8 @@ from blocklab.finetune.tasks import (
 from blocklab.runtime import LanguageModel
 from blocklab.training.optim import OptimConfig, build_optimizers, clip_grad_norm
 from blocklab.training.schedules import lr_factor
+from blocklab.util.configbase import ConfigBase, config_dataclass, is_count
+from blocklab.util.errors import ConfigError
 
 
 @config_dataclass

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 POOLINGS = ("first", "mean", "last")
 

@@ -23,9 +23,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab.configbase import is_count
-from blocklab.errors import ConfigError
 from blocklab.finetune import metrics as M
+from blocklab.util.configbase import is_count
+from blocklab.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

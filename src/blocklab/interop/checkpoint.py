@@ -15,7 +15,7 @@ The folder is written into a temporary sibling and renamed into place, so a read
 half-written export (and a write the disk refuses leaves nothing behind: a DiskFullError says so).
 An existing folder is replaced only when it is empty or holds nothing but a previous export (so
 that a run folder with logs or checkpoints is never deleted). The writer holds the folder's lock
-(`blocklab.locks`, on its real path, the lock file removed afterwards), so that a second export, or
+(`blocklab.util.locks`, on its real path, the lock file removed afterwards), so that a second export, or
 one into a run that is training, is refused naming the holder.
 """
 
@@ -33,9 +33,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 
-from blocklab import diskfull, integrity, locks
-from blocklab.errors import ConfigError
-from blocklab.filemodes import as_created
 from blocklab.interop import hf_export, hf_remote
 from blocklab.interop.export_files import (
     CONFIG_NAME,
@@ -46,6 +43,9 @@ from blocklab.interop.export_files import (
 )
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
+from blocklab.util import diskfull, integrity, locks
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import as_created
 
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
+from blocklab.util.errors import ConfigError
 
 # HF activation name -> blocklab mlp_act, for GPT-2's plain MLP
 _GPT2_ACTS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",

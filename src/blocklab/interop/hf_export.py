@@ -33,7 +33,6 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from blocklab.errors import ConfigError
 from blocklab.interop.export_files import (
     CARD_NAME,
     CONFIG_NAME,
@@ -44,6 +43,7 @@ from blocklab.interop.export_files import (
 )
 from blocklab.interop.hf import LLAMA_LINEARS, LLAMA_NORMS, _Weights
 from blocklab.model.config import ModelConfig
+from blocklab.util.errors import ConfigError
 
 TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blocklab.errors import ConfigError
 from blocklab.runtime import LanguageModel
+from blocklab.util.errors import ConfigError
 
 MODEL_TYPES = ("gpt2", "llama", "blocklab")  # config.json's model_type values blocklab imports
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",

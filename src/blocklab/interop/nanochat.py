@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
+from blocklab.util.errors import ConfigError
 
 NANOCHAT_HEAD_DIM = 128  # nanochat's d_model is a multiple of its head size, 128
 

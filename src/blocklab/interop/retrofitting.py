@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from blocklab.errors import ConfigError
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, split_arch
 from blocklab.runtime import LanguageModel
+from blocklab.util.errors import ConfigError
 
 STARTS = ("baseline", "paper")
 

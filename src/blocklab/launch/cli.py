@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from blocklab.errors import ConfigError
 from blocklab.launch.plan import parse_jobs
+from blocklab.util.errors import ConfigError
 
 JOBS_HELP = ("runs at once (default auto: on CPU one per core, the cores split between them, no more than "
              "the free memory holds; on CUDA one per visible GPU). With --launcher slurm: the most jobs "

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blocklab.filemodes import atomic_write_text
+from blocklab.util.filemodes import atomic_write_text
 
 
 def outcome_path(paths: Any) -> Path:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:  # the store imports torch's checkpoint code: only where a run is read or trained
     from blocklab.launch.store import Outcome

@@ -44,13 +44,13 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from blocklab.errors import ConfigError
-from blocklab.filemodes import atomic_write_text
 from blocklab.launch.outcome import outcome_path, read_outcome, write_outcome
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import Outcome, claim, prepare_once, run_lock, train_run
 from blocklab.training.config import TrainConfig, read_yaml
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import atomic_write_text
 
 # Slurm's job states in which a job will still run (squeue/sacct): the same command waits for these
 ALIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blocklab import locks
 from blocklab.training.checkpoint import latest_checkpoint
 from blocklab.training.config import NOT_RESULTS, TrainConfig, check_saved_config
+from blocklab.util import locks
 
 REMEDY = "use another --out, or --fresh to retrain it."
 
@@ -51,7 +51,7 @@ def check_reusable(cfg: TrainConfig) -> str:
 
 
 def run_lock(cfg: TrainConfig, on_wait=None) -> contextlib.AbstractContextManager[None]:
-    """Hold the run's lock (`blocklab.locks`), waiting (and calling `on_wait` once) while another
+    """Hold the run's lock (`blocklab.util.locks`), waiting (and calling `on_wait` once) while another
     process holds it."""
     return locks.hold(cfg.out_dir, wait=True, on_wait=on_wait, make=True)
 

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model import ops
 from blocklab.model.carry import Carry
 from blocklab.model.config import register_checks
@@ -51,6 +50,7 @@ from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 from blocklab.model.value_paths import make_value_path
 from blocklab.model.value_paths.base import carried
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import MLPShape, ModelConfig

@@ -7,7 +7,7 @@ every component reads its fields from here. Sizes with a default (None) are read
 concept, through `attention_shape` and `mlp_shape`; the norms read `norm_shape`.
 
 Every `ModelConfig` is checked on construction (`__post_init__`): each field against its annotated type
-(`blocklab.configbase.check_types`), then the rules between fields below, then the value path's rules.
+(`blocklab.util.configbase.check_types`), then the rules between fields below, then the value path's rules.
 Three things sit above this module and register themselves with it, so that it imports none of them:
 - the block layouts (model/block.py) check `block_layout`, and the value-path registry
   (model/value_paths/) checks `value_path` and its options (`register_checks`, called by each as it
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from blocklab.configbase import ConfigBase, check_fields, check_types, config_dataclass
-from blocklab.errors import ConfigError
 from blocklab.model.trunk import SMEAR_CHANNELS
+from blocklab.util.configbase import ConfigBase, check_fields, check_types, config_dataclass
+from blocklab.util.errors import ConfigError
 
 # The choices of the choice fields: mypy checks them where the code reads a field, and `check_types`
 # reads the allowed values from these same types.

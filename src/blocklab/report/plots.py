@@ -11,9 +11,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
 from blocklab.report.method import budget_kind_of
 from blocklab.report.stats import WALL_FROM_LOGS_WARNING, WALL_FROM_TIMING, mean_sd, wall_clock_source
+from blocklab.statistics import evidence
 
 
 def _val_curves(run: dict, x: str) -> tuple[list[float], list[float]]:

@@ -8,9 +8,9 @@ import math
 import statistics
 from typing import Any
 
-from blocklab.plateau import LATE_EXIT, NEAR_PLATEAU, run_health, spread_warnings
 from blocklab.report.data import kv_cache_bytes_per_token
 from blocklab.report.method import plural
+from blocklab.statistics.plateau import LATE_EXIT, NEAR_PLATEAU, run_health, spread_warnings
 
 # When the architectures' speed ratios measured during training (one run after another) and in the
 # interleaved timing pass differ by more than this fraction, the machine's load changed between runs

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from blocklab.plateau import PLATEAU_MARGIN
 from blocklab.report.stats import speeds
+from blocklab.statistics.plateau import PLATEAU_MARGIN
 
 
 def _fmt(mean_sd_pair, digits: int) -> str:

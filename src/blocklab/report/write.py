@@ -8,9 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blocklab import verdict
-from blocklab.errors import ConfigError
-from blocklab.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
 from blocklab.report.data import read_run
 from blocklab.report.html import render_html
 from blocklab.report.markdown import alignments, md_table, render_markdown
@@ -25,11 +22,14 @@ from blocklab.report.method import (
 from blocklab.report.plots import report_figures
 from blocklab.report.stats import BUSY_CV, architecture_rows, baseline_warnings, load_warnings
 from blocklab.report.tables import memory_table, plateau_table, results_table, throughput_table
+from blocklab.statistics import verdict
+from blocklab.statistics.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
-CLAIMS_TEXT = ("The papers' claims (blocklab.claims) whose validation-loss checks these architectures "
-               "cover, each check paired by seed; `blocklab reproduce` runs every check, the exact ones "
-               "too, at the budget the paper compares at.")
+CLAIMS_TEXT = ("The papers' claims (blocklab.statistics.claims) whose validation-loss checks these "
+               "architectures cover, each check paired by seed; `blocklab reproduce` runs every check, the "
+               "exact ones too, at the budget the paper compares at.")
 
 
 PLATEAU_TEXT = ("A model that knows only how often each token occurs in the training split scores U, the "

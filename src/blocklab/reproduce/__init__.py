@@ -1,7 +1,7 @@
 """`blocklab reproduce`: train what the chosen claims need, measure them, and give each a verdict.
 
 A scale fixes the model size, the batch, the steps, the seeds and the learning rate. Each check of
-a claim (`blocklab.claims`) reads one group of runs, a setting: equal steps, equal FLOPs (the
+a claim (`blocklab.statistics.claims`) reads one group of runs, a setting: equal steps, equal FLOPs (the
 baseline's FLOPs in the scale's steps), or a 4x longer sequence at the same tokens per step. The
 runs of a group live in `OUT/<scale>/<size>-<setting>/runs/<arch>-seed<k>`, the same layout and
 configs as `blocklab compare --out OUT/<scale>/<size>-<setting>`, so two claims over the same runs
@@ -9,7 +9,7 @@ train them once, an interrupted reproduction resumes, and a compare run there is
 
 Every seed trains every architecture on the same batches and is validated on the same held-out
 windows (batches are a pure function of seed and step), so differences are paired by seed
-(`blocklab.evidence`).
+(`blocklab.statistics.evidence`).
 
 One module per job:
 - scales: the scales and settings;

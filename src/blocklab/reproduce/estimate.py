@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from blocklab.claims import Claim
 from blocklab.reproduce.metrics import METRICS
 from blocklab.reproduce.orchestrate import scale_claims, starting_seeds
 from blocklab.reproduce.planning import needed_archs, plan, sweep_plan, unique_runs
 from blocklab.reproduce.scales import Scale
 from blocklab.reproduce.timing import TIMING, timed_archs
+from blocklab.statistics.claims import Claim
 from blocklab.training import TrainConfig
 
 # What trained a finished run of a campaign: the GPU (torch.cuda.get_device_name) or "cpu", the

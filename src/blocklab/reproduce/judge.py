@@ -1,4 +1,4 @@
-"""Each check's evidence from the measured runs (paired by seed, `blocklab.evidence`) and each
+"""Each check's evidence from the measured runs (paired by seed, `blocklab.statistics.evidence`) and each
 claim's verdict.
 """
 
@@ -9,16 +9,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
-from blocklab.claims import Check, Claim
 from blocklab.compare import Entry, run_configs
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
 from blocklab.reproduce.metrics import FORMULAS, METRICS
 from blocklab.reproduce.planning import NotFinished, Sweep, check_settings, not_finished
 from blocklab.reproduce.scales import Scale
 from blocklab.reproduce.timing import read_timing
+from blocklab.statistics import evidence
+from blocklab.statistics.claims import Check, Claim
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
 # The verdict of a claim whose runs have not all finished (`reproduce(..., partial=True)`).
 PENDING = "pending"

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
+from blocklab.statistics import evidence
+from blocklab.util.errors import ConfigError
 
 
 def run_summary(run: Path) -> dict[str, Any]:

@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blocklab.claims import Claim
-from blocklab.errors import ConfigError
 from blocklab.reproduce.campaign import record_launch
 from blocklab.reproduce.judge import Measurements, Reproduction, judge_claims, more_seeds
 from blocklab.reproduce.metrics import METRICS
@@ -25,7 +23,9 @@ from blocklab.reproduce.planning import (
 from blocklab.reproduce.scales import SCALES, Scale, run_group
 from blocklab.reproduce.timing import time_throughput
 from blocklab.reproduce.tracking import with_tracking
+from blocklab.statistics.claims import Claim
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
 
 def _scale(scale: str | Scale, name: str | None = None) -> tuple[str, Scale]:

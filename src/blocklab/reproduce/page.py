@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
 from blocklab.report.html import html_table
 from blocklab.report.markdown import md_table
 from blocklab.report.method import follows_recipe, how_runs_trained, optimizer_text, plural
@@ -39,6 +38,7 @@ from blocklab.reproduce.page_tables import (
     sweep_rows,
     timing_rows,
 )
+from blocklab.statistics import evidence
 
 
 def scope(rep: Reproduction, result: ClaimResult) -> str:
@@ -156,7 +156,7 @@ def method_text(rep: Reproduction, info: dict[str, Any]) -> str:
 
 def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
     """Write OUT/reproduction.md, .html and .json (figures in OUT/<scale>-figures/); returns the .md."""
-    from blocklab.claims import PAPERS
+    from blocklab.statistics.claims import PAPERS
 
     results, scale_name, runs = rep.results, rep.scale_name, rep.runs
     out = Path(out)
@@ -230,7 +230,7 @@ def write_reproduction(rep: Reproduction, out: str | Path) -> Path:
 def _claim_markdown(rep: Reproduction, r: ClaimResult, images: list[Path]) -> list[str]:
     """A claim's section of reproduction.md: the claim, the scope of its verdict, the paper's result,
     the checks measured here and the figures (in the folder beside the page)."""
-    from blocklab.claims import PAPERS
+    from blocklab.statistics.claims import PAPERS
 
     c = r.claim
     md = ["", f"## {c.id}: {r.verdict}", "", f"**{PAPERS[c.paper]}, {c.where}.** {c.statement}", "",
@@ -244,7 +244,7 @@ def _claim_markdown(rep: Reproduction, r: ClaimResult, images: list[Path]) -> li
 
 def _claim_html(rep: Reproduction, r: ClaimResult, images: list[Path]) -> str:
     """The same section for reproduction.html, the figures embedded."""
-    from blocklab.claims import PAPERS
+    from blocklab.statistics.claims import PAPERS
 
     c = r.claim
     imgs = "".join(

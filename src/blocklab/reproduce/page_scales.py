@@ -8,8 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from blocklab import evidence
-from blocklab.claims import Claim
 from blocklab.reproduce.estimate import TRAINED_ON, read_trained_on
 from blocklab.reproduce.judge import PENDING, ClaimResult, Reproduction, scale_model_config
 from blocklab.reproduce.metrics import METRICS
@@ -17,6 +15,8 @@ from blocklab.reproduce.orchestrate import starting_seeds
 from blocklab.reproduce.page_tables import VERDICTS, interval_text, relation_text
 from blocklab.reproduce.planning import SWEEP, needed_archs, plan, sweep_plan, unique_runs
 from blocklab.reproduce.scales import FLOPS_BASELINE
+from blocklab.statistics import evidence
+from blocklab.statistics.claims import Claim
 
 NOT_YET_RUN = "not yet run"
 
@@ -68,7 +68,7 @@ def count_line(rep: Reproduction) -> str:
 
 def verdict_rows(reps: list[Reproduction]) -> list[list[str]]:
     """One row per claim: paper, where, statement and its status at each scale ("-": not judged there)."""
-    from blocklab.claims import PAPERS
+    from blocklab.statistics.claims import PAPERS
 
     by_scale = [{r.claim.id: r for r in rep.results} for rep in reps]
     ids = list(dict.fromkeys(r.claim.id for rep in reps for r in rep.results))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-from blocklab import evidence
 from blocklab.report.method import plural
 from blocklab.report.stats import spread
 from blocklab.reproduce import (
@@ -15,6 +14,7 @@ from blocklab.reproduce import (
     CheckResult,
     Reproduction,
 )
+from blocklab.statistics import evidence
 
 RELATION_WORDS = {
     "lower": "< 0",

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab.claims import Claim
 from blocklab.reproduce.campaign import machine
 from blocklab.reproduce.estimate import TRAINED_ON, Estimator, Remaining, remaining
 from blocklab.reproduce.judge import Reproduction
@@ -33,6 +32,7 @@ from blocklab.reproduce.metrics import METRICS
 from blocklab.reproduce.orchestrate import reproduce, scale_claims
 from blocklab.reproduce.planning import check_settings
 from blocklab.reproduce.scales import Scale, run_group
+from blocklab.statistics.claims import Claim
 from blocklab.training import TrainConfig
 
 

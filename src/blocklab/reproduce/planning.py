@@ -8,12 +8,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from blocklab.claims import Check, Claim
 from blocklab.compare import Entry, run_configs, slug
-from blocklab.errors import ConfigError
 from blocklab.reproduce.metrics import METRICS, run_summary
 from blocklab.reproduce.scales import Scale, run_group
+from blocklab.statistics.claims import Check, Claim
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
 
 def check_settings(check: Check) -> list[str]:

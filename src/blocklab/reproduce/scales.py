@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blocklab.compare import Entry, default_budget, merge
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from blocklab.claims import Claim
 from blocklab.compare import Entry
 from blocklab.reproduce.campaign import machine
 from blocklab.reproduce.metrics import METRICS
 from blocklab.reproduce.planning import NotFinished, check_settings
 from blocklab.reproduce.scales import Scale
+from blocklab.statistics.claims import Claim
 from blocklab.training import TrainConfig
 
 TIMING = "timing.json"
@@ -42,7 +42,7 @@ def time_throughput(claims: list[Claim], scale: Scale, root: Path,
     import time
 
     from blocklab.compare import measure_architectures
-    from blocklab.filemodes import atomic_write_text
+    from blocklab.util.filemodes import atomic_write_text
 
     for setting, archs in timed_archs(claims).items():
         path = root / scale.group(setting) / TIMING

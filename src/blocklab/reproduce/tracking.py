@@ -11,12 +11,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 def fields(args: argparse.Namespace) -> dict[str, Any] | None:
     """The TrainConfig fields `--logger` and `--wandb-project` give every run (None: neither given)."""
-    from blocklab.training.trackers import logger_names
+    from blocklab.training.tracking import logger_names
 
     if args.wandb_project and not args.logger:
         raise ConfigError("--wandb-project is allowed only with --logger wandb.")
@@ -40,8 +40,8 @@ def with_tracking(configs: list[tuple[Any, Any]], tracking: dict[str, Any] | Non
 
 def send_figures(tracking: dict[str, Any] | None, reports: list[tuple[str, Path]], out: str | Path) -> None:
     """Each scale's figures (`reports`: its name and its reproduction.md) as one run in ``OUT/<scale>``."""
-    from blocklab.training.trackers import TrackTo
     from blocklab.training.trackers import send_figures as send
+    from blocklab.training.tracking import TrackTo
 
     if not tracking:
         return

@@ -48,7 +48,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from blocklab.errors import ConfigError
 from blocklab.model import ops
 from blocklab.model.carry import Seen
 from blocklab.model.value_paths import (
@@ -60,6 +59,7 @@ from blocklab.model.value_paths import (
 )
 from blocklab.runtime.offload import TableKey, ValueRows
 from blocklab.runtime.padding import PaddingState
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

@@ -7,8 +7,8 @@ import shlex
 from pathlib import Path
 
 from blocklab.cli_args import positive_int
-from blocklab.errors import ConfigError
 from blocklab.launch import cli as launch_cli
+from blocklab.util.errors import ConfigError
 
 THREADS_HELP = (
     "CPU threads for torch per run (torch.set_num_threads); default: with --jobs above 1 the "
@@ -21,11 +21,11 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def cmd_scaling(args: argparse.Namespace) -> None:
-    from blocklab.claims import HEADLINES, PAPERS
     from blocklab.scaling.judge import judge_ladder, read_ladder
     from blocklab.scaling.ladders import LADDERS, check_archs, get_ladder
     from blocklab.scaling.orchestrate import train_ladder, train_piece
     from blocklab.scaling.report import write_scaling_report
+    from blocklab.statistics.claims import HEADLINES, PAPERS
 
     if args.list:
         for name, ladder in LADDERS.items():

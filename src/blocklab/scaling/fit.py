@@ -37,7 +37,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from blocklab.evidence import betainc
+from blocklab.statistics.evidence import betainc
 
 # A law is refused when its lack-of-fit F is beyond this quantile of F(k - p, df).
 REFUSE_P = 0.01

@@ -1,7 +1,7 @@
 """A ladder's measurements, its fits and the headline claims' verdicts.
 
 Runs that differ only in architecture share a seed's data order and held-out windows at every rung
-(`blocklab.evidence`), so each seed gives a whole ladder per architecture and an equivalence of its
+(`blocklab.statistics.evidence`), so each seed gives a whole ladder per architecture and an equivalence of its
 own: the baseline's law and X's law are fitted to that seed's rungs, and the equivalence is read off
 the two. Its interval is the t-interval over seeds, as for the claims of `blocklab reproduce`
 (tests/test_scaling.py draws ladders from a known law plus noise and checks that it covers the true
@@ -23,8 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
-from blocklab.claims import HEADLINES, Headline
 from blocklab.compare import slug
 from blocklab.scaling.fit import (
     FitCheck,
@@ -37,6 +35,8 @@ from blocklab.scaling.fit import (
     saving,
 )
 from blocklab.scaling.ladders import Ladder
+from blocklab.statistics import evidence
+from blocklab.statistics.claims import HEADLINES, Headline
 
 READINGS = {
     "all": "every parameter (embeddings and value tables included), as the papers count",
@@ -280,7 +280,7 @@ def paired_gains(
 
 
 def _more_text(iv: evidence.Interval) -> str:
-    from blocklab.verdict import seeds_needed
+    from blocklab.statistics.verdict import seeds_needed
 
     if iv.n < 2:
         return f"{evidence.MIN_SEEDS} or more seeds"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.compare import Entry, merge, run_configs
-from blocklab.errors import ConfigError
 from blocklab.training import TrainConfig
+from blocklab.util.errors import ConfigError
 
 
 @dataclass(frozen=True)

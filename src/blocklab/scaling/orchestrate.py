@@ -63,7 +63,7 @@ def train_piece(
     )
 
     if not 0 < minutes < float("inf"):  # NaN fails this too
-        from blocklab.errors import ConfigError
+        from blocklab.util.errors import ConfigError
 
         raise ConfigError(f"--minutes {minutes} is not allowed: give a positive number of minutes")
     root = Path(out) / name

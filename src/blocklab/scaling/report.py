@@ -9,7 +9,6 @@ import math
 import statistics
 from pathlib import Path
 
-from blocklab.claims import PAPERS
 from blocklab.report import md_table, render_html, render_markdown
 from blocklab.scaling.fit import fit
 from blocklab.scaling.judge import (
@@ -20,6 +19,7 @@ from blocklab.scaling.judge import (
     result_record,
     shared_law,
 )
+from blocklab.statistics.claims import PAPERS
 
 
 def _fmt_n(n: float) -> str:

@@ -25,9 +25,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from blocklab import diskfull, integrity
-from blocklab.errors import ConfigError
-from blocklab.filemodes import as_created
+from blocklab.util import diskfull, integrity
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import as_created
 
 PREFIX = "step_"
 

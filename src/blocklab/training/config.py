@@ -23,12 +23,12 @@ from typing import Any
 import yaml
 
 import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
-from blocklab.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.data import DataConfig
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
-from blocklab.pathtext import require_text
 from blocklab.training.optim import OptimConfig
+from blocklab.util.configbase import ConfigBase, config_dataclass, is_count
+from blocklab.util.errors import ConfigError
+from blocklab.util.pathtext import require_text
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 # The budget kinds (compare's --steps, --tokens, --flops, --time) and the field each one sets: the one
@@ -401,7 +401,7 @@ def _validate(cfg: TrainConfig) -> None:
 def _validate_trackers(cfg: TrainConfig) -> None:
     """logger and the wandb fields; whether a tracker's package is installed is checked when a run starts
     (`trackers.require_installed`), so that a saved run's config reads on a machine without it."""
-    from blocklab.training.trackers import logger_names
+    from blocklab.training.tracking import logger_names
 
     names = logger_names(cfg.logger)
     if isinstance(names, str):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from pathlib import Path
 
-from blocklab.errors import ConfigError
 from blocklab.runtime import LanguageModel
 from blocklab.training.config import UNNAMED_SIZE, TrainConfig
+from blocklab.util.errors import ConfigError
 
 
 def load_init(cfg: TrainConfig) -> tuple[LanguageModel, Path | None]:

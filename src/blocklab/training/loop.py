@@ -21,12 +21,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.std import tqdm as std_tqdm
 
-from blocklab import locks
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.data import Batches, bits_per_byte, prepare_data
-from blocklab.diskfull import said_plainly
-from blocklab.errors import ConfigError, TrainingError
-from blocklab.filemodes import atomic_write_text
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
@@ -38,6 +34,10 @@ from blocklab.training.optim import build_optimizers
 from blocklab.training.progress import progress_bar, say
 from blocklab.training.schedules import lr_factor
 from blocklab.training.step import autocast_for, compile_for_training, lm_loss, train_step
+from blocklab.util import locks
+from blocklab.util.diskfull import said_plainly
+from blocklab.util.errors import ConfigError, TrainingError
+from blocklab.util.filemodes import atomic_write_text
 
 
 @dataclass
@@ -109,7 +109,7 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
     e.g. ``train(max_steps=100, **{"optim.lr": 3e-4})``. With ``resume=True`` the run's saved
     config.yaml is the base, so ``train(out_dir="runs/a", resume=True, max_steps=2000)`` extends it.
 
-    The run's folder is held for the whole run (`blocklab.locks`): a second process training into it
+    The run's folder is held for the whole run (`blocklab.util.locks`): a second process training into it
     is refused with this one's pid and command (under torchrun, the launch's first process holds it)."""
     cfg = resolve_config(config, overrides, resume)
     with locks.hold(cfg.out_dir, make=True) if distributed.launch_rank() == 0 else nullcontext():
@@ -321,7 +321,7 @@ class Trainer:
     def _unigram_loss(self) -> float | None:
         """The plateau: the loss on the scored validation targets of a model that knows only the
         training split's token frequencies (`plateau.unigram_loss`); None for masked LM."""
-        from blocklab.plateau import run_plateau
+        from blocklab.statistics.plateau import run_plateau
 
         if not self.model_cfg.causal:
             return None
@@ -344,8 +344,11 @@ class Trainer:
                 self._restore()
                 if not self.budget.done(self.state):  # training goes on from here
                     self.state.resumed_at.append(self.state.step)
+            def open_trackers(run_dir: Path, resume_step: int | None) -> list[trackers.Tracker]:
+                return trackers.open_trackers(run_dir, cfg, resume_step)
+
             logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
-                                   cfg) if env.is_main else None  # rank 0 alone: metrics and trackers
+                                   open_trackers) if env.is_main else None  # rank 0 alone: metrics, trackers
             if logger is not None and logger.torn is not None:
                 say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
                     "write")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model import ModelConfig

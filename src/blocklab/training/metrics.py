@@ -12,21 +12,21 @@ tokens scored, ``val_bytes``). Scalar names are the names of the trainable gains
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import nn
 
-from blocklab.diskfull import said_plainly
-from blocklab.errors import ConfigError
-from blocklab.filemodes import atomic_write_text
 from blocklab.model.gains import is_gain
 from blocklab.training.checkpoint import resume_hint
-from blocklab.training.trackers import Tracker, open_trackers
+from blocklab.util.diskfull import said_plainly
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import atomic_write_text
 
 if TYPE_CHECKING:
-    from blocklab.training.config import TrainConfig
+    pass
 
 
 def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
@@ -128,12 +128,24 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+class Tracker(Protocol):
+    """Where a run's rows go besides metrics.jsonl (training/trackers.py: TensorBoard, wandb)."""
+
+    def log(self, row: dict[str, Any]) -> None:
+        """One metrics.jsonl row (`tracking.scalars_of` gives its numbers), at its step."""
+
+    def close(self, failed: bool = False) -> None:
+        """The run ended (`failed`: by an error or an interrupt; a resume goes on with it)."""
+
+
 class MetricsLogger:
     """Appends to metrics.jsonl; on resume, drops lines past the resumed step so the log stays one curve,
-    and a torn last line (`torn`, its size in bytes, tells; None when there was none). With `cfg`, each
-    row also goes to the run's trackers (`trackers.open_trackers`, opened once the file is cut back)."""
+    and a torn last line (`torn`, its size in bytes, tells; None when there was none). With
+    `open_trackers` ((run folder, resume step) -> trackers, called once the file is cut back), each row
+    also goes to the run's trackers."""
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, cfg: TrainConfig | None = None):
+    def __init__(self, run_dir: Path, resume_step: int | None = None,
+                 open_trackers: Callable[[Path, int | None], list[Tracker]] | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.run_dir = Path(run_dir)
         self.torn: int | None = None
@@ -146,7 +158,8 @@ class MetricsLogger:
             text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
             with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was
                 atomic_write_text(self.path, text)
-        self.trackers: list[Tracker] = [] if cfg is None else open_trackers(self.run_dir, cfg, resume_step)
+        self.trackers: list[Tracker] = [] if open_trackers is None else open_trackers(self.run_dir,
+                                                                                       resume_step)
 
     def _writing(self, size: int) -> AbstractContextManager[None]:
         """A write to metrics.jsonl, said plainly when the disk refuses it."""

@@ -49,10 +49,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.configbase import ConfigBase, config_dataclass, is_count
-from blocklab.errors import ConfigError
 from blocklab.model.gains import is_gain
 from blocklab.model.value_paths import is_value_table
+from blocklab.util.configbase import ConfigBase, config_dataclass, is_count
+from blocklab.util.errors import ConfigError
 
 # relative: the modules move together (the trainer package may be renamed)
 from . import nanochat_recipe

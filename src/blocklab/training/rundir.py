@@ -6,10 +6,10 @@ import os
 import shutil
 from pathlib import Path
 
-from blocklab.errors import ConfigError
 from blocklab.training.checkpoint import read_state
 from blocklab.training.config import TrainConfig, check_resumable, check_trained_config
 from blocklab.training.metrics import resume_rows
+from blocklab.util.errors import ConfigError
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:

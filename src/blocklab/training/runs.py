@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from blocklab.data import Tokenizer, load_tokenizer
-from blocklab.errors import ConfigError
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import TrainConfig
+from blocklab.util.errors import ConfigError
 
 
 @dataclass
@@ -57,7 +57,7 @@ def load_run(run_dir: str | Path, checkpoint: str | Path | None = None, device: 
              verify: bool = True) -> LoadedRun:
     """The model of a run's latest (or the given) checkpoint in eval mode, with the run's tokenizer.
     With `verify`, the weights, model_config.json and tokenizer.json must match the sha256 the
-    checkpoint recorded (blocklab.integrity)."""
+    checkpoint recorded (blocklab.util.integrity)."""
     run = Path(run_dir)
     if not (run / "model_config.json").is_file():
         raise FileNotFoundError(f"{str(run)!r} is not a blocklab run directory (no model_config.json); "

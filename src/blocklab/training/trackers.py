@@ -21,20 +21,14 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from blocklab.errors import ConfigError
+from blocklab.training.metrics import Tracker
+from blocklab.training.tracking import TRACKER_NAMES, TrackTo, logger_names, scalars_of
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.training.config import TrainConfig
-
-
-class Tracker(Protocol):
-    def log(self, row: dict[str, Any]) -> None:
-        """One metrics.jsonl row (`scalars_of` gives its numbers), at its step."""
-
-    def close(self, failed: bool = False) -> None:
-        """The run ended (`failed`: by an error or an interrupt; a resume goes on with it)."""
 
 
 # opens a tracker for (run folder, its config, the step a resume starts from or None for a new run)
@@ -51,15 +45,6 @@ class TrackerKind:
     figures: FigureSender | None = None  # None: the tracker shows no report figures
     # gives a finished run that compare or reproduce reuses the rows its tracker run lacks; None: cannot
     catch_up: Callable[[Path, TrainConfig], None] | None = None
-
-
-@dataclass(frozen=True)
-class TrackTo:
-    """Where a group of runs is tracked: the trackers' names and their project and group."""
-
-    names: tuple[str, ...]
-    project: str = "blocklab"
-    group: str | None = None
 
 
 def _tensorboard(run_dir: Path, cfg: TrainConfig, resume_step: int | None) -> Tracker:  # noqa: ARG001
@@ -88,23 +73,7 @@ TRACKERS: dict[str, TrackerKind] = {
     "tensorboard": TrackerKind("tensorboard", "tensorboard", _tensorboard),
     "wandb": TrackerKind("wandb", "wandb", _wandb, _wandb_figures, _wandb_catch_up),
 }
-NONE = "none"
-
-
-def logger_names(logger: Any) -> list[str] | str:
-    """The tracker names `logger` gives (a name, a comma-separated string or a list; "none": none), or
-    what is wrong with it in words."""
-    if isinstance(logger, str):
-        items: list[Any] = [n.strip() for n in logger.split(",") if n.strip()]
-    elif isinstance(logger, (list, tuple)):
-        items = list(logger)
-    else:
-        items = [logger]
-    known = [*TRACKERS, NONE]
-    for item in items:
-        if item not in known:
-            return f"choose from {', '.join(map(repr, known))}, one or a list (logger=[wandb,tensorboard])."
-    return list(dict.fromkeys(n for n in items if n != NONE))
+assert tuple(TRACKERS) == TRACKER_NAMES, "training/tracker_names.py lists the same trackers"
 
 
 def tracker_names(cfg: TrainConfig) -> tuple[str, ...]:
@@ -173,24 +142,6 @@ def send_figures(where: TrackTo, paths: list[Path], folder: Path, name: str) -> 
         sender = TRACKERS[tracker].figures
         if sender is not None:
             sender(paths, Path(folder), name, where)
-
-
-def scalars_of(row: dict[str, Any]) -> dict[str, float]:
-    """A metrics.jsonl row's numbers as trackers name them: ``<kind>/<field>`` for each number but the
-    step, ``scalars/<gain>/<i>`` for each learned gain's value per head (a null val_bpb is left out)."""
-    out: dict[str, float] = {}
-    for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "kind"):
-            out[f"{row['kind']}/{key}"] = value
-    for name, values in row.get("scalars", {}).items():
-        for i, value in enumerate(values):
-            out[f"scalars/{name}/{i}"] = value
-    return out
-
-
-def run_name(cfg: TrainConfig) -> str:
-    """A run's name in a tracker: its folder's (compare's and reproduce's "<arch>-seed<n>")."""
-    return Path(cfg.out_dir).resolve().name
 
 
 class TensorBoardTracker:

@@ -2,7 +2,7 @@
 
 One blocklab run is one wandb run: project `wandb_project`, name the run's folder, group `wandb_group`
 (compare sets it to the comparison), config the run's TrainConfig, and each row's numbers
-(`trackers.scalars_of`) at the row's step. wandb writes under the run's folder (``<run>/wandb/``),
+(`tracking.scalars_of`) at the row's step. wandb writes under the run's folder (``<run>/wandb/``),
 offline too (``WANDB_MODE=offline``; ``wandb sync <run>/wandb/offline-run-*`` uploads later).
 
 `RECORD` (``<run>/wandb.json``) keeps the wandb run's id and the last step of each kind of row sent
@@ -20,10 +20,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blocklab.errors import ConfigError
-from blocklab.filemodes import atomic_write_text
 from blocklab.training.metrics import read_metrics
-from blocklab.training.trackers import TrackTo, run_name, scalars_of
+from blocklab.training.tracking import TrackTo, run_name, scalars_of
+from blocklab.util.errors import ConfigError
+from blocklab.util.filemodes import atomic_write_text
 
 if TYPE_CHECKING:
     from blocklab.training.config import TrainConfig
@@ -62,7 +62,7 @@ class WandbTracker:
         if saved is not None and saved.get("project") != cfg.wandb_project:
             saved = None  # another project: a new run there, given the whole curve below
         self.logged: dict[str, int] = dict(saved["logged"]) if saved else {}
-        self.run = _init(project=cfg.wandb_project, name=run_name(cfg), group=cfg.wandb_group,
+        self.run = _init(project=cfg.wandb_project, name=run_name(cfg.out_dir), group=cfg.wandb_group,
                          config=cfg.to_dict(), dir=str(run_dir), id=saved["id"] if saved else None,
                          resume="allow")
         self.record = {"id": self.run.id, "project": cfg.wandb_project, "logged": self.logged}

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from blocklab.errors import ConfigError
 from blocklab.model.config import register_checks
 from blocklab.model.value_paths.bank import (
     BANK_TITLES,
@@ -50,6 +49,7 @@ from blocklab.model.value_paths.resformer import (
     resformer_baseline_options,
 )
 from blocklab.model.value_paths.value_embed import ValueEmbed
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

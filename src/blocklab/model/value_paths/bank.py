@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import ReparamLinear, init_projection_, make_value_map
@@ -38,6 +37,7 @@ from blocklab.model.value_paths.base import (
     value_map_of,
 )
 from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model import ops
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import LayerRole, LayerValues, SharedModule, ValuePath, carried
 from blocklab.model.value_paths.options import ValuePathOptions
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from blocklab.configbase import check_types
-from blocklab.errors import ConfigError
+from blocklab.util.configbase import check_types
+from blocklab.util.errors import ConfigError
 
 # Target layers: "all", "last-third", "every-2", "last-K" or a list of layer indices (`target_layers`)
 LayerSpec = str | list[int]

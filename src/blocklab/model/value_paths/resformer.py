@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import LayerRole, LayerValues, SharedModule, ValuePath, carried
 from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

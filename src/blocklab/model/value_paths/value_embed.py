@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.errors import ConfigError
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
 from blocklab.model.value_paths.base import LayerValues, SharedModule, ValuePath, reset_gains
 from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, target_layers
+from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig

@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 def is_text(value: str) -> bool:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 
 class FolderInUse(ConfigError):

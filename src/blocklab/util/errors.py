@@ -13,5 +13,5 @@ class TrainingError(RuntimeError):
 
 
 class DiskFullError(TrainingError):
-    """A write failed for want of space (`blocklab.diskfull`); the message names the path, the free
+    """A write failed for want of space (`blocklab.util.diskfull`); the message names the path, the free
     space, the size the write needed and what to do."""

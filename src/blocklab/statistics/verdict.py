@@ -1,7 +1,7 @@
 """Who wins, and how surely: the verdict that opens every compare report.
 
 The architectures ranked by final validation loss, each with its difference to the baseline (the
-first architecture) paired by seed, with a 95% t-interval (`blocklab.evidence`). A difference is
+first architecture) paired by seed, with a 95% t-interval (`blocklab.statistics.evidence`). A difference is
 told from noise only when its interval excludes zero with 3 or more seeds. With fewer, the verdict
 says so and how many seeds would tell a difference of the size seen: the smallest n with
 
@@ -9,7 +9,7 @@ says so and how many seeds would tell a difference of the size seen: the smalles
 
 where s_d is the seed-to-seed standard deviation of paired differences measured on the committed
 runs at this size (`recipes/seed_spread.json`, written by benchmarks/seed_spread.py), or this
-comparison's own when it has 2 or more seeds. Then every claim of the papers (`blocklab.claims`)
+comparison's own when it has 2 or more seeds. Then every claim of the papers (`blocklab.statistics.claims`)
 whose architectures are all present, and what the comparison holds equal.
 """
 
@@ -20,9 +20,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from blocklab import evidence
+from blocklab.statistics import evidence
 
-SEED_SPREAD = Path(__file__).parent / "recipes" / "seed_spread.json"
+SEED_SPREAD = Path(__file__).parents[1] / "recipes" / "seed_spread.json"
 # Beyond this many seeds the verdict says "more than" instead of a number.
 MOST_SEEDS = 100
 
@@ -200,11 +200,11 @@ def verdict_text(ranked: dict[str, Any]) -> str:
 
 # -- the claims the runs cover ------------------------------------------------------------------------
 def claim_rows(entries, runs_by_label, setting: str | None) -> list[list[str]]:
-    """Every claim (`blocklab.claims`) with a validation-loss check whose architectures are all among
+    """Every claim (`statistics.claims`) with a validation-loss check whose architectures are all among
     the entries (by preset name): each such check's paired difference, interval and verdict. A check
     made at another budget kind than these runs' (Bank of Values compares at equal FLOPs) is measured
     here anyway and says so; one that needs other runs (a longer sequence) says which command has them."""
-    from blocklab.claims import CLAIMS
+    from blocklab.statistics.claims import CLAIMS
 
     by_arch = {e.arch: runs_by_label[e.label] for e in entries if e.label == e.arch}
     rows = []

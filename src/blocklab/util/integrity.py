@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 CHUNK = 1 << 20
 

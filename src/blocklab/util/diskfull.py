@@ -28,7 +28,7 @@ from typing import Any
 
 from torch import Tensor
 
-from blocklab.errors import DiskFullError
+from blocklab.util.errors import DiskFullError
 
 NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # torch's and safetensors' texts for a write the OS refused (the first two say why), searched only in

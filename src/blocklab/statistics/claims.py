@@ -5,7 +5,7 @@ a measured relation between a metric of one architecture and of a baseline (pair
 metric compared with a formula, or a metric of one architecture alone against zero. Its setting
 names the group of runs it reads (`blocklab.reproduce.SETTINGS`): equal steps, equal FLOPs, or a
 longer sequence at the same tokens per step. `blocklab reproduce` trains what the chosen claims
-need and gives each check a verdict (`blocklab.evidence`); a claim is reproduced when all of its
+need and gives each check a verdict (`blocklab.statistics.evidence`); a claim is reproduced when all of its
 checks are.
 
 Metrics (`blocklab.reproduce.METRICS`): measured ones vary with the seed and get a t-interval;
@@ -41,7 +41,7 @@ class Check:
     metric: str
     arch: str
     baseline: str | None
-    relation: str  # lower, higher, within, at_most (blocklab.evidence), or equals (exact, a formula)
+    relation: str  # lower, higher, within, at_most (statistics/evidence.py), or equals (exact, a formula)
     tolerance: float = 0.0
     setting: str = "steps"
     expected: str | None = None
@@ -267,7 +267,7 @@ CLAIMS_BY_ID = {c.id: c for c in CLAIMS}
 
 def select(ids: list[str] | None = None, papers: list[str] | None = None, quick: bool = False) -> list[Claim]:
     """The claims named by id, or of the named papers, or tagged quick; all of them by default."""
-    from blocklab.errors import ConfigError
+    from blocklab.util.errors import ConfigError
 
     for name in ids or []:
         if name not in CLAIMS_BY_ID:

@@ -9,7 +9,7 @@ keyword, in a dict or in a YAML file, is a `ConfigError` that names the class an
         source: str = "python-stdlib"
         ...
 
-Leaf module: it imports only `blocklab.errors`.
+Leaf module: it imports only `blocklab.util.errors`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from blocklab.errors import ConfigError
+from blocklab.util.errors import ConfigError
 
 C = TypeVar("C", bound="ConfigBase")
 
