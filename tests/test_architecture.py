@@ -84,7 +84,7 @@ def test_the_import_graph_has_no_circle():
 
 
 def test_one_module_holds_the_model_config():
-    """ModelConfig, its fields and its checks are model/config.py (issue 40): the old shim
+    """ModelConfig, its fields and its checks are model/config.py: the old shim
     `blocklab.config` and `model/validation.py` are gone, and the config reads nothing of the value-path
     registry, which registers its checks with it (so the registry may import the config)."""
     graph = import_graph()
@@ -302,3 +302,27 @@ def test_layout_example_follows_its_equation_decodes_and_trains(two_norm_layout)
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.blocks[1].norm2.parameters())
     with pytest.raises(ConfigError, match="block_layout = 'sideways' is not allowed: choose one of"):
         ModelConfig.from_preset("pre-ln", "tiny", block_layout="sideways")
+
+
+@pytest.mark.parametrize("first_import", [
+    "from blocklab.model.config import ModelConfig",
+    "import blocklab.model.config as c; ModelConfig = c.ModelConfig",
+    "import blocklab.model.value_paths.options; from blocklab.model.config import ModelConfig",
+    "from blocklab.util.configbase import ConfigBase; from blocklab.model.config import ModelConfig",
+])
+def test_model_config_works_on_its_own_import(first_import):
+    """`ModelConfig()` checks its block layout and value path however the config was first imported (the
+    checks register as the model package loads, which any import of the config loads first)."""
+    code = "\n".join([
+        first_import,
+        "cfg = ModelConfig()",
+        "assert cfg.value_path == 'standard' and cfg.block_layout == 'pre-ln'",
+        "from blocklab.util.errors import ConfigError",
+        "for bad in (dict(value_path='nope'), dict(block_layout='nope')):",
+        "    try:",
+        "        ModelConfig(**bad)",
+        "        raise SystemExit(f'{bad} passed')",
+        "    except ConfigError:",
+        "        pass",
+    ])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -73,7 +73,7 @@ BAD_TRAIN = [  # (overrides, words the message must hold)
     (["max_steps=2", "noequals"], ["noequals"]),
     ([], ["budget"]),
     (["size=tinny"], ["tinny", "Did you mean tiny"]),  # the misspelt size first, not the missing budget
-    # issue 51: a value path where the block goes, not "unknown architecture 'bov'. Did you mean bov?"
+    # a value path where the block goes, not "unknown architecture 'bov'. Did you mean bov?"
     (["max_steps=2", "arch=bov+bov"], ["'bov+bov' is not allowed", "'bov' is a value path", "pre-ln+bov"]),
     (["max_steps=2", "threads=abc"], ["threads", "'abc'", "positive integer"]),
     (["max_steps=2", "threads=0"], ["threads", "positive integer"]),
@@ -102,7 +102,7 @@ def test_bad_train_input(overrides, words, corpus, finished_run, tmp_path, capsy
 
 
 def test_yaml_nested_thousands_deep_is_one_error_line(tmp_path, capsys):
-    """A config file or an override nested 5,000 deep was a RecursionError traceback (issue 51)."""
+    """A config file or an override nested 5,000 deep was a RecursionError traceback."""
     deep = "[" * 5000 + "]" * 5000
     (tmp_path / "deep.yaml").write_text(f"max_steps: 2\nmodel: {{x: {deep}}}\n")
     for argv, named in ((["train", str(tmp_path / "deep.yaml")], "deep.yaml"),

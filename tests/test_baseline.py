@@ -89,7 +89,7 @@ def test_bad_embedding_settings_are_refused_by_name(fields, needle):
 
 @pytest.mark.slow
 def test_the_main_job_leaves_the_unigram_plateau_at_once(tmp_path):
-    """Regression test against the crippled baseline (issue 23): pre-ln at size tiny with the main job's
+    """Regression test against the crippled baseline: pre-ln at size tiny with the main job's
     recipe (its size preset and optimiser, the embedded corpus) is below the plateau U - 0.1 by the
     first validation after step 0 (50 steps, 102,400 tokens) and below U - 1 after 100 steps. With
     the old defaults (sinusoidal positions, AdamW 3e-3) the loss was still 6.63 > U - 0.1 = 6.49 at

@@ -752,7 +752,7 @@ def test_bov_table1_grid_runs_on_nanochats_trunk_at_cpu_size(corpus, tmp_path):
 
 
 def test_compare_refuses_a_report_it_did_not_write_and_rewrites_its_own(corpus, tmp_path):
-    """A user's report.md and results.json in --out were replaced, exit 0 (issue 51): now refused before
+    """A user's report.md and results.json in --out were replaced, exit 0: now refused before
     anything trains, naming them; --overwrite (overwrite=True) replaces them, and a rerun of the same
     comparison rewrites its own report without it."""
     out = tmp_path / "cmp"

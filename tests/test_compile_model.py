@@ -155,7 +155,7 @@ def test_a_compiler_failure_falls_back_to_per_block_compile(monkeypatch):
     model.compile_model(backend="aot_eager")
     trunk = model._trunk
     assert trunk is not None
-    def broken(_ids):  # what inductor raised for SAS on CUDA (issue 37)
+    def broken(_ids):  # what inductor raised for SAS on CUDA
         raise InductorError(TypeError("list indices must be integers or slices, not NoneType"), None)
 
     monkeypatch.setattr(trunk, "_compiled", broken)

@@ -314,8 +314,8 @@ SAVED = sorted((Path(__file__).resolve().parents[1] / "benchmarks").rglob("model
 
 
 def test_configs_saved_by_earlier_versions_still_load():
-    """Runs saved by earlier versions (before the config moved under model/, issue 28, and before its
-    modules merged into one, issue 40) load and round-trip; no field was renamed, so no alias is needed."""
+    """Runs saved by earlier versions (before the config moved under model/, and before its
+    modules merged into one) load and round-trip; no field was renamed, so no alias is needed."""
     import blocklab.model
     from blocklab.model.config import ModelConfig as Defined
 
@@ -328,7 +328,7 @@ def test_configs_saved_by_earlier_versions_still_load():
 
 
 # A config as `ModelConfig.to_dict` wrote it before the components read their sizes through
-# `attention_shape` and `mlp_shape` (issue 28): the optional sizes saved as None, grouped-query heads given.
+# `attention_shape` and `mlp_shape`: the optional sizes saved as None, grouped-query heads given.
 SAVED_BEFORE_SHAPES = {
     "vocab_size": 64, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": None,
     "mlp_hidden": None, "context_length": 16, "causal": True, "norm": "layernorm", "norm_eps": 1e-05,
@@ -374,8 +374,8 @@ def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
 
 
 def test_the_fields_keep_their_order_and_the_old_shim_is_gone():
-    """`to_dict` writes the fields in the order of a config saved by an earlier version (issue 28), and
-    `blocklab.config`, the shim that re-exported ModelConfig, no longer exists (issue 40)."""
+    """`to_dict` writes the fields in the order of a config saved by an earlier version, and
+    `blocklab.config`, the shim that re-exported ModelConfig, no longer exists."""
     import importlib.util
 
     assert list(ModelConfig().to_dict()) == list(SAVED_BEFORE_SHAPES)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not DEVICE, reason="needs a CUDA device (or BLOC
 ARCHS = archs(BLOCK_PRESETS)
 COMPILED = ["pre-ln+standard", "sas-p+svformer", "pre-ln+resformer-dense", "shaped+bov"]
 # whole-model compile (what compile=true trains with): every block preset with the standard values, and
-# SAS / SAS-P (whose identity values crashed inductor's Triton codegen, issue 37) with a value path of each
+# SAS / SAS-P (whose identity values crashed inductor's Triton codegen) with a value path of each
 # family. BLOCKLAB_CUDA_COMPILE=all takes all 147 architectures (each compiles for seconds to tens of
 # seconds: a GPU call of its own).
 WHOLE = ARCHS if os.environ.get("BLOCKLAB_CUDA_COMPILE") == "all" else sorted(

@@ -21,7 +21,7 @@ from test_compile_decoding import CountingBackend
 
 
 class FailingBackend:
-    """A dynamo backend that cannot compile anything (as inductor failed for SAS on CUDA, issue 37)."""
+    """A dynamo backend that cannot compile anything (as inductor failed for SAS on CUDA)."""
 
     def __init__(self) -> None:
         self.calls = 0

@@ -1,4 +1,4 @@
-"""Fused projections (issue 37, item 4): the maps that read one input run as one GEMM.
+"""Fused projections: the maps that read one input run as one GEMM.
 
 References: `fused_linear` against x W_i^T + b_i written per map; a fused model against the same
 weights with fusion off (each nn.Linear on its own, the code before fusion), forward and every
@@ -330,7 +330,7 @@ def test_cached_decoding_matches_the_full_forward_when_fused(arch):
                                               ("pre-ln", [False] * 3)])
 def test_identity_values_are_contiguous_heads(arch, contiguous, monkeypatch):
     """SAS and SAS-P (identity W_V after layer 0) give attention (B, H, T, D) values in their own
-    contiguous memory, not a transposed view of the norm's output (issue 37's inductor crash)."""
+    contiguous memory, not a transposed view of the norm's output (the inductor crash on CUDA)."""
     model = make_model(arch)
     set_fused_projections(model, "on")
     seen = []

@@ -1,4 +1,4 @@
-"""The gpu-mid campaign (issue 41): its scale, the budgeted pieces (`blocklab.reproduce.pieces`,
+"""The gpu-mid campaign: its scale, the budgeted pieces (`blocklab.reproduce.pieces`,
 `benchmarks/gpu_campaign.py next`), their estimates, the export a GPU call sends back, and the
 reproduction page's scale column, end to end at a toy size on the CPU."""
 

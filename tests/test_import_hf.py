@@ -261,7 +261,7 @@ def test_import_refuses_tensors_that_do_not_load_one_for_one(kind, tmp_path, cap
 def test_missing_or_unexpected_weights_are_refused_naming_them(kind, removed, command, corpus, tmp_path,
                                                                capsys):
     """A weight taken out of model.safetensors was filled at random, and an extra one dropped, exit 0
-    ("imported the llama checkpoint", issue 51): each is named, exit 2, and nothing is written."""
+    ("imported the llama checkpoint"): each is named, exit 2, and nothing is written."""
     from safetensors.torch import load_file, save_file
 
     hf_folder(kind, tmp_path / "hf")

@@ -1,4 +1,4 @@
-"""Weights saved before issue 37 (blocklab at 13306be) load into today's model and give the logits they
+"""Weights saved by older versions (blocklab at 13306be) load into today's model and give the logits they
 gave then: the padded head, fused projections, the chunked loss and the one-Function shaped attention
 change how the model computes, not what (tests/data/pre-issue37/: tiny perturbed models, their configs and
 the logits the old code computed on fixed ids, written by that commit's code)."""

@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-MAX_LINES = 300  # issue 40: a README a newcomer reads in five minutes
+MAX_LINES = 300  # a README a newcomer reads in five minutes
 REPO_DIRS = ("src/", "benchmarks/", "docs/", "tests/", ".ci/")
 
 
@@ -178,7 +178,7 @@ def test_every_readme_blocklab_command_is_accepted(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("page", sorted(p.name for p in (ROOT / "docs").glob("*.md")))
 def test_every_docs_blocklab_command_is_accepted(page, tmp_path, monkeypatch):
-    """The README's detail moved to docs/ (issue 40): the commands there are checked alike."""
+    """The README's detail moved to docs/: the commands there are checked alike."""
     monkeypatch.chdir(tmp_path)
     for argv in blocklab_commands(ROOT / "docs" / page):
         check_command(argv)
@@ -233,4 +233,4 @@ def test_the_table_reader_sees_rows_and_nothing_else():
 
 def test_the_readme_is_short():
     lines = len(README.read_text().splitlines())
-    assert lines < MAX_LINES, f"the README has {lines} lines; move detail into docs/ (issue 40)"
+    assert lines < MAX_LINES, f"the README has {lines} lines; move detail into docs/"

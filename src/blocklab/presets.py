@@ -122,7 +122,7 @@ SIZE_PRESETS: dict[str, Preset] = {
                                                mlp_hidden=512, vocab_size=4096, context_length=128,
                                                window_size=None, window_pattern="L")),
     "nanochat-shape-d12": Preset("nanochat's d12 shape with blocklab's default trunk (learned norms, "
-                                 "N(0, 0.02) init, no smear): the pre-issue-14 nanochat-d12",
+                                 "N(0, 0.02) init, no smear): nanochat-d12 without nanochat's trunk",
                                  dict(_NANOCHAT_SHAPE, n_layers=12, d_model=768, n_heads=6)),
     "crammed-bert": Preset("encoder: 16 layers, d 768, 12 heads, GEGLU MLP, LayerNorm eps 1e-12, "
                            "vocab 32768, context 128", dict(

@@ -24,7 +24,7 @@ from blocklab.analysis.stats import (
     value_spectrum,
 )
 
-compare = compare_reports  # the name used in the issue
+compare = compare_reports  # the short name
 
 __all__ = ["LayerTrace", "compare", "compare_reports", "compare_runs", "diagnose", "diagnose_run",
            "diagnostic_mode", "held_out_windows", "importance_entropy", "normalized_spectrum", "plot_scalars",

@@ -64,7 +64,7 @@ FuseMode = Literal["auto", "on", "off"]
 FUSE_MODES: tuple[FuseMode, ...] = ("auto", "on", "off")
 # Where "auto" fuses the projections (outside decoding): CUDA, where one bigger GEMM per input in place
 # of two to four means fewer launches and better tile use, as nanoGPT's fused QKV; not the CPU, where
-# the weights' copy costs about what the merge saves (docs/design.md, "Fused projections").
+# the weights' copy costs about what the merge saves (docs/design.md, "The training step on a GPU").
 FUSE_DEVICES = frozenset({"cuda"})
 
 

@@ -26,9 +26,10 @@ TRAINED_ON = "trained_on.json"
 
 # Before a store holds a finished run of the device: training FLOP/s and seconds a run spends besides
 # training. GPU: 100 TFLOP/s, below the 109 measured for resformer-82m (220 MFLOPs per token) on an
-# H200 in this store (gpu-resformer-short) and far below the 295 of a 124M model on an H100 (issue
-# 41), with the 7.6 s a run spent there on its start and validations rounded up; CPU (a smoke's toy
-# runs): 40 GFLOP/s, about what size tiny trained at on one thread in the cpu scale (45), and 2 s.
+# H200 in this store (gpu-resformer-short) and far below the 295 of a 124M model on an H100
+# (benchmarks/RESULTS.md), with the 7.6 s a run spent there on its start and validations rounded up;
+# CPU (a smoke's toy runs): 40 GFLOP/s, about what size tiny trained at on one thread in the cpu scale
+# (45), and 2 s.
 PRIOR = {"gpu": (100e12, 10.0), "cpu": (40e9, 2.0)}
 
 

@@ -2,7 +2,7 @@
 inside a write) and resume until done; the loss curve must equal an uninterrupted run's bit for bit.
 And kill -9 a run while it tokenises: the next run must find a whole token cache.
 
-Slow (a few seconds a trial): `python -m pytest -m slow tests/test_chaos.py`; BLOCKLAB_CHAOS_TRIALS
+Slow (a few seconds a trial): `python -m pytest -m slow tests/test_kill_and_resume.py`; BLOCKLAB_CHAOS_TRIALS
 sets the number of trials (default 10).
 """
 

@@ -1,4 +1,4 @@
-"""Issue 39, items 3 and 4 (second half): a resume checks every metrics.jsonl line for the fields it
+"""Training refusals: a resume checks every metrics.jsonl line for the fields it
 reads, and a model whose weights, gradients and optimizer state cannot fit in memory is refused from its
 config, before it is built. Each refusal is one `blocklab: error:` line and changes no saved file."""
 
@@ -236,7 +236,7 @@ def test_processes_of_one_machine_share_its_memory(tmp_path, monkeypatch):
 
 def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, capsys):
     """config.yaml, tokenizer.json and summary.json of a folder that is not a run were replaced, exit 0
-    (issue 51): refused naming them, unless overwrite=true, which replaces only those (notes.txt stays)."""
+   : refused naming them, unless overwrite=true, which replaces only those (notes.txt stays)."""
     from helpers import small_run_args, write_code_corpus
 
     (tmp_path / "corpus").mkdir()
@@ -260,7 +260,7 @@ def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, c
 @pytest.mark.parametrize("edit, field", [(("optim", "lr", 0.02), "optim.lr"), ((None, "seed", 7), "seed"),
                                          ((None, "batch_size", 4), "batch_size")])
 def test_resume_refuses_a_hand_edited_config_yaml(tmp_path, capsys, edit, field):
-    """lr, seed or batch size edited in config.yaml by hand changed the run on --resume, exit 0 (issue 51),
+    """lr, seed or batch size edited in config.yaml by hand changed the run on --resume, exit 0,
     while the same change as an override was refused: the checkpoint records the config it was trained
     with and a resume is checked against it. An edit of a field a resume may change (log_every) passes."""
     import yaml
@@ -295,7 +295,7 @@ def test_resume_refuses_a_hand_edited_config_yaml(tmp_path, capsys, edit, field)
 
 def test_init_from_records_the_architecture_trained_and_refuses_another(tmp_path, capsys):
     """`train arch=sas size=small init_from=A` recorded sas/small for A's model, and a SAS-P source was
-    labelled pre-ln (issue 51): an arch or size other than the source's is refused, naming both, and a
+    labelled pre-ln: an arch or size other than the source's is refused, naming both, and a
     run from a SAS-P source records sas-p and its size in config.yaml and summary.json, also on resume;
     a compare of several architectures from one source is refused."""
     import yaml

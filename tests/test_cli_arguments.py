@@ -1,4 +1,4 @@
-"""Issue 39, items 1, 5 and 6: the folder lock on the real path (a symlink or another spelling of a
+"""The folder lock on the real path (a symlink or another spelling of a
 folder in use is refused, naming the holder), arguments that are not valid text refused naming the
 argument, and key=value overrides after options."""
 

@@ -1,4 +1,4 @@
-"""Issue 39's data holes, each through the command line in this process: a full disk under the token cache
+"""Data refusals, each through the command line in this process: a full disk under the token cache
 (one `blocklab: error:` line naming the cache, the space free and needed and BLOCKLAB_CACHE; nothing
 left behind, nothing saved changed), a cached BPE edited into another valid tokenizer (named, trained
 again identically, the run as with the original), and a batch larger than the training split (refused
