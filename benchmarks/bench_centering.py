@@ -18,7 +18,7 @@ gains, causal, full context (training):
   each product, the casts and transposes, and the cumsum by flip-cumsum-flip), kept here;
 - ``shaped, ops``: the library's code now (SDPA, then `ops.ShapedMix` with its own backward);
 - ``shaped, ops, other scan``: the same with the prefix sums in the other layout than this device
-  takes by default (`ops.SCAN_T_INNERMOST`: T innermost on CUDA, T strided on the CPU).
+  takes by default (`KernelChoice.scan_t_innermost`: T innermost on CUDA, T strided on the CPU).
 
 Each variant is checked against float64 first (relative error of the output and, in part 2, of the
 gradients w.r.t. q, k, v and the gains against autograd through the equation in float64), then
@@ -28,7 +28,7 @@ deterministic, and on a GPU each is about one kernel launch. Part 3 times a SAS-
 (forward, loss, backward, AdamW) with `ops.shaped_attention` as it was and as it is, and counts the
 ops of its forward and backward. Part 4 (`--compiled`) compiles that step whole (`torch.compile(model)`)
 with shaped attention as it was, as the Function and as plain ops (what inductor gets by default,
-`ops.COMPILE_PLAIN_MIX`) and counts the kernels inductor generates.
+`KernelChoice.compiled_mix`) and counts the kernels inductor generates.
 
     python benchmarks/bench_centering.py                       # CPU, float32
     python benchmarks/bench_centering.py --device cuda --dtype bfloat16
@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blocklab.model import ops
+from blocklab.model import kernels, ops
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -140,14 +140,11 @@ def before_mix(a, v, alpha, beta, gamma):
 def other_scan(device: torch.device, flip: bool = True):
     """Within: the prefix sums in the layout this device does not take by default (forward and
     backward alike)."""
-    saved = dict(ops.SCAN_T_INNERMOST)
+    layout = set(kernels.KERNELS.scan_t_innermost)
     if flip:
-        ops.SCAN_T_INNERMOST[device.type] = not saved.get(device.type, False)
-    try:
+        layout ^= {device.type}
+    with kernels.kernel_choice(scan_t_innermost=frozenset(layout)):
         yield
-    finally:
-        ops.SCAN_T_INNERMOST.clear()
-        ops.SCAN_T_INNERMOST.update(saved)
 
 
 def shaped_variants() -> dict:
@@ -288,8 +285,9 @@ def train_steps(size: str, batch: int, seq: int, device: torch.device, dtype: to
 def compiled_steps(size: str, batch: int, seq: int, device: torch.device, dtype: torch.dtype,
                    repeats: int) -> list[dict]:
     """Whole-model `torch.compile` of a SAS-P training step (forward, loss, backward) with shaped
-    attention as it was, as the Function and as plain ops (`ops.COMPILE_PLAIN_MIX`, the default):
-    the kernels inductor generates (forward + backward) and the median step time after compiling."""
+    attention as it was, as the Function and as plain ops (`KernelChoice.compiled_mix`, "plain" by
+    default): the kernels inductor generates (forward + backward) and the median step time after
+    compiling."""
     from torch._inductor import metrics
 
     import blocklab
@@ -297,32 +295,33 @@ def compiled_steps(size: str, batch: int, seq: int, device: torch.device, dtype:
     cfg = blocklab.ModelConfig.from_preset("sas-p", size, context_length=seq)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
-    library, plain = ops.shaped_attention, ops.COMPILE_PLAIN_MIX
+    library = ops.shaped_attention
     rows = []
     try:
-        for name, impl, as_plain in [("compiled, before", before_shaped_attention, True),
-                                     ("compiled, ops, Function", library, False),
-                                     ("compiled, ops, plain ops", library, True)]:
-            ops.shaped_attention, ops.COMPILE_PLAIN_MIX = impl, as_plain
-            torch._dynamo.reset()
-            metrics.reset()
-            torch.manual_seed(0)
-            model = blocklab.LanguageModel(cfg).to(device)
-            compiled = torch.compile(model)
+        for name, impl, mix in [("compiled, before", before_shaped_attention, "plain"),
+                                ("compiled, ops, Function", library, "function"),
+                                ("compiled, ops, plain ops", library, "plain")]:
+            ops.shaped_attention = impl
+            with kernels.kernel_choice(compiled_mix=mix):
+                torch._dynamo.reset()
+                metrics.reset()
+                torch.manual_seed(0)
+                model = blocklab.LanguageModel(cfg).to(device)
+                compiled = torch.compile(model)
 
-            def step(model=model, compiled=compiled):
-                with autocast:
-                    logits = compiled(ids[:, :-1])
-                F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
-                model.zero_grad(set_to_none=True)
-            step()
-            kernels = metrics.generated_kernel_count
-            ms = round_robin({name: step}, device.type == "cuda", 1, repeats)[name]
+                def step(model=model, compiled=compiled):
+                    with autocast:
+                        logits = compiled(ids[:, :-1])
+                    F.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+                    model.zero_grad(set_to_none=True)
+                step()
+                generated = metrics.generated_kernel_count
+                ms = round_robin({name: step}, device.type == "cuda", 1, repeats)[name]
             rows.append({"variant": name, "part": "compiled step", "rel_err": None,
-                         "inductor_kernels": kernels, "median_ms": statistics.median(ms),
+                         "inductor_kernels": generated, "median_ms": statistics.median(ms),
                          "min_ms": min(ms), "max_ms": max(ms)})
     finally:
-        ops.shaped_attention, ops.COMPILE_PLAIN_MIX = library, plain
+        ops.shaped_attention = library
         torch._dynamo.reset()
     return rows
 

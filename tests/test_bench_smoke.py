@@ -361,15 +361,15 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
 def test_bench_centering_checks_every_variant_and_restores_shaped_attention(tmp_path):
     """Every C V and shaped-attention variant agrees with float64 (the script's own checks, read back
     from its JSON: outputs and gradients), the SAS-P step pair is timed and its ops counted, and
-    `ops.shaped_attention` and `ops.SCAN_T_INNERMOST` are the library's again after."""
+    `ops.shaped_attention` and the kernel choice are the library's again after."""
     import bench_centering
-    from blocklab.model import ops
+    from blocklab.model import kernels, ops
 
-    library, scan = ops.shaped_attention, dict(ops.SCAN_T_INNERMOST)
+    library, choice = ops.shaped_attention, kernels.KERNELS
     out = tmp_path / "centering.json"
     bench_centering.main(["--shape", "2,2,24,8", "--train-size", "tiny", "--train-batch", "2",
                           "--warmup", "0", "--repeats", "1", "--out", str(out)])
-    assert ops.shaped_attention is library and ops.SCAN_T_INNERMOST == scan
+    assert ops.shaped_attention is library and kernels.KERNELS is choice
     rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
     shaped = bench_centering.shaped_variants()
     assert set(rows) == {*bench_centering.VARIANTS, *shaped, "SAS-P step, before",

@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 import reference as R
-from blocklab.model import ops
+from blocklab.model import kernels, ops
 
 F64 = torch.float64
 EXACT = dict(rtol=1e-12, atol=1e-12)
@@ -298,11 +298,12 @@ def gains_of(kind: str, n_heads: int, seed: int, trainable: bool = True):
 
 
 @pytest.fixture(params=["outer", "inner"], ids=["scan-T-outer", "scan-T-innermost"])
-def scan_layout(request, monkeypatch):
+def scan_layout(request):
     """Both layouts of the prefix sums on the CPU: T as a strided axis, or T innermost after a
     transposed copy (the layout CUDA takes)."""
-    monkeypatch.setitem(ops.SCAN_T_INNERMOST, "cpu", request.param == "inner")
-    return request.param
+    layout = {"cuda", "cpu"} if request.param == "inner" else {"cuda"}
+    with kernels.kernel_choice(scan_t_innermost=frozenset(layout)):
+        yield request.param
 
 
 GRAD_MASKS = [
@@ -404,15 +405,15 @@ def test_causal_full_context_scans_once_each_way(window, scan_layout):
 
 
 @pytest.mark.parametrize("plain", [True, False], ids=["plain-ops", "function"])
-def test_shaped_attention_compiles_in_one_graph(plain, monkeypatch):
+def test_shaped_attention_compiles_in_one_graph(plain):
     """torch.compile traces the fused path without a graph break, as plain ops (what inductor gets
     by default) or as the autograd.Function; forward and gradients equal eager (the Function)."""
-    monkeypatch.setattr(ops, "COMPILE_PLAIN_MIX", plain)
     q, k, v = (x.float().requires_grad_(True) for x in qkv(12, 12, seed=61))
     alpha, beta, gamma = (x.float().requires_grad_(True) for x in head_gains(4, seed=62))
     leaves = (q, k, v, alpha, beta, gamma)
-    compiled = torch.compile(ops.shaped_attention, fullgraph=True, backend="aot_eager")
-    out = compiled(q, k, v, alpha, beta, gamma)
+    with kernels.kernel_choice(compiled_mix="plain" if plain else "function"):
+        compiled = torch.compile(ops.shaped_attention, fullgraph=True, backend="aot_eager")
+        out = compiled(q, k, v, alpha, beta, gamma)
     got = torch.autograd.grad(out.square().sum(), leaves)
     expected_out = ops.shaped_attention(q, k, v, alpha, beta, gamma)
     expected = torch.autograd.grad(expected_out.square().sum(), leaves)

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from blocklab.model import kernels
+
 
 def _query_positions(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
     return torch.arange(t_k - t_q, t_k, device=device)
@@ -223,7 +225,8 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
     if gamma is None or full_causal:
         attn = attention(q, k, v, causal, None if full_causal else window, scale)
         own = v if t_q == t_k else v[..., -t_q:, :]  # a full slice would cost a zero-fill backward
-        mix = plain_mix if torch.compiler.is_compiling() and COMPILE_PLAIN_MIX else ShapedMix.apply
+        plain = torch.compiler.is_compiling() and kernels.KERNELS.compiled_mix == "plain"
+        mix = plain_mix if plain else ShapedMix.apply
         return mix(attn, expand_kv(own, n_heads), alpha, beta, gamma)
     out = _per_head(beta) * attention(q, k, v, causal, window, scale)
     out = out + _per_head(alpha) * expand_kv(v[..., -t_q:, :], n_heads)
@@ -231,22 +234,13 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
     return out - _per_head(gamma) * expand_kv(mean, n_heads)
 
 
-# Device types whose prefix sums along T run with T as the innermost (contiguous) axis, after one
-# transposing copy that also casts to float32. CUDA's cumsum over an outer axis runs one thread per
-# column, sequentially along the axis (pytorch/pytorch#122170): for (B, H, T, D) = (8, 12, 1024, 64)
-# that is 6144 threads each taking 1024 dependent steps, while the innermost-axis kernel scans each
-# row with a whole block. On the CPU the strided scan is the faster (benchmarks/bench_centering.py
-# times both layouts on any device: its "other scan" rows).
-SCAN_T_INNERMOST: dict[str, bool] = {"cuda": True}
-
-
 def _scan_innermost(x: Tensor) -> bool:
-    return SCAN_T_INNERMOST.get(x.device.type, False)
+    return x.device.type in kernels.KERNELS.scan_t_innermost
 
 
 def prefix_sums(x: Tensor, acc: torch.dtype) -> Tensor:
     """S[..., i, :] = sum_{j <= i} x[..., j, :] in dtype `acc`: one cumsum (after one transposing,
-    casting copy where `SCAN_T_INNERMOST` says so; the result is then a transposed view). Under
+    casting copy where `kernels.KERNELS` says so; the result is then a transposed view). Under
     torch.compile the plain cumsum: inductor picks the layout (its Triton code generation failed on
     the transposed scan's output read under bf16 autocast, on an H100 with torch 2.11)."""
     if _scan_innermost(x) and not torch.compiler.is_compiling():
@@ -289,11 +283,6 @@ def _head_sums(x: Tensor, gain: Tensor) -> Tensor:
     if gain.numel() > 1:
         return x.sum(dim=[d for d in range(x.dim()) if d != 1]).to(gain.dtype)
     return x.sum().reshape(gain.shape).to(gain.dtype)
-
-
-# Under torch.compile, give inductor ShapedMix's forward as plain ops (it derives and fuses the
-# backward itself) rather than the Function (benchmarks/bench_centering.py, --compiled).
-COMPILE_PLAIN_MIX = True
 
 
 def plain_mix(a: Tensor, v: Tensor, alpha: GainValue, beta: GainValue, gamma: GainValue | None) -> Tensor:

@@ -1,0 +1,43 @@
+"""The kernel choice: where two kernels compute the same thing, which one `ops` runs. One place decides
+(`KERNELS`); a benchmark or a test changes it for a block of code with `kernel_choice`, never by
+setting a module's flags."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    """Which kernel an op runs where there are two that compute the same thing: `KERNELS` holds the
+    one in force.
+
+    scan_t_innermost: device types whose prefix sums along T run with T as the innermost (contiguous)
+        axis, after one transposing copy that also casts to float32. CUDA's cumsum over an outer axis
+        runs one thread per column, sequentially along the axis (pytorch/pytorch#122170), while the
+        innermost-axis kernel scans each row with a whole block; on the CPU the strided scan is the
+        faster (benchmarks/bench_centering.py times both layouts: its "other scan" rows).
+    compiled_mix: under torch.compile, shaped attention's mix as "plain" ops (inductor derives and
+        fuses the backward itself) or as the autograd "function" `ShapedMix` that eager runs.
+    """
+
+    scan_t_innermost: frozenset[str] = frozenset({"cuda"})
+    compiled_mix: Literal["plain", "function"] = "plain"
+
+
+KERNELS = KernelChoice()
+
+
+@contextmanager
+def kernel_choice(**changes: Any) -> Iterator[KernelChoice]:
+    """Within the block, `KERNELS` with `changes` (fields of `KernelChoice`); the choice before after."""
+    global KERNELS
+    saved = KERNELS
+    KERNELS = replace(saved, **changes)
+    try:
+        yield KERNELS
+    finally:
+        KERNELS = saved
