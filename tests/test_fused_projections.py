@@ -20,7 +20,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from blocklab import LanguageModel
-from blocklab.model import block as block_module
+from blocklab.model import kernels
 from blocklab.model.block import Attention, Block, set_fused_projections
 from blocklab.model.linear_maps import fused_linear, plain_linear
 from blocklab.model.value_paths import VALUE_PATHS, LayerValues, Registered, ValuePath
@@ -265,17 +265,17 @@ def test_a_value_path_that_does_not_declare_fusion_keeps_its_own_w_v(monkeypatch
 
 
 # -- when "auto" fuses --------------------------------------------------------------------------
-def test_auto_fuses_on_the_listed_devices_and_never_while_decoding(monkeypatch):
+def test_auto_fuses_on_the_listed_devices_and_never_while_decoding():
     model = make_model("pre-ln")
     ids = tokens(batch=1, t=6)
     everything = ran_maps(pair("pre-ln")[0], ids)
-    monkeypatch.setattr(block_module, "FUSE_DEVICES", frozenset())
-    assert ran_maps(model, ids) == everything
-    monkeypatch.setattr(block_module, "FUSE_DEVICES", frozenset({"cpu"}))
-    assert ran_maps(model, ids) == everything - {f"blocks.{i}.attn.{n}" for i in range(3)
-                                                 for n in ("q", "k", "values.w_v")}
-    cache = model.new_cache(1, 8)
-    assert ran_maps(model, ids, cache=cache) == everything  # decoding: no fusion
+    with kernels.kernel_choice(fused_projections=frozenset()):
+        assert ran_maps(model, ids) == everything
+    with kernels.kernel_choice(fused_projections=frozenset({"cpu"})):
+        assert ran_maps(model, ids) == everything - {f"blocks.{i}.attn.{n}" for i in range(3)
+                                                     for n in ("q", "k", "values.w_v")}
+        cache = model.new_cache(1, 8)
+        assert ran_maps(model, ids, cache=cache) == everything  # decoding: no fusion
     set_fused_projections(model, "on")
     assert ran_maps(model, ids[:, :1], cache=cache) == everything - {f"blocks.{i}.attn.{n}" for i in range(3)
                                                                      for n in ("q", "k", "values.w_v")}
@@ -353,7 +353,7 @@ def test_identity_values_are_contiguous_heads(arch, contiguous, monkeypatch):
 def test_fused_block_traces_as_one_graph(arch, mode, monkeypatch):
     """torch.compile(fullgraph=True) of a fused block: the fusion adds no graph break (dynamo's eager
     backend: tracing only, the same graph inductor would compile); "auto" on a device it fuses on."""
-    monkeypatch.setattr(block_module, "FUSE_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(kernels, "KERNELS", kernels.KernelChoice(fused_projections=frozenset({"cpu"})))
     torch._dynamo.reset()
     unfused, fused = pair(arch)
     set_fused_projections(fused, mode)

@@ -29,7 +29,7 @@ Fused projections. The linear maps that read one input run as one GEMM, x [W_1; 
 also the MLP's first matrix W_fc, which reads the same N1(X). The maps keep their parameters (names,
 state dicts, checkpoints and HF export are unchanged); identity, reparameterised and wrapped maps run
 as themselves. `Block.fused_projections` ("auto", "on", "off"; `set_fused_projections`) says when:
-"auto" fuses outside decoding on the devices of `FUSE_DEVICES`, where it was measured to pay
+"auto" fuses outside decoding on the devices of `KernelChoice.fused_projections`, where it was measured to pay
 (benchmarks/bench_fused_projections.py).
 """
 
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model import ops
+from blocklab.model import kernels, ops
 from blocklab.model.carry import Carry
 from blocklab.model.config import register_checks
 from blocklab.model.gains import Gain
@@ -62,10 +62,6 @@ def _skip(init: float, trainable: bool) -> Gain | None:
 
 FuseMode = Literal["auto", "on", "off"]
 FUSE_MODES: tuple[FuseMode, ...] = ("auto", "on", "off")
-# Where "auto" fuses the projections (outside decoding): CUDA, where one bigger GEMM per input in place
-# of two to four means fewer launches and better tile use, as nanoGPT's fused QKV; not the CPU, where
-# the weights' copy costs about what the merge saves (docs/design.md, "The training step on a GPU").
-FUSE_DEVICES = frozenset({"cuda"})
 
 
 def set_fused_projections(model: nn.Module, mode: FuseMode) -> None:
@@ -113,7 +109,7 @@ class Block(nn.Module):
         """Whether this forward pass fuses the projections (`fused_projections`)."""
         mode = self.fused_projections
         if mode == "auto":  # while decoding the weights' copy would cost more than the GEMMs it joins
-            return carry.cache is None and x.device.type in FUSE_DEVICES
+            return carry.cache is None and x.device.type in kernels.KERNELS.fused_projections
         return mode == "on"
 
     def attend(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:

@@ -1,6 +1,6 @@
-"""The kernel choice: where two kernels compute the same thing, which one `ops` runs. One place decides
-(`KERNELS`); a benchmark or a test changes it for a block of code with `kernel_choice`, never by
-setting a module's flags."""
+"""The kernel choice: where two kernels compute the same thing, which one `ops` and the blocks run.
+One place decides (`KERNELS`); a benchmark or a test changes it for a block of code with
+`kernel_choice`, never by setting a module's flags."""
 
 from __future__ import annotations
 
@@ -22,10 +22,15 @@ class KernelChoice:
         faster (benchmarks/bench_centering.py times both layouts: its "other scan" rows).
     compiled_mix: under torch.compile, shaped attention's mix as "plain" ops (inductor derives and
         fuses the backward itself) or as the autograd "function" `ShapedMix` that eager runs.
+    fused_projections: device types where a block's "auto" mode (`Block.fused_projections`) runs the
+        maps that read one input as one GEMM outside decoding: CUDA, where one bigger GEMM in place of
+        two to four means fewer launches and better tile use; not the CPU, where the weights' copy
+        costs about what the merge saves (docs/design.md, "The training step on a GPU").
     """
 
     scan_t_innermost: frozenset[str] = frozenset({"cuda"})
     compiled_mix: Literal["plain", "function"] = "plain"
+    fused_projections: frozenset[str] = frozenset({"cuda"})
 
 
 KERNELS = KernelChoice()
