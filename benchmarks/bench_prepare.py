@@ -19,12 +19,14 @@ pool for all: --threads sets RAYON_NUM_THREADS before `tokenizers` is imported):
 
 After --warmup rounds that are not counted, each of --rounds rounds runs every contender once, the
 first one rotating from round to round so that a busy machine slows each alike. Reported: the median
-seconds (min-max) and tokens/s, the process CPU seconds (all threads), and "blocklab / this": the
-median over rounds of this contender's time divided by blocklab's in the same round (1.0 = as fast,
-above 1: blocklab is faster). Tokens are the text's tokens (blocklab's separators not counted), the
-same count for every contender (checked each round).
+seconds (min-max) and tokens/s, the process CPU seconds (all threads), and "blocklab's speed / this
+one's": the median over rounds of this contender's time divided by blocklab's in the same round (1.0:
+as fast; 0.9: blocklab takes 1/0.9 of this one's time; above 1: blocklab is faster). Tokens are the
+text's tokens (blocklab's separators not counted), the same count for every contender (checked each
+round).
 
-    PYTHONPATH=src python benchmarks/bench_prepare.py --mb 40 --rounds 7 --out benchmarks/results/prepare-cpu.json
+    PYTHONPATH=src python benchmarks/bench_prepare.py --mb 40 --rounds 7 \
+        --out benchmarks/results/prepare-cpu.json
     PYTHONPATH=src python benchmarks/bench_prepare.py --smoke --out /tmp/prepare-smoke.json   # seconds
 """
 
@@ -155,17 +157,18 @@ def summarise(times: dict[str, list[dict]]) -> list[dict]:
     for name, runs in times.items():
         s = [r["s"] for r in runs]
         tokens = runs[0]["tokens"]
+        paired = [a["s"] / b["s"] for a, b in zip(runs, ours, strict=True)]
         rows.append({"contender": name, "tokens": tokens, "median_s": statistics.median(s), "min_s": min(s),
                      "max_s": max(s), "tokens_per_s": tokens / statistics.median(s),
                      "cpu_s": statistics.median(r["cpu_s"] for r in runs),
-                     "this_over_blocklab": statistics.median(a["s"] / b["s"] for a, b in zip(runs, ours)),
+                     "this_over_blocklab": statistics.median(paired),
                      "rounds": runs})
     return rows
 
 
 def render(rows: list[dict]) -> str:
-    lines = ["| contender | tokens | s, median (min-max) | tokens/s | CPU s | blocklab / this (time ratio) |",
-             "|---|---|---|---|---|---|"]
+    header = "| contender | tokens | s, median (min-max) | tokens/s | CPU s | blocklab's speed / this one's |"
+    lines = [header, "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['contender']} | {r['tokens']:,} | {r['median_s']:.2f} ({r['min_s']:.2f}-"
                      f"{r['max_s']:.2f}) | {r['tokens_per_s']:,.0f} | {r['cpu_s']:.2f} | "
