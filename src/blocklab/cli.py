@@ -9,7 +9,7 @@ import sys
 import traceback
 from importlib import metadata
 
-from blocklab import __version__, cli_args, import_hf_cli
+from blocklab import __version__, cli_args, import_hf_cli, prepare_cli
 from blocklab.errors import ConfigError, DiskFullError
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
@@ -20,6 +20,7 @@ from blocklab.scaling import cli as scaling_cli
 
 EXAMPLES = """examples:
   blocklab presets                                   every architecture, value path and size
+  blocklab prepare data.source=corpus.jsonl          tokenise once; train then reads the cache
   blocklab train arch=sas-p size=tiny max_steps=300 --out runs/sas-p
   blocklab train arch=pre-ln+bov model.value_path_options.layers=[2,3] max_steps=300
   blocklab compare --archs pre-ln,sas-p,bov --seeds 3 --threads 2 --out runs/cmp
@@ -434,6 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_params(sub)
     _add_presets(sub)
+    prepare_cli.add_parsers(sub)
     _add_train(sub)
     _add_compare(sub)
     _add_reproduce(sub)

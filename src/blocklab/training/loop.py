@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -168,8 +168,7 @@ class Trainer:
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
         if init is not None:  # the run records the source's arch and size, the model it trains
             cfg = init_from.with_source_preset(cfg, init[0])
-        if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
-            cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
+            cfg = init_from.with_source_tokenizer(cfg, init[1])
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.out_dir)
         # where a resume starts; resume without a checkpoint starts from step 0
