@@ -93,7 +93,8 @@ def check_training_names(args) -> None:
     them."""
     from blocklab.training.config import resolve_config
 
-    overrides, config, budget_elsewhere = list(args.overrides), None, args.command == "compare"
+    # compare's budget is a flag; prepare needs none (it puts a placeholder first, as here)
+    overrides, config, budget_elsewhere = list(args.overrides), None, args.command in ("compare", "prepare")
     if "..." in overrides:  # a template: "..." stands for the rest of a command shown before it
         overrides, budget_elsewhere = [o for o in overrides if o != "..."], True
     if args.command in ("train", "prepare") and overrides and "=" not in overrides[0]:
