@@ -108,7 +108,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compare",),
     ("reproduce",),
     ("scaling",),
-    ("cli", "cli_args", "import_hf_cli", "__main__"),
+    ("cli", "cli_args", "import_hf_cli", "prepare_cli", "__main__"),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -19,6 +19,7 @@ sys.path.insert(0, str(BENCH))  # the scripts import their neighbours (_measure,
 
 import bench_decode  # noqa: E402
 import bench_gpu  # noqa: E402
+import bench_prepare  # noqa: E402
 
 
 def perturbed(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
@@ -409,3 +410,22 @@ def test_bench_fused_projections_quick_run_times_both_modes(tmp_path):
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["speedup_paired"] > 0 and r["fused_ms"] > 0 for r in rows), rows
+
+
+def test_bench_prepare_smoke_times_every_contender_on_the_same_tokens(tmp_path, capsys, monkeypatch):
+    """bench_prepare.py (issue 50): blocklab's data path and the tokenizers library alone (in one call and
+    in batches) count the same tokens of the same corpus (the script stops if they do not); the table
+    printed is the one written, its ratios the rounds' own."""
+    monkeypatch.setattr(bench_prepare, "BATCH_CHARS", 50_000)  # several batches of the 0.3 MB corpus
+    out = tmp_path / "prepare.json"
+    result = bench_prepare.main(["--smoke", "--out", str(out)])
+    rows = {r["contender"]: r for r in result["rows"]}
+    assert list(rows) == list(bench_prepare.CONTENDERS) and len(rows) == 4
+    ours = rows["blocklab"]
+    assert ours["tokens"] > 10_000 and {r["tokens"] for r in rows.values()} == {ours["tokens"]}
+    for r in rows.values():
+        assert len(r["rounds"]) == 1 and r["tokens_per_s"] > 0
+        assert r["this_over_blocklab"] == pytest.approx(r["rounds"][0]["s"] / ours["rounds"][0]["s"])
+        assert r["best_over_blocklab_best"] == pytest.approx(r["this_over_blocklab"])  # one round
+    assert json.loads(out.read_text())["table"] == result["table"]
+    assert result["table"] in capsys.readouterr().out

@@ -77,7 +77,7 @@ def check_command(argv: list[str]) -> None:
     except SystemExit as stop:  # --help and --version end here with 0; a usage error with 2
         assert stop.code == 0, f"blocklab {shlex.join(argv)}: {stderr.getvalue().strip()}"
         return
-    if args.command in ("train", "compare"):
+    if args.command in ("train", "compare", "prepare"):
         check_training_names(args)
     if args.command == "reproduce":
         from blocklab.reproduce import SCALES
@@ -89,13 +89,15 @@ def check_command(argv: list[str]) -> None:
 
 
 def check_training_names(args) -> None:
-    """`blocklab train` and `compare` overrides, architectures and grid, as the config resolves them."""
+    """`blocklab train`, `prepare` and `compare` overrides, architectures and grid, as the config resolves
+    them."""
     from blocklab.training.config import resolve_config
 
-    overrides, config, budget_elsewhere = list(args.overrides), None, args.command == "compare"
+    # compare's budget is a flag; prepare needs none (it puts a placeholder first, as here)
+    overrides, config, budget_elsewhere = list(args.overrides), None, args.command in ("compare", "prepare")
     if "..." in overrides:  # a template: "..." stands for the rest of a command shown before it
         overrides, budget_elsewhere = [o for o in overrides if o != "..."], True
-    if args.command == "train" and overrides and "=" not in overrides[0]:
+    if args.command in ("train", "prepare") and overrides and "=" not in overrides[0]:
         config = overrides.pop(0)  # a shipped recipe is resolved; a user's own YAML file is not here
         if config.endswith((".yaml", ".yml")) and not Path(config).is_file():
             config, budget_elsewhere = None, True

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.training import TrainConfig, TrainingError, loop, progress, train
+from blocklab.training import TrainConfig, TrainingError, loop, train
+from blocklab.util import progress
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics

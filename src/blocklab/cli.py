@@ -9,7 +9,7 @@ import sys
 import traceback
 from importlib import metadata
 
-from blocklab import __version__, cli_args, import_hf_cli
+from blocklab import __version__, cli_args, import_hf_cli, prepare_cli
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
@@ -20,6 +20,7 @@ from blocklab.util.errors import ConfigError, DiskFullError
 
 EXAMPLES = """examples:
   blocklab presets                                   every architecture, value path and size
+  blocklab prepare data.source=corpus.jsonl          tokenise once; train then reads the cache
   blocklab train arch=sas-p size=tiny max_steps=300 --out runs/sas-p
   blocklab train arch=pre-ln+bov model.value_path_options.layers=[2,3] max_steps=300
   blocklab compare --archs pre-ln,sas-p,bov --seeds 3 --threads 2 --out runs/cmp
@@ -61,7 +62,7 @@ def cmd_presets(_args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from blocklab.training import TrainingError, distributed, train
     from blocklab.training.config import resolve_config
-    from blocklab.training.progress import format_summary
+    from blocklab.util.progress import format_summary
 
     config, overrides = None, list(args.overrides)
     if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
@@ -436,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_params(sub)
     _add_presets(sub)
+    prepare_cli.add_parsers(sub)
     _add_train(sub)
     _add_compare(sub)
     _add_reproduce(sub)

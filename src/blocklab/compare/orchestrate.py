@@ -76,7 +76,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         finished += extra
         trained_at = time.perf_counter()
         if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
-            from blocklab.training.progress import say
+            from blocklab.util.progress import say
 
             say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
                 f"interleaved rounds x {timing_steps} steps) for the report")

@@ -61,7 +61,8 @@ from blocklab.data.cache_entry import (
     tokenizer_manifest,
 )
 from blocklab.data.config import DataConfig
-from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents
+from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents, utf8_size
+from blocklab.data.tokenise import write_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
 from blocklab.util import diskfull
 from blocklab.util.errors import ConfigError
@@ -69,7 +70,6 @@ from blocklab.util.errors import ConfigError
 # The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
 # tokenizers again (a retrained BPE need not equal the one saved runs were trained with).
 TOKENIZER_FORMAT = 1
-CHUNK_CHARS = 4_000_000  # characters per encode_batch call: parallel, yet bounded memory
 MANIFEST_BYTES = 2048  # about a shard manifest.json (1.7 KB measured; more for a long list of skipped files)
 DEFAULTS = DataConfig()
 
@@ -281,15 +281,17 @@ class _ShardFiles:
             self._open = stack.pop_all()
 
     def add(self, chunk: list[tuple[str, str]], tokenizer: Tokenizer) -> None:
-        """Tokenise the (split, text) documents of `chunk` and append each, then the separator."""
+        """Tokenise the (split, text) documents of `chunk` and append each, then the separator (on the
+        worker thread of `tokenise.write_documents`: one chunk at a time, in order)."""
         ids = tokenizer.encode_batch([text for _, text in chunk])
         rows: dict[str, list[list[int]]] = {s: [] for s in SPLITS}
+        eos = [tokenizer.eos_id]
         for (split, text), row in zip(chunk, ids, strict=True):
-            rows[split] += [row, [tokenizer.eos_id]]
+            rows[split] += [row, eos]
             c = self.counts[split]
             c["documents"] += 1
             c["tokens"] += len(row) + 1
-            c["bytes"] += len(text.encode("utf-8"))
+            c["bytes"] += utf8_size(text)
             c["chars"] += len(text)
         for split, parts in rows.items():
             if parts:
@@ -319,17 +321,10 @@ class _ShardFiles:
         return int(tokens * max(1.0, total / chars)) * self.dtype.itemsize + extra
 
 
-def _write_shards(shards: _ShardFiles, source: Source, cfg: DataConfig, tokenizer: Tokenizer) -> None:
-    """Every document of `source`, tokenised in chunks of about CHUNK_CHARS characters."""
-    chunk: list[tuple[str, str]] = []
-    n_chars = 0
-    for split, _, text in split_documents(source, cfg):
-        chunk.append((split, text))
-        n_chars += len(text)
-        if n_chars >= CHUNK_CHARS:
-            shards.add(chunk, tokenizer)
-            chunk, n_chars = [], 0
-    shards.add(chunk, tokenizer)
+def _write_shards(shards: _ShardFiles, source: Source, cfg: DataConfig, tokenizer: Tokenizer,
+                  progress: bool) -> None:
+    """Every document of `source`, tokenised in chunks (`tokenise.write_documents`)."""
+    write_documents(shards, source, cfg, tokenizer, progress)
     shards.close()  # the last buffered bytes reach the disk here
     shards.finished = True
 
@@ -362,9 +357,10 @@ def _manifest(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dic
 
 
 def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[str, Any],
-                 out_dir: Path) -> None:
+                 out_dir: Path, progress: bool = False) -> None:
     """Tokenise every document into `out_dir/{train,val}.bin` and write the manifest, atomically. A
-    write the disk refuses leaves nothing behind and raises a DiskFullError (`_cache_write`)."""
+    write the disk refuses leaves nothing behind and raises a DiskFullError (`_cache_write`). With
+    `progress`, a bar of the bytes read."""
     tmp = aside(out_dir, "tmp")
     shards: _ShardFiles | None = None
 
@@ -377,7 +373,7 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
             tmp.mkdir(parents=True)
             shards = _ShardFiles(tmp, token_dtype(tokenizer.vocab_size))
             try:
-                _write_shards(shards, source, cfg, tokenizer)
+                _write_shards(shards, source, cfg, tokenizer, progress)
             finally:
                 shards.close()
             if shards.counts["train"]["documents"] == 0:
@@ -425,7 +421,7 @@ def _build(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: dict[s
         _say(f"tokenizing {source.description} with the {tokenizer.vocab_size:,}-token tokenizer ...")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out_dir)
-    build_shards(cfg, source, tokenizer, corpus, out_dir)
+    build_shards(cfg, source, tokenizer, corpus, out_dir, progress)
     try:  # the entry just written, or a concurrent run's written first: checked like any other
         manifest = check_entry(out_dir, tokenizer)
     except DamagedEntry as damage:
@@ -448,15 +444,19 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
     corpus = {"source": cfg.source, "kind": source.kind, "fingerprint": source.fingerprint(),
               "val_fraction": cfg.val_fraction, "max_chars": cfg.max_chars}
     tokenizer, trained = get_tokenizer(cfg, source, corpus, root, progress)
+    tokenizer_done = time.perf_counter()
     out_dir = root / "shards" / _key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
     manifest, tokenised = _checked_entry(cfg, source, tokenizer, corpus, out_dir, progress)
+    end = time.perf_counter()
     dtype = np.dtype(manifest["dtype"])
     splits = manifest["splits"]
     arrays = {s: _load_split(out_dir / f"{s}.bin", dtype) for s in SPLITS}
     stats = {
         "tokenizer_trained": trained,
         "tokenised": tokenised,
-        "seconds": time.perf_counter() - start,
+        "seconds": end - start,
+        "tokenizer_seconds": tokenizer_done - start,  # the source opened and keyed, a BPE trained or loaded
+        "shards_seconds": end - tokenizer_done,  # tokenising (when `tokenised`) and checking the entry
         "documents": {s: splits[s]["documents"] for s in SPLITS},
         "tokens": {s: splits[s]["tokens"] for s in SPLITS},
         "bytes": {s: splits[s]["bytes"] for s in SPLITS},

@@ -45,13 +45,21 @@ def split_of(name: str, val_fraction: float) -> str:
     return "val" if u < val_fraction else "train"
 
 
+def utf8_size(text: str) -> int:
+    """The UTF-8 bytes of `text`, without encoding it when it is ASCII (str.isascii takes no pass)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 @dataclass
 class Source:
-    """A re-iterable sequence of documents; `skipped` lists what the last full pass could not read."""
+    """A re-iterable sequence of documents; `skipped` lists what the last full pass could not read, and
+    `bytes_read` counts the bytes read so far in the current pass (the files' bytes; the texts' UTF-8
+    bytes for the snapshot and a data set): a progress bar's position against `text_bytes`."""
 
     kind: str
     description: str
     skipped: list[str] = field(default_factory=list)
+    bytes_read: int = 0
 
     @property
     def file_count(self) -> int | None:
@@ -108,8 +116,9 @@ class SnapshotSource(Source):
         return int(snapshot_info()["bytes"])
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
-        self.skipped = []
+        self.skipped, self.bytes_read = [], 0
         for name, text in iter_snapshot():
+            self.bytes_read += utf8_size(text)
             if select is None or select(name):
                 yield name, text
 
@@ -168,6 +177,7 @@ class FileSource(Source):
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         self.skipped, self.records, self.bad_records, self.missing_field = [], 0, 0, 0
+        self.bytes_read = 0
         for path in self.files:
             name = self._name(path)
             if path.suffix == ".jsonl":
@@ -175,8 +185,10 @@ class FileSource(Source):
                 continue
             if not self.by_paragraph and select is not None and not select(name):
                 continue
+            data = path.read_bytes()
+            self.bytes_read += len(data)
             try:
-                text = path.read_bytes().decode("utf-8")
+                text = data.decode("utf-8")
             except UnicodeDecodeError:
                 self.skipped.append(name)  # binary or another encoding: skip, report in stats
                 continue
@@ -189,6 +201,7 @@ class FileSource(Source):
     def _records(self, path: Path, name: str, select: Select | None) -> Iterator[tuple[str, str]]:
         with path.open("rb") as fh:
             for lineno, line in enumerate(fh, start=1):
+                self.bytes_read += len(line)
                 doc = f"{name}:{lineno}"
                 if not line.strip() or (select is not None and not select(doc)):
                     continue
@@ -257,10 +270,11 @@ class HFSource(Source):
                 "dataset_fingerprint": ds_fingerprint, "text_field": self.text_field}
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
-        self.skipped = []
+        self.skipped, self.bytes_read = [], 0
         for i, row in enumerate(self.dataset.select_columns([self.text_field])):
             name = str(i)
             text = row[self.text_field]
+            self.bytes_read += utf8_size(text) if isinstance(text, str) else 0
             if (select is None or select(name)) and isinstance(text, str) and text:
                 yield name, text
 

@@ -136,7 +136,7 @@ def reuse_finished(configs: list[tuple[Any, Any]], log) -> tuple[list[Outcome | 
     trains), log the finished ones as reused, and return the outcomes so far (None: still to train)
     with the runs still to train."""
     from blocklab.launch.store import Outcome, check_reusable, read_summary
-    from blocklab.training.progress import format_summary
+    from blocklab.util.progress import format_summary
 
     names = run_names(configs)
     outcomes: list[Outcome | None] = []
@@ -158,7 +158,7 @@ def reuse_finished(configs: list[tuple[Any, Any]], log) -> tuple[list[Outcome | 
 def result_line(outcome: Outcome) -> str:
     """A finished or failed run's line."""
     from blocklab.launch.store import read_summary
-    from blocklab.training.progress import format_summary
+    from blocklab.util.progress import format_summary
 
     if outcome.status == "failed":
         return f"FAILED: {outcome.error} (log: {outcome.log})"

@@ -12,7 +12,7 @@ from typing import IO
 
 from tqdm.std import tqdm as std_tqdm
 
-from blocklab.training.progress import progress_bar
+from blocklab.util.progress import progress_bar
 
 
 class RunTracker:

@@ -168,7 +168,7 @@ def how_runs_trained(method: dict[str, Any]) -> str:
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "not recorded (write_report called without compare)"
-    from blocklab.training.progress import format_duration
+    from blocklab.util.progress import format_duration
 
     return format_duration(seconds)
 

@@ -40,8 +40,23 @@ def load_init(cfg: TrainConfig) -> tuple[LanguageModel, Path | None]:
     model = model.float().train()
     if cfg.retrofit:
         model = retrofit(model, cfg.retrofit)
-    tok = src / "tokenizer.json"
-    return model, tok if tok.is_file() else None
+    return model, source_tokenizer(cfg.init_from)
+
+
+def source_tokenizer(init_from: str) -> Path | None:
+    """The tokenizer.json of an init_from source, None when it has none."""
+    tok = Path(init_from) / "tokenizer.json"
+    return tok if tok.is_file() else None
+
+
+def with_source_tokenizer(cfg: TrainConfig, source_tok: Path | None) -> TrainConfig:
+    """`cfg` whose data is tokenised with the init_from source's tokenizer: its `source_tok` (when it
+    has one) replaces data.tokenizer = "bpe", which would train a new one; another tokenizer given is
+    kept (`check_init` then checks it is the source's). `blocklab prepare` applies the same rule, so
+    that it fills the cache entry `train` reads."""
+    if source_tok is not None and cfg.data.tokenizer == "bpe":
+        return replace(cfg, data=cfg.data.replace(tokenizer=str(source_tok)))
+    return cfg
 
 
 def source_preset(model: LanguageModel) -> tuple[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,13 +31,13 @@ from blocklab.training.budget import Budget
 from blocklab.training.config import TrainConfig, read_yaml, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
-from blocklab.training.progress import progress_bar, say
 from blocklab.training.schedules import lr_factor
 from blocklab.training.step import autocast_for, compile_for_training, lm_loss, train_step
 from blocklab.util import locks
 from blocklab.util.diskfull import said_plainly
 from blocklab.util.errors import ConfigError, TrainingError
 from blocklab.util.filemodes import atomic_write_text
+from blocklab.util.progress import progress_bar, say
 
 
 @dataclass
@@ -169,8 +169,7 @@ class Trainer:
         init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
         if init is not None:  # the run records the source's arch and size, the model it trains
             cfg = init_from.with_source_preset(cfg, init[0])
-        if init is not None and init[1] is not None and cfg.data.tokenizer == "bpe":
-            cfg = replace(cfg, data=cfg.data.replace(tokenizer=str(init[1])))
+            cfg = init_from.with_source_tokenizer(cfg, init[1])
         self.cfg, self.resume = cfg, resume
         self.run_dir = Path(cfg.out_dir)
         # where a resume starts; resume without a checkpoint starts from step 0
