@@ -22,10 +22,10 @@ import torch
 
 import blocklab
 from blocklab.training import TrainConfig, TrainingError, loop, train
-from blocklab.util import progress
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
+from blocklab.util import progress
 from blocklab.util.errors import ConfigError
 
 TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2}
