@@ -378,6 +378,26 @@ def test_every_variant_saves_loads_and_generates_through_the_auto_class(arch, tm
         assert torch.equal(hf.generate(ids, max_new_tokens=6, do_sample=False), model.generate(ids, 6))
 
 
+@pytest.mark.parametrize("arch", ["shaped", "sas-p", "pre-ln+bov"])
+def test_a_meta_device_load_fills_every_tensor(arch, tmp_path):
+    """``device_map`` (as lm-evaluation-harness loads) builds the model on the meta device and puts each
+    tensor in place by walking attributes named by the checkpoint's keys: on transformers 4.45 the export
+    names of shaped attention's gains (gain_a, gain_c) were no attribute there (AttributeError)."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    import blocklab.interop.hf_model  # noqa: F401 (registers model_type "blocklab")
+
+    model = perturbed(arch, **SMALL)
+    folder = save_pretrained(model, tmp_path / "hf", format="hf")
+    hf, report = AutoModelForCausalLM.from_pretrained(folder, device_map={"": "cpu"},
+                                                      output_loading_info=True)
+    assert not any(report.values()), report
+    ids = torch.randint(0, 96, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(hf.eval()(ids).logits, model(ids))
+
+
 @pytest.mark.parametrize("arch", _every_arch())
 def test_exported_tensor_names_stay_clear_of_transformers_renames(arch):
     """transformers 4.x (4.45) renames checkpoint keys holding "beta" or "gamma" while it loads: no

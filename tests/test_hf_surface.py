@@ -26,6 +26,23 @@ from helpers import PRESETS, TOL, make_model, tokens  # noqa: E402
 SMALL = dict(n_layers=3, d_model=32, n_heads=2, mlp_hidden=64, vocab_size=96, context_length=32)
 
 
+def hf_takes(method: str, keyword: str) -> bool:
+    """Whether this transformers' `PreTrainedModel.method` takes `keyword` (transformers 4.45 lacks some
+    of the newer ones: the floors tier, .ci/floors.sh)."""
+    import inspect
+
+    from transformers import PreTrainedModel
+
+    return keyword in inspect.signature(getattr(PreTrainedModel, method)).parameters
+
+
+def _needs_set_attn_implementation():
+    from transformers import PreTrainedModel
+
+    return pytest.mark.skipif(not hasattr(PreTrainedModel, "set_attn_implementation"),
+                              reason="this transformers has no set_attn_implementation (4.45 had none)")
+
+
 def small(arch: str = "pre-ln", seed: int = 0, **fields) -> LanguageModel:
     """A float32 model of SMALL's sizes with every parameter moved off its initialisation."""
     torch.manual_seed(seed)
@@ -92,10 +109,11 @@ def test_resize_keeps_old_logits_and_resizes_every_token_table(name):
         after = hf(torch.cat([ids, torch.tensor([[99], [96]])], dim=1)).logits
     torch.testing.assert_close(after[:, :8, :96], before, rtol=0, atol=1e-5)
     resized = dict(model.named_parameters())
+    mean = hf_takes("resize_token_embeddings", "mean_resizing")  # HF's default since 4.46; zeros before
     for n, old in tables.items():
         assert resized[n].shape == (100, old.shape[1])
         assert torch.equal(resized[n][:96], old)
-        torch.testing.assert_close(resized[n][96:], old.mean(0).expand(4, -1))
+        torch.testing.assert_close(resized[n][96:], (old.mean(0) if mean else 0 * old[0]).expand(4, -1))
     if name.startswith("bov") or name.startswith("value-embed"):
         assert tables, "this value path looks values up by token id"
     again = LanguageModel(ModelConfig.from_dict(hf.config.blocklab)).eval()
@@ -104,6 +122,8 @@ def test_resize_keeps_old_logits_and_resizes_every_token_table(name):
         torch.testing.assert_close(again(torch.tensor([[99, 3, 96]])), hf(torch.tensor([[99, 3, 96]])).logits)
 
 
+@pytest.mark.skipif(not hf_takes("resize_token_embeddings", "mean_resizing"),
+                    reason="this transformers' resize_token_embeddings has no mean_resizing (4.45 had none)")
 def test_resize_without_mean_shrinking_and_padding_to_a_multiple():
     model = small("pre-ln+value-embed", tie_embeddings=False)
     hf = hf_model(model).eval()
@@ -179,8 +199,9 @@ def test_gradient_checkpointing_every_n_layers_reentrant_request_and_eval():
     hf = hf_model(model).train()
     ids = tokens()
     _, grads, _ = _loss_grads_and_recomputed(hf, ids)
-    _enable(hf, every_n_layers=2)
-    assert _loss_grads_and_recomputed(hf, ids)[2] == 2  # blocks 0 and 2 of 3
+    if hf_takes("gradient_checkpointing_enable", "every_n_layers"):  # not in transformers 4.x
+        _enable(hf, every_n_layers=2)
+        assert _loss_grads_and_recomputed(hf, ids)[2] == 2  # blocks 0 and 2 of 3
     with pytest.warns(UserWarning, match="use_reentrant=False"):
         _enable(hf, gradient_checkpointing_kwargs={"use_reentrant": True})
     _, grads_ckpt, recomputed = _loss_grads_and_recomputed(hf, ids)
@@ -276,6 +297,7 @@ def _gpt2():
     return hf.eval()
 
 
+@_needs_set_attn_implementation()
 def test_hidden_states_and_attentions_match_hf_gpt2():
     """A tiny random GPT-2 imported with from_hf: HF's hidden states and eager attention matrices; ours
     under both attention implementations."""
@@ -344,6 +366,7 @@ def test_masked_lm_hidden_states_and_bidirectional_attentions():
 
 
 # -- 4. attn_implementation -------------------------------------------------------------------------
+@_needs_set_attn_implementation()
 @pytest.mark.parametrize("arch", ["shaped", "sas-p+svformer", "pre-ln+cla"])
 def test_attn_implementation_sdpa_by_default_and_eager_builds_the_matrices(arch, tmp_path):
     """Loaded with "sdpa" (the default) or "eager": both reported; eager runs the explicit matrices

@@ -371,7 +371,8 @@ def test_hf_export_loads_in_transformers_with_the_same_logits(name, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["README.md", "config.json", "generation_config.json",
                                                         "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
-    assert config["architectures"] == [HF_EXPORTS[name][1]] and config["dtype"] == "float32"
+    dtype = config.get("dtype", config.get("torch_dtype"))  # transformers 4.x writes `torch_dtype`
+    assert config["architectures"] == [HF_EXPORTS[name][1]] and dtype == "float32"
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
     assert type(hf).__name__ == HF_EXPORTS[name][1]
     assert not any(info.values())  # no missing, unexpected or mismatched weights
@@ -391,7 +392,10 @@ def test_hf_export_keeps_dtype_and_tokenizer(tmp_path):
                             trainers.BpeTrainer(vocab_size=60, special_tokens=["<|endoftext|>", "[UNK]"]))
     model = hf_exportable("llama-like-gqa-untied").to(torch.bfloat16)
     folder = save_pretrained(model, tmp_path / "hf", tokenizer=tok, format="hf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    from blocklab.interop import hf as hf_interop
+
+    # the saved dtype: transformers 5's default; 4.x loads float32 unless asked for "auto" (by its keyword)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, **hf_interop._saved_dtype())
     assert hf.dtype == torch.bfloat16 and hf.config.eos_token_id == 0
     hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
     assert hf_tok("bank of values").input_ids == tok.encode("bank of values").ids

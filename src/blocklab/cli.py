@@ -244,10 +244,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
     from blocklab.training.runs import load_model_folder
 
+    if args.num_beams > 1 and (args.temperature or args.top_k is not None or args.top_p is not None):
+        raise ConfigError(f"--num-beams {args.num_beams} runs a beam search, which samples nothing: drop "
+                          "--temperature, --top-k and --top-p, or sample with --num-beams 1.")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     run = load_model_folder(args.run, device=device)  # a run or an export; main reports a missing one
     try:
-        text = run.complete(args.prompt, args.max_new_tokens, stop=not args.no_stop,
+        text = run.complete(args.prompt, args.max_new_tokens, not args.no_stop, args.num_beams,
                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     except ValueError as err:  # an empty prompt, a sampling setting or a length the model cannot take
         raise ConfigError(str(err)) from None
@@ -413,7 +416,7 @@ def _add_generate(sub) -> None:
     """`blocklab generate`: decoding a prompt with a trained run."""
     p = sub.add_parser("generate", help="continue a prompt with a trained run, decoding with the KV cache",
                        description="Greedy decoding by default; --temperature with --top-k / --top-p "
-                       "samples (reproducibly with --seed). Stops at the run's end-of-text token.")
+                       "samples (reproducibly with --seed); --num-beams N: beam search. Stops at end-of-text")
     p.add_argument("--run", required=True,
                    help="a run directory, or a blocklab export (blocklab export, import-hf)")
     p.add_argument("--prompt", required=True, help="the text to continue")
@@ -424,6 +427,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens with this much "
                    "probability: in (0, 1]")
     p.add_argument("--seed", type=int)
+    p.add_argument("--num-beams", type=cli_args.positive_int, default=1, help="beam search with this many "
+                   "beams (Hugging Face's rules, length penalty 1), printing the best text; no sampling "
+                   "options (default 1: greedy or sampled decoding)")
     p.add_argument("--no-stop", action="store_true", help="do not stop at the end-of-text token")
     p.add_argument("--device", help="cpu, cuda ... (default: cuda when available)")
     p.set_defaults(func=cmd_generate)

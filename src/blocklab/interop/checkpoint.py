@@ -211,7 +211,8 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
         model = LanguageModel(cfg)
     model.to(dtype)
     try:
-        load_model(model, str(folder / WEIGHTS_NAME), strict=True, device=str(device))
+        # read to the host, then copied into the model's device (safetensors' `device=` is 0.4.3's)
+        load_model(model, str(folder / WEIGHTS_NAME), strict=True)
     except SafetensorError as err:
         raise ConfigError(f"{folder / WEIGHTS_NAME} is not a readable safetensors file ({err}): the export "
                           "is damaged; export it again (blocklab export --run DIR --out FOLDER).") from None

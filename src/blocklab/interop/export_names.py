@@ -15,13 +15,14 @@ Exports written before this rename hold blocklab's names: `legacy_load_kwargs` h
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 # a path part of a blocklab tensor name -> the part exported instead (attention-matrix gains, on A and C)
 EXPORT_PARTS = {"beta": "gain_a", "gamma": "gain_c"}
@@ -82,6 +83,22 @@ def legacy_load_kwargs(path: Any) -> dict[str, Any]:
     return {} if state is None else {"state_dict": state}
 
 
+def alias_export_names(model: nn.Module) -> None:
+    """On a transformers without ``key_mapping`` (4.45), let each module of `model` answer to its
+    children's export names as plain attributes (not submodules: the module tree and state_dict stay
+    as they are). Its meta-device load (``device_map=...`` or ``low_cpu_mem_usage=True``, as
+    lm-evaluation-harness loads) and accelerate's find each tensor by walking attributes named by the
+    checkpoint's keys: ``model.blocks.0.attn.gain_a.gain``."""
+    if _takes_key_mapping():
+        return
+    for module in model.modules():
+        for own, export in EXPORT_PARTS.items():
+            child = module._modules.get(own)
+            if child is not None and export not in module.__dict__:
+                object.__setattr__(module, export, child)  # bypasses nn.Module's registration
+
+
+@functools.cache
 def _takes_key_mapping() -> bool:
     """Whether the installed transformers' from_pretrained reads ``key_mapping`` (a keyword it takes
     from ``**kwargs``, so only its source says)."""

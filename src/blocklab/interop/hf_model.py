@@ -51,6 +51,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast, MaskedLMOutput
 
 from blocklab.interop.export_files import auto_map, write_modules
 from blocklab.interop.export_names import (
+    alias_export_names,
     blocklab_name,
     check_export_names,
     export_name,
@@ -179,6 +180,7 @@ class BlocklabPreTrainedModel(PreTrainedModel):
         # save_pretrained writes and loading expects), load_state_dict and get_submodule
         self.register_state_dict_post_hook(_to_export_names)
         self.register_load_state_dict_pre_hook(_to_blocklab_names)
+        alias_export_names(self.model)  # transformers 4.45's meta-device load walks attributes by them
         self.post_init()
 
     def get_submodule(self, target: str) -> nn.Module:
@@ -351,6 +353,23 @@ class BlocklabForCausalLM(BlocklabPreTrainedModel, GenerationMixin):
         sequences = out if isinstance(out, Tensor) else out.sequences
         sequences[:, :ids.shape[1]] = ids
         return out
+
+    def _get_initial_cache_position(self, *args: Any, **kwargs: Any) -> Any:
+        """The prefill's positions. transformers 4.45 (whose method takes `input_ids` first) reads a cache
+        that is not its own `Cache` as tuples of tensors (``cache[0][0]``): it is given none, and the
+        positions our cache already holds are dropped here, as it drops a cache's past length."""
+        old = next(iter(inspect.signature(super()._get_initial_cache_position).parameters)) == "input_ids"
+        model_kwargs = kwargs["model_kwargs"] if "model_kwargs" in kwargs else args[-1]
+        cache = model_kwargs.get(CACHE_NAME)
+        if not old or not isinstance(cache, BlocklabCache):
+            return super()._get_initial_cache_position(*args, **kwargs)
+        model_kwargs[CACHE_NAME] = None
+        try:
+            model_kwargs = super()._get_initial_cache_position(*args, **kwargs)
+        finally:
+            model_kwargs[CACHE_NAME] = cache
+        model_kwargs["cache_position"] = model_kwargs["cache_position"][cache.get_seq_length():]
+        return model_kwargs
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                                       cache: Any = None, past_key_values: Any = None,

@@ -28,16 +28,27 @@ class LoadedRun:
     config: TrainConfig | None
     checkpoint: Path
 
-    def complete(self, prompt: str, max_new_tokens: int, stop: bool = True, **sampling: Any) -> str:
+    def complete(self, prompt: str, max_new_tokens: int, stop: bool = True, num_beams: int = 1,
+                 **sampling: Any) -> str:
         """The text the model writes after `prompt`, decoded with the KV cache (`LanguageModel.generate`;
-        `sampling`: temperature, top_k, top_p, seed; greedy by default). With `stop` it ends at the
-        tokenizer's end-of-text token, which is not part of the text."""
+        `sampling`: temperature, top_k, top_p, seed; greedy by default; with `num_beams` > 1 the best
+        hypothesis of a beam search, `blocklab.runtime.beam_search`, which takes no sampling setting).
+        With `stop` it ends at the tokenizer's end-of-text token, which is not part of the text."""
         prompt_ids = self.tokenizer.encode(prompt)
         if not prompt_ids:
             raise ConfigError("the prompt is empty: give at least one character of text to continue.")
         ids = torch.tensor([prompt_ids], device=next(self.model.parameters()).device)
         stops = [self.tokenizer.eos_id] if stop else None
-        out = self.model.generate(ids, max_new_tokens, stop_tokens=stops, **sampling)
+        if num_beams != 1:
+            from blocklab.runtime.beam_search import beam_search
+
+            drawn = {k: v for k, v in sampling.items() if k != "seed" and v not in (None, 0, 0.0)}
+            if drawn:
+                raise ConfigError(f"num_beams = {num_beams} runs a beam search, which samples nothing: "
+                                  f"drop {drawn}.")
+            out = beam_search(self.model, ids, num_beams, max_new_tokens, stop_tokens=stops).sequences
+        else:
+            out = self.model.generate(ids, max_new_tokens, stop_tokens=stops, **sampling)
         new = out[0, len(prompt_ids):].tolist()
         if stops and new and new[-1] in stops:
             new = new[:-1]

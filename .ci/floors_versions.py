@@ -1,0 +1,23 @@
+"""Print each requirement of pyproject.toml (dependencies and the dev extra) beside the version this
+environment holds: the floors tier's table (.ci/floors.sh, docs/setup.md)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import tomllib
+
+project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+requirements = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+print(f"python {sys.version.split()[0]}")
+print(f"{'package':<14} {'declared':<12} installed")
+for requirement in requirements:
+    name, spec = re.match(r"([A-Za-z0-9_.-]+)\s*(.*)", requirement).groups()
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = "(not installed)"
+    print(f"{name:<14} {spec:<12} {have}")
