@@ -16,7 +16,7 @@ from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
-from blocklab.training.config import BUDGET_FIELDS, BUDGETS, apply_overrides
+from blocklab.training.config import BUDGET_FIELDS, BUDGETS, DEFAULT_SIZE, apply_overrides
 
 # The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
 # recipe every block preset leaves the unigram plateau within 50 steps, so the main job spends its
@@ -60,7 +60,7 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
     if "ckpt_every" not in base and every:
         base = {**base, "ckpt_every": every}
     configs = []
-    size = base.get("size", TrainConfig.size)
+    size = base.get("size") or DEFAULT_SIZE
     for entry in entries:
         model = entry_model(entry, size, base.get("model", {}))
         own = merge(merge({"optim": recipe_optim(entry.arch, size)}, base), entry.train)
