@@ -9,7 +9,7 @@ from typing import Any
 
 from blocklab import locks
 from blocklab.compare.added import added_runs, require_finished
-from blocklab.compare.configs import run_configs
+from blocklab.compare.configs import comparison_identity, run_configs
 from blocklab.compare.grids import Entry
 from blocklab.compare.sweep import sweep_learning_rates, with_best_rates
 from blocklab.compare.timing import TIMING_ROUNDS, TIMING_STEPS, measure_architectures
@@ -35,7 +35,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here). `add`
     names finished runs trained elsewhere to bring into the report (`added_runs`, checked against the
     comparison's runs once those have trained; a missing one is refused before anything trains).
-    A report.md, report.html or results.json in `out` that compare did not write is refused before
+    A report.md, report.html or results.json in `out` that compare did not write, or the report of
+    another comparison (`comparison_identity`: other architectures or settings), is refused before
     anything trains, unless `overwrite` (`report.check_report_files`).
 
     Raises RunsPending when a launcher that does not wait left runs queued (the same call later collects
@@ -51,12 +52,16 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     out = Path(out)
     # one comparison at a time in a folder: no run or report of another is touched
     with locks.hold(out, make=True):
-        check_report_files(out, overwrite)
+        base = base or {}
+        identity = comparison_identity(entries, out, base, lr_sweep, add)
+        # saved runs are checked against their configs one by one (launch.store.check_reusable, naming the
+        # run and --fresh): the report's own check of the settings is for when none is there to speak
+        runs_speak = not fresh and any((out / "runs").glob("*/config.yaml"))
+        check_report_files(out, overwrite, identity, settings=not runs_speak)
         if fresh and (out / "runs").is_dir():
             for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
                 with locks.hold(run):  # never a run another process is training (FolderInUse names it)
                     shutil.rmtree(run)
-        base = base or {}
         sweep = sweep_info = None
         failed = []
         if lr_sweep:
@@ -84,7 +89,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
                     "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
                     "launch": launch.describe(),
-                    "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
+                    "added": [{"run": c.out_dir, "label": e.label} for e, c in extra], "comparison": identity,
                     "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
         report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
         if failed:
