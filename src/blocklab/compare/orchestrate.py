@@ -48,7 +48,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     from blocklab.report.write import check_report_files
 
     started, start = utc_now(), time.perf_counter()
-    entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add)
+    entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add, lr_sweep)
     out = Path(out)
     # one comparison at a time in a folder: no run or report of another is touched
     with locks.hold(out, make=True):
@@ -98,8 +98,11 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
 
 
 def _checked_arguments(entries: list[Entry | str], seeds: int, timing_rounds: int, timing_steps: int,
-                       add: list[str | Path] | None) -> list[Entry]:
-    """`compare`'s arguments checked before anything trains; the entries, strings parsed."""
+                       add: list[str | Path] | None, lr_sweep: list[float] | None) -> list[Entry]:
+    """`compare`'s arguments checked before anything trains, or anything in `out` is read; the entries,
+    strings parsed."""
+    if any(isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep or []):
+        raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
     if not is_count(seeds, 1):
         raise ConfigError(f"seeds = {seeds!r} is not allowed: give a positive number of seeds per "
                           "architecture.")
@@ -122,8 +125,6 @@ def _sweep(entries: list[Entry], lr_sweep: list[float], sweep_steps: int | None,
            ) -> tuple[dict[str, dict[float, float]], dict[str, Any], Launch]:
     """The learning-rate sweep before the comparison's runs: its losses (also in lr_sweep.json), what
     the report says of it, and its launch."""
-    if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
-        raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
     steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
     log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
     sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,
