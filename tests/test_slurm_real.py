@@ -147,7 +147,8 @@ def _last_step(run: Path) -> int:
 
 def _job_pythons(job: str) -> list[int]:
     """The pids of the Python processes running the Slurm job `job` ("12_0", or a plain id) on this node:
-    submitit's `_submit` entry, with the job's ids in its environment."""
+    submitit's `_submit` entry, with the job's ids in its environment (not the srun that started it,
+    whose arguments name the entry too: killing srun makes Slurm cancel the step)."""
     array, _, task = job.partition("_")
     want = {b"SLURM_ARRAY_JOB_ID=" + array.encode(), b"SLURM_ARRAY_TASK_ID=" + task.encode()} if task \
         else {b"SLURM_JOB_ID=" + job.encode()}
@@ -158,7 +159,8 @@ def _job_pythons(job: str) -> list[int]:
             environ = set((proc / "environ").read_bytes().split(b"\0"))
         except OSError:
             continue
-        if b"submitit.core._submit" in cmdline and want <= environ:
+        program = Path(cmdline.split(b"\0")[0].decode(errors="replace")).name
+        if program.startswith("python") and b"submitit.core._submit" in cmdline and want <= environ:
             pids.append(int(proc.name))
     return pids
 
