@@ -370,3 +370,19 @@ def test_a_second_no_wait_says_the_jobs_are_already_submitted_and_how_to_check_o
     assert lines[-1].startswith("2 run(s) already submitted earlier and still queued or running (job(s) 4_0, "
                                 "4_1)") and "squeue --jobs 4_0,4_1" in lines[-1]
     assert "without --no-wait to wait for them" in lines[-1]
+
+
+def test_with_accounting_the_signal_comes_from_the_step_sacct_lists(tmp_path):
+    """sacct of an array task whose Python was killed by signal 9, as Slurm 22.05.8 with slurmdbd gave it:
+    the job's line says 9:0, its step 0 says 0:9; the step's is the one that tells a kill."""
+    text = ("JobID|State|ExitCode\n1_0|FAILED|9:0\n1_0.batch|FAILED|9:0\n1_0.0|CANCELLED|0:9\n"
+            "1_1|COMPLETED|0:0\n1_1.batch|COMPLETED|0:0\n1_1.0|COMPLETED|0:0\n")
+
+    def sacct(command, **_kwargs):
+        return subprocess.CompletedProcess(command, 0, text if command[0] == "sacct" else "", "")
+
+    states = JobStates(run=sacct)
+    assert states.sacct(["1_0", "1_1"]) == {"1_0": "FAILED", "1_1": "COMPLETED"}
+    assert states.exit_codes == {"1_0": "0:9", "1_1": "0:0"}
+    assert failure_reason("FAILED", "", "", states.exit_codes["1_0"]).startswith(
+        "was killed (signal 9, SIGKILL, Slurm exit code 0:9; Slurm state FAILED)")

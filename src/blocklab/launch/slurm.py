@@ -48,7 +48,7 @@ from submitit.slurm.slurm import SlurmInfoWatcher
 
 from blocklab.errors import ConfigError
 from blocklab.filemodes import atomic_write_text
-from blocklab.launch.failures import RERUN, RERUN_AFRESH, failure_reason, read_scontrol
+from blocklab.launch.failures import RERUN, RERUN_AFRESH, failure_reason, killed_by, read_scontrol
 from blocklab.launch.outcome import outcome_path, read_outcome, write_outcome
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
@@ -240,20 +240,28 @@ class JobStates:
 
     def sacct(self, job_ids: list[str]) -> dict[str, str]:
         """{job id: final state} ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", ...) of the jobs sacct knows as
-        ended; {} where the cluster keeps no accounting."""
+        ended; {} where the cluster keeps no accounting. The exit code kept is a step's that a signal
+        ended ("0:9" of step 0), else the job's own (whose "9:0" for a killed step hides the signal)."""
         if not self.accounting:
             return {}
         base = sorted({job_id.split("_")[0] for job_id in job_ids})
-        text = self._ask(["sacct", "--allocations", "--parsable2", "--format", "JobID,State,ExitCode",
-                          "--jobs", ",".join(base)])
+        text = self._ask(["sacct", "--parsable2", "--format", "JobID,State,ExitCode", "--jobs",
+                          ",".join(base)])
         if text is None:
             self.accounting = False
             return {}
-        info = SlurmInfoWatcher().read_info(text)
-        found = {job_id: ((info[job_id].get("State") or "").split() or [""])[0].upper() for job_id in job_ids
-                 if job_id in info}  # "CANCELLED by 1000": its first word
-        return self._ended({job_id: (state, info[job_id].get("ExitCode", "")) for job_id, state in
-                            found.items()})
+        info = SlurmInfoWatcher().read_info(text)  # the jobs' own lines; steps ("12_0.batch") left out
+        steps: dict[str, list[str]] = {}
+        for line in text.splitlines()[1:]:
+            cells = line.split("|")
+            if len(cells) >= 3 and "." in cells[0]:
+                steps.setdefault(cells[0].split(".")[0], []).append(cells[2].strip())
+        found = {}
+        for job_id in (j for j in job_ids if j in info):
+            state = ((info[job_id].get("State") or "").split() or [""])[0].upper()  # "CANCELLED by 1000"
+            code = next((c for c in steps.get(job_id, []) if killed_by(c)), info[job_id].get("ExitCode", ""))
+            found[job_id] = (state, code)
+        return self._ended(found)
 
     def scontrol(self, job_ids: list[str]) -> dict[str, str]:
         """{job id: final state} from `scontrol show job`, which knows a job for MinJobAge after it ended,
