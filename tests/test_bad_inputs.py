@@ -228,6 +228,28 @@ def test_a_damaged_export_is_named_without_a_traceback(corpus, finished_run, tmp
     assert f"{export / 'config.json'} is not valid JSON" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "int64", "nonsense"])
+def test_an_export_of_a_dtype_blocklab_cannot_compute_in_is_refused(dtype, corpus, finished_run, tmp_path,
+                                                                   capsys):
+    """config.json's dtype float8_e4m3fn rounded the float32 weights to float8 and trained on, exit 0;
+    int64 and a name torch lacks were tracebacks (issue 51, item 8). Now one line naming the dtypes."""
+    import json
+
+    export = tmp_path / "export"
+    assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
+    config = json.loads((export / "config.json").read_text())
+    assert config["dtype"] == "float32"
+    (export / "config.json").write_text(json.dumps({**config, "dtype": dtype}))
+    capsys.readouterr()
+    args = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+            f"init_from={export}", "max_steps=1", "batch_size=2", "seq_len=16", "progress=false"]
+    assert main(["train", *args, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"blocklab: error: {export / 'config.json'} has dtype = {dtype!r}, which blocklab cannot "
+                   "compute in: a saved model's dtype must be one of float32, bfloat16, float16, float64.\n")
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_an_internal_error_shows_its_traceback_and_asks_for_a_report(monkeypatch, capsys):
     import blocklab.cli as cli
 

@@ -284,7 +284,8 @@ def test_complete_refuses_sampling_settings_with_beams(tmp_path):
     from blocklab.util.errors import ConfigError
 
     tok = byte_tokenizer()
-    model = LanguageModel(ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, "vocab_size": tok.vocab_size}))
+    cfg = ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, "vocab_size": tok.vocab_size})
+    model = LanguageModel(cfg)
     run = load_model_folder(save_pretrained(model, tmp_path / "export", tokenizer=tok))
     with pytest.raises(ConfigError, match=r"num_beams = 2 runs a beam search, which samples nothing: drop "
                                           r"\{'temperature': 0.7\}"):

@@ -771,3 +771,38 @@ def test_compare_refuses_a_report_it_did_not_write_and_rewrites_its_own(corpus, 
     compare(["pre-ln"], out, base=cfg, log=lambda *_: None, timing_rounds=0)  # its own: rewritten
     assert (out / "report.md").stat().st_mtime_ns != stamp
     assert json.loads((out / "results.json").read_text())["format"].startswith("blocklab compare results")
+
+
+def test_compare_refuses_the_report_of_another_comparison(corpus, tmp_path):
+    """`compare --out DIR` where DIR holds another comparison's report (other architectures, or the same
+    ones with other settings and --fresh) replaced it, exit 0: now refused before anything trains,
+    naming what differs; more seeds of the same comparison, and --overwrite, rewrite it."""
+    out = tmp_path / "cmp"
+    cfg = base(corpus, tmp_path / "cache", steps=2)
+    quiet = dict(log=lambda *_: None, timing_rounds=0)
+    compare(["pre-ln", "sas"], out, base=cfg, **quiet)
+    first = (out / "results.json").read_text()
+    recorded = json.loads(first)["comparison"]
+    assert recorded["architectures"] == ["pre-ln", "sas"] and recorded["settings"]["batch_size"] == 4
+    with pytest.raises(ConfigError, match=r"holds the report of another comparison \(architectures pre-ln, "
+                                          r"sas; this one: bov\)"):
+        compare(["bov"], out, base=cfg, **quiet)
+    with pytest.raises(ConfigError, match="architectures pre-ln, sas; this one: sas, pre-ln"):
+        compare(["sas", "pre-ln"], out, base=cfg, **quiet)  # another baseline: another verdict
+    other = {**cfg, "batch_size": 2, "seq_len": 16}
+    with pytest.raises(ConfigError, match=r"a finished run with a different config \(batch_size: 4 -> 2"):
+        compare(["pre-ln", "sas"], out, base=other, **quiet)  # the saved runs speak first, naming --fresh
+    # --fresh retrains the runs, but replaces another comparison's report only with --overwrite
+    with pytest.raises(ConfigError, match=r"another comparison \(batch_size: 4 -> 2, seq_len: 32 -> 16\)"):
+        compare(["pre-ln", "sas"], out, base=other, fresh=True, **quiet)
+    assert (out / "results.json").read_text() == first
+    assert sorted(p.name for p in (out / "runs").iterdir() if p.is_dir()) == ["pre-ln-seed0", "sas-seed0"]
+    # a results.json written before the comparison was recorded is told by its architectures
+    (out / "results.json").write_text(json.dumps({k: v for k, v in json.loads(first).items()
+                                                  if k != "comparison"}))
+    with pytest.raises(ConfigError, match="architectures pre-ln, sas; this one: bov"):
+        compare(["bov"], out, base=cfg, **quiet)
+    compare(["pre-ln", "sas"], out, base=cfg, seeds=2, **quiet)  # the same comparison, one more seed
+    assert json.loads((out / "results.json").read_text())["comparison"] == recorded
+    compare(["bov"], out, base=cfg, overwrite=True, **quiet)
+    assert json.loads((out / "results.json").read_text())["comparison"]["architectures"] == ["bov"]

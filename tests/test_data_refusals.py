@@ -158,3 +158,23 @@ def test_the_largest_batch_the_split_holds_is_allowed(corpus, tmp_path):
         assert sum(len(b["input_ids"]) for b in val.validation()) == len(val.validation_windows()[0])
         with pytest.raises(ConfigError, match="more than the validation split holds"):
             val.get(0)  # ... but never drawn as training batches
+
+
+# -- a file name that is not UTF-8 inside the data folder ------------------------------------------------
+@pytest.mark.parametrize("source", ["folder", "glob"])
+def test_a_file_whose_name_is_not_utf8_in_the_data_folder_is_named(source, corpus, tmp_path, capsys):
+    """`train data=FOLDER` with `bad\\xff.txt` inside: a UnicodeEncodeError traceback when the split hashed
+    the name (issue 51, item 8); now one line naming the file as its bytes, before any token is cached."""
+    import os
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(corpus, data)
+    with open(os.fsencode(data) + b"/bad\xff.txt", "wb") as fh:
+        fh.write(b"x = 1\n" * 40)
+    spec = str(data) if source == "folder" else f"{data}/*.txt"
+    code, err = cli(train_args(Path(spec), "byte", tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}"),
+                    capsys)
+    assert_one_error_line(code, err, f"DataConfig.source's file '{data}/bad\\xff.txt' is not valid UTF-8")
+    assert code == 2 and "Rename the file" in err
+    assert not (tmp_path / "run").exists() and not list(tmp_path.joinpath("cache").rglob("*.bin"))

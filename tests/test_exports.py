@@ -249,6 +249,18 @@ def test_card_keeps_the_recorded_preset_and_names_changed_fields(tmp_path):
     assert (unrecorded.name, unrecorded.differs) == ("sas-p+svformer", ("mlp_branch_gain",))
 
 
+def test_card_of_a_run_without_bits_per_byte(tmp_path):
+    """summary.json's val_bpb is null for a masked LM or held-out tokens without text bytes: the card
+    said `{None:.4f}`, a TypeError that stopped `blocklab export` (issue 51, item 8)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"arch": "pre-ln", "size": "tiny", "seed": 0, "step": 2,
+                                                  "tokens": 64, "val_loss": 3.25, "val_bpb": None}))
+    folder = save_pretrained(model_of("pre-ln", 64), tmp_path / "hf", format="hf", run=run)
+    assert "- validation loss 3.2500 nats/token, no bits/byte (none measured)" in \
+        (folder / "README.md").read_text().splitlines()
+
+
 # -- 4. native exports: card and generation_config.json --------------------------------------------
 @pytest.mark.parametrize("target", ["gpt2", "llama"])
 def test_native_export_has_a_card_and_generation_config(target, tokenizers, tmp_path):

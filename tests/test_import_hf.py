@@ -288,3 +288,88 @@ def test_missing_or_unexpected_weights_are_refused_naming_them(kind, removed, co
         else:
             assert "weights the model has no place for, which would be dropped: model.extra.weight" in err
         assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()
+
+
+def _rewrite_config(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+
+
+def _reshaped(folder, name: str, shape) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(folder / "model.safetensors")
+    state[name] = torch.zeros(shape)
+    save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _shard(folder, number: int):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    return folder / sorted(set(index["weight_map"].values()))[number]
+
+
+def _as_pickle(folder) -> None:
+    from safetensors.torch import load_file
+
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+
+
+# damage done to a saved HF folder -> (kind, sharded, words the one error line holds); each gave a
+# traceback (or, for pytorch_model.bin, an import of a pickle) before (issue 51, item 8)
+DAMAGE = {
+    "truncated": ("llama", False, lambda f: os.truncate(f / "model.safetensors", 3000),
+                  ["model.safetensors is not a readable safetensors file (3000 bytes;", "damaged"]),
+    "empty": ("llama", False, lambda f: (f / "model.safetensors").write_bytes(b""),
+              ["model.safetensors is not a readable safetensors file (it is empty (0 bytes))"]),
+    "corrupted-header": ("gpt2", False,
+                         lambda f: f.joinpath("model.safetensors").write_bytes(
+                             f.joinpath("model.safetensors").read_bytes()[:8] + b"X" * 16
+                             + f.joinpath("model.safetensors").read_bytes()[24:]),
+                         ["model.safetensors is not a readable safetensors file", "header"]),
+    "index-not-json": ("llama", True, lambda f: (f / "model.safetensors.index.json").write_text("{torn"),
+                       ["model.safetensors.index.json is not valid JSON"]),
+    "index-without-weight-map": ("llama", True,
+                                 lambda f: (f / "model.safetensors.index.json").write_text("{}"),
+                                 ['model.safetensors.index.json has no "weight_map"']),
+    "index-names-a-missing-shard": ("llama", True, lambda f: _shard(f, 1).unlink(),
+                                    ["model.safetensors.index.json names the shard model-00002-of-",
+                                     "which is not in the folder"]),
+    "pytorch_model.bin": ("llama", False, _as_pickle,
+                          ["pytorch_model.bin, a pickle", "Convert the checkpoint to safetensors"]),
+    "gpt2-heads": ("gpt2", False, lambda f: _rewrite_config(f, n_head=5),
+                   ["config.json has n_embd = 32 and n_head = 5: the heads must divide the hidden size"]),
+    "llama-heads": ("llama", False, lambda f: _rewrite_config(f, num_attention_heads=5, num_key_value_heads=5,
+                                                              head_dim=None),
+                    ["config.json has hidden_size = 32 and num_attention_heads = 5"]),
+    "wrong-shape": ("llama", False, lambda f: _reshaped(f, "model.layers.0.mlp.down_proj.weight", (32, 40)),
+                    ["weights of another shape than the config gives: model.layers.0.mlp.down_proj.weight "
+                     "(32x40 in the file, 32x48 by the config)"]),
+    "float8-dtype": ("llama", False, lambda f: _rewrite_config(f, dtype="float8_e4m3fn", torch_dtype=None),
+                     ["config.json has dtype = 'float8_e4m3fn'", "float32, bfloat16, float16, float64"]),
+}
+
+
+@pytest.mark.parametrize("command", ["import-hf", "init_from"])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_or_unusable_checkpoint_is_one_error_line(damage, command, corpus, tmp_path, capsys):
+    kind, shard, change, words = DAMAGE[damage]
+    folder = tmp_path / "hf"
+    hf_folder(kind, folder, shard=shard)
+    change(folder)
+    out = tmp_path / "out"
+    if command == "import-hf":
+        argv = ["import-hf", str(folder), "--out", str(out)]
+    else:
+        argv = ["train", f"init_from={folder}", "max_steps=1", "batch_size=2", "seq_len=16", "progress=false",
+                f"data.source={corpus}", f"data.cache_dir={tmp_path / 'cache'}", "--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line.lower() or "Traceback" in line]
+    assert errors == [err.strip().splitlines()[-1]] and errors[0].startswith("blocklab: error: "), err
+    assert "LOAD REPORT" not in err and "weights_only" not in err
+    for word in words:
+        assert word in err, (word, err)
+    assert not (out / "model.safetensors").exists() and not (out / "checkpoints").exists()

@@ -143,3 +143,62 @@ def _last_step(run: Path) -> int:
     except (OSError, ValueError):
         return 0
     return max((r["step"] for r in rows), default=0)
+
+
+def _job_pythons(job: str) -> list[int]:
+    """The pids of the Python processes running the Slurm job `job` ("12_0", or a plain id) on this node:
+    submitit's `_submit` entry, with the job's ids in its environment (not the srun that started it,
+    whose arguments name the entry too: killing srun makes Slurm cancel the step)."""
+    array, _, task = job.partition("_")
+    want = {b"SLURM_ARRAY_JOB_ID=" + array.encode(), b"SLURM_ARRAY_TASK_ID=" + task.encode()} if task \
+        else {b"SLURM_JOB_ID=" + job.encode()}
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        program = Path(cmdline.split(b"\0")[0].decode(errors="replace")).name
+        if program.startswith("python") and b"submitit.core._submit" in cmdline and want <= environ:
+            pids.append(int(proc.name))
+    return pids
+
+
+def test_a_job_whose_python_is_killed_is_named_killed_with_its_exit_code(on_cluster, tmp_path,
+                                                                          tmp_path_factory):
+    """kill -9 of a job's Python (what the kernel's out-of-memory killer does) was reported "lost ... no
+    accounting to say why" without sacct: the command names it killed with signal 9 and its exit code
+    (scontrol's, or sacct's), and the same command again resumes it to the end."""
+    import os
+    import signal
+
+    corpus = write_code_corpus(tmp_path_factory.mktemp("corpus"))
+    settings = tmp_path / "slurm.yaml"
+    settings.write_text("slurm:\n  poll_s: 1\n  time_min: 10\n")
+    out = tmp_path / "slurm-cmp"
+    args = [*compare_args(corpus, tmp_path / "cache", out), "--steps", "400", "--eval-every", "50",
+            "log_every=10", "--launcher", "slurm", "--partition", PARTITION, "--cpus-per-run", "1",
+            "--slurm-config", str(settings)]
+    command = [sys.executable, "-c", "import sys; from blocklab import cli; sys.exit(cli.main(sys.argv[1:]))",
+               *args]
+    victim = out / "runs" / f"{ARCHS[0]}-seed0"
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as first:
+        deadline = time.monotonic() + 90
+        while _last_step(victim) < 100:  # past a checkpoint: the rerun resumes
+            assert time.monotonic() < deadline and first.poll() is None, on_cluster.logs()
+            time.sleep(0.2)
+        job = json.loads((out / "slurm" / "jobs.json").read_text())[str(victim)]
+        pids = _job_pythons(job)
+        assert pids, f"no Python of job {job} found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        printed, _ = first.communicate(timeout=90)
+        assert first.returncode != 0
+    # the batch script's 137:0 from scontrol; with accounting, sacct's step 0:9 (its job line says 9:0)
+    code = "Slurm exit code 0:9" if on_cluster.accounting else "exit code 137"
+    assert f"job {job} was killed (signal 9, SIGKILL, {code}; Slurm state FAILED)" in printed, printed
+    assert "lost" not in printed and "resumes it from its last checkpoint" in printed
+    assert cli.main(args) == 0, on_cluster.logs()
+    assert _last_step(victim) == 400
+    assert on_cluster.queue() == []

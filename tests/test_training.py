@@ -55,6 +55,10 @@ def config(corpus: Path, tmp_path: Path, **overrides) -> TrainConfig:
     return TrainConfig.from_dict(fields)
 
 
+# with init_from the source fixes the model: no model overrides, arch and size left to it
+FROM_SOURCE = dict(model={}, arch=None, size=None)
+
+
 def train_losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl", "train") if "loss" in r]
 
@@ -760,9 +764,9 @@ def test_continued_pretraining_of_a_retrofitted_run(corpus, tmp_path):
     # data.tokenizer "bpe" (train a new one) takes the source's tokenizer.json instead
     data = {"source": str(corpus), "tokenizer": "bpe", "cache_dir": str(tmp_path / "cache"),
             "val_fraction": 0.1}
-    cont = config(corpus, tmp_path / "cont", model={}, init_from=str(base), retrofit="resformer-learnable",
-                  max_steps=20, eval_every=5, eval_batches=4, ckpt_every=10, data=data,
-                  optim={"lr": 1e-3, "warmup_fraction": 0.0})
+    cont = config(corpus, tmp_path / "cont", **FROM_SOURCE, init_from=str(base),
+                  retrofit="resformer-learnable", max_steps=20, eval_every=5, eval_batches=4, ckpt_every=10,
+                  data=data, optim={"lr": 1e-3, "warmup_fraction": 0.0})
     result = train(cont)
     vals = [r["val_loss"] for r in read_metrics(result.run_dir / "metrics.jsonl", "val")]
     # step 0 is the baseline's function (lambda_1 = 0, lambda_2 = 1) on the same validation batches
@@ -777,7 +781,7 @@ def test_continued_pretraining_of_a_retrofitted_run(corpus, tmp_path):
     torch.testing.assert_close(run.model(ids), result.model.eval()(ids))
     assert (result.run_dir / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
     # --resume rebuilds the same retrofitted model and continues from step 20
-    more = train(config(corpus, tmp_path / "cont", model={}, init_from=str(base),
+    more = train(config(corpus, tmp_path / "cont", **FROM_SOURCE, init_from=str(base),
                         retrofit="resformer-learnable", max_steps=24, eval_every=0, eval_batches=4, data=data,
                         optim={"lr": 1e-3, "warmup_fraction": 0.0}), resume=True)
     assert more.summary["step"] == 24
@@ -788,9 +792,9 @@ def test_continued_pretraining_of_a_retrofitted_run(corpus, tmp_path):
     export = save_pretrained(run.model, tmp_path / "export", tokenizer=base / "tokenizer.json")
     other = {**data, "tokenizer": "byte", "eos_token": "<|sep|>"}
     with pytest.raises(ConfigError, match="differs from the tokenizer"):
-        train(config(corpus, tmp_path / "bad", model={}, init_from=str(export), max_steps=1, data=other))
+        train(config(corpus, tmp_path / "bad", **FROM_SOURCE, init_from=str(export), max_steps=1, data=other))
     with pytest.raises(ConfigError, match="value_path='resformer-learnable'"):  # not a baseline any more
-        train(config(corpus, tmp_path / "again", model={}, init_from=str(export), retrofit="bov",
+        train(config(corpus, tmp_path / "again", **FROM_SOURCE, init_from=str(export), retrofit="bov",
                      max_steps=1, data=data))
 
 

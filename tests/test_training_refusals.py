@@ -327,3 +327,40 @@ def test_init_from_records_the_architecture_trained_and_refuses_another(tmp_path
     assert json.loads((run / "summary.json").read_text())["arch"] == "sas-p"
     with pytest.raises(ConfigError, match=r"init_from = .* with 2 architectures is not allowed"):
         resolve_compare(["pre-ln", "sas"], None, {"max_steps": 2}, overrides=[f"init_from={source}"])
+
+
+def test_init_from_refuses_the_default_architecture_named_explicitly(tmp_path, capsys):
+    """`arch=pre-ln` (or `size=tiny`) with init_from of a SAS-P was taken for "not given", since it is
+    TrainConfig's default: the run trained the SAS-P and was relabelled. Now a name given, on the command
+    line, in a YAML config or through the Python API, is checked against the source like any other;
+    left out, the run records the source's."""
+    import yaml
+
+    from blocklab.training import TrainConfig, train
+    from helpers import write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    common = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
+              "batch_size=2", "seq_len=16", "progress=false", "eval_every=0", "eval_batches=1"]
+    source = tmp_path / "source"
+    assert main(["train", *common, "arch=sas-p", "model.n_layers=2", "max_steps=1", "--out",
+                 str(source)]) == 0
+    run = tmp_path / "run"
+    (tmp_path / "explicit.yaml").write_text("arch: pre-ln\n")
+    for given in (["arch=pre-ln"], ["size=tiny"], [str(tmp_path / "explicit.yaml")]):
+        capsys.readouterr()
+        assert main(["train", *given, *common, f"init_from={source}", "max_steps=2", "--out", str(run)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("blocklab: error: ") and len(err.strip().splitlines()) == 1
+        assert ("size = 'tiny'" if given == ["size=tiny"] else "arch = 'pre-ln'") in err, err
+        assert "a 'sas-p' of size 'custom'" in err and not run.exists()
+    fields = yaml.safe_load((source / "config.yaml").read_text())
+    fields = {**{k: v for k, v in fields.items() if k not in ("arch", "size", "model", "out_dir")},
+              "init_from": str(source), "max_steps": 2, "out_dir": str(run)}
+    with pytest.raises(ConfigError, match="arch = 'pre-ln' with init_from"):
+        train(TrainConfig.from_dict({**fields, "arch": "pre-ln"}))
+    assert not run.exists()
+    assert TrainConfig.from_dict(fields).arch is None  # left out: the source's, once it is read
+    assert train(TrainConfig.from_dict(fields)).summary["arch"] == "sas-p"
+    assert (TrainConfig(max_steps=1).arch, TrainConfig(max_steps=1).size) == ("pre-ln", "tiny")

@@ -100,3 +100,51 @@ def test_what_is_held_equal_names_flops_and_parameters_with_and_without_value_ta
     assert "`bov` 1.80x (0.90x without its value tables)" in text
     assert "equal FLOPs" in text
     assert "cheaper block takes more steps" in verdict.held_equal_text(rows, "flops")
+
+
+def test_runs_without_bits_per_byte_are_ranked_by_loss():
+    entries, by_label = runs({"pre-ln": [4.0, 4.1], "sas": [3.9, 4.0]})
+    for run in by_label["sas"]:
+        run["summary"]["val_bpb"] = None
+    ranked = verdict.ranking(entries, by_label, "tiny")
+    assert [r["label"] for r in ranked["rows"]] == ["sas", "pre-ln"]
+    sas, base = ranked["rows"]
+    assert sas["val_bpb"] is None and sas["diff_bpb"] is None and base["val_bpb"] == pytest.approx(4.05 / 2)
+    assert sas["diff"].mean == pytest.approx(-0.1)
+    assert [row[3] for row in verdict.verdict_table(ranked)] == ["-", f"{4.05 / 2:.4f}"]
+    assert verdict.verdict_table(ranked)[0][6] == "-"
+    assert "bits per byte are not available for every run" in verdict.verdict_text(ranked)
+    assert verdict.as_data(ranked)["rows"][0]["val_bpb"] is None
+
+
+def test_a_compare_whose_runs_have_no_bits_per_byte_writes_its_report(tmp_path):
+    """A word-level tokenizer to which every word of the data is unknown (a special token: no text bytes)
+    gives runs without bits per byte: compare died in the ranking with a TypeError and wrote no
+    report.md (issue 51, item 8). Now the report ranks by loss and shows '-' for bits per byte."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from blocklab.compare import compare
+    from helpers import compare_base, write_code_corpus
+
+    (tmp_path / "corpus").mkdir()
+    corpus = write_code_corpus(tmp_path / "corpus")
+    words = ["[UNK]", "</s>"] + [f"w{i}" for i in range(62)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["[UNK]", "</s>"])
+    tok.save(str(tmp_path / "words.json"))
+    base = compare_base(corpus, tmp_path / "cache", steps=2)
+    base["data"].update(tokenizer=str(tmp_path / "words.json"), eos_token="</s>")
+    compare(["pre-ln", "sas-p"], tmp_path / "cmp", base=base, log=lambda *_: None, timing_rounds=1,
+            timing_steps=2)
+    summaries = {a: json.loads((tmp_path / "cmp" / "runs" / f"{a}-seed0" / "summary.json").read_text())
+                 for a in ("pre-ln", "sas-p")}
+    assert all(s["val_bpb"] is None for s in summaries.values())
+    results = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    rows = results["verdict"]["rows"]
+    assert [r["label"] for r in rows] == sorted(summaries, key=lambda a: summaries[a]["val_loss"])
+    assert all(r["val_bpb"] is None for r in rows)
+    report = (tmp_path / "cmp" / "report.md").read_text()
+    assert "bits per byte are not available for every run" in report
+    first = next(line for line in report.splitlines() if line.startswith(f"| 1 | {rows[0]['label']} |"))
+    assert first.split("|")[4].strip() == "-"

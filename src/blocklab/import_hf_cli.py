@@ -9,9 +9,10 @@ import argparse
 def add_parsers(sub) -> None:
     p = sub.add_parser("import-hf", help="import a local Hugging Face GPT-2 / Llama checkpoint folder",
                        description="Turn a folder written by transformers' save_pretrained (GPT-2 or Llama; "
-                       "one safetensors file, shards or pytorch_model.bin) or by blocklab's export --format "
-                       "hf into a blocklab export with the same logits, with the checkpoint's tokenizer. "
-                       "Continue pretraining it with `blocklab train init_from=OUT ...`.")
+                       "one safetensors file or shards; not pytorch_model.bin, a pickle) or by blocklab's "
+                       "export --format hf into a blocklab export with the same logits, with the "
+                       "checkpoint's tokenizer. Continue pretraining it with `blocklab train init_from=OUT "
+                       "...`.")
     p.add_argument("folder", metavar="DIR", help="the Hugging Face checkpoint folder (config.json, weights, "
                    "tokenizer.json)")
     p.add_argument("--out", required=True, help="the blocklab export folder to write")

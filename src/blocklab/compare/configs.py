@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,14 @@ from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
-from blocklab.training.config import BUDGET_FIELDS, BUDGETS, apply_overrides
+from blocklab.training.config import (
+    BUDGET_FIELDS,
+    BUDGETS,
+    DEFAULT_SIZE,
+    NOT_RESULTS,
+    apply_overrides,
+    flat,
+)
 from blocklab.util.errors import ConfigError
 
 # The default budget: what the first (baseline) architecture spends in 150 steps. With the CPU sizes'
@@ -60,7 +69,7 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
     if "ckpt_every" not in base and every:
         base = {**base, "ckpt_every": every}
     configs = []
-    size = base.get("size", TrainConfig.size)
+    size = base.get("size") or DEFAULT_SIZE
     for entry in entries:
         model = entry_model(entry, size, base.get("model", {}))
         own = merge(merge({"optim": recipe_optim(entry.arch, size)}, base), entry.train)
@@ -70,6 +79,25 @@ def run_configs(entries: list[Entry], seeds: int, out: Path, base: dict[str, Any
                 "out_dir": str(out / "runs" / f"{slug(entry.label)}-seed{seed}")})
             configs.append((entry, TrainConfig.from_dict(fields)))
     return configs
+
+
+def comparison_identity(entries: list[Entry], out: Path, base: dict[str, Any],
+                        lr_sweep: list[float] | None = None, add: list[str | Path] | None = None
+                        ) -> dict[str, Any]:
+    """What makes a comparison the one a report in `out` was written for (results.json "comparison"):
+    its architectures in order, the settings their runs share, a digest of every architecture's
+    config (seed, and the fields of NOT_RESULTS aside: another number of seeds is the same
+    comparison), the learning-rate sweep's rates and the runs added. As JSON reads it back."""
+    ignore = NOT_RESULTS | {"seed"}
+    per_label = {e.label: {k: v for k, v in flat(c.to_dict()).items() if k not in ignore}
+                 for e, c in run_configs(entries, 1, out, base)}
+    first = per_label[entries[0].label]
+    shared = {k: v for k, v in first.items() if all(k in p and p[k] == v for p in per_label.values())}
+    digest = hashlib.sha256(json.dumps(per_label, sort_keys=True, default=str).encode()).hexdigest()
+    identity = {"architectures": [e.label for e in entries], "settings": shared, "config_sha256": digest,
+                "lr_sweep": sorted(set(lr_sweep)) if lr_sweep else None,
+                "added": [str(Path(a).resolve()) for a in add or []]}
+    return json.loads(json.dumps(identity, default=str))
 
 
 def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps: int = DEFAULT_STEPS

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.compare.added import added_runs, require_finished
-from blocklab.compare.configs import run_configs
+from blocklab.compare.configs import comparison_identity, run_configs
 from blocklab.compare.grids import Entry
 from blocklab.compare.sweep import sweep_learning_rates, with_best_rates
 from blocklab.compare.timing import TIMING_ROUNDS, TIMING_STEPS, measure_architectures
@@ -35,7 +35,8 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     "python API"). `launcher` trains the runs (`blocklab.launch`; default one at a time here). `add`
     names finished runs trained elsewhere to bring into the report (`added_runs`, checked against the
     comparison's runs once those have trained; a missing one is refused before anything trains).
-    A report.md, report.html or results.json in `out` that compare did not write is refused before
+    A report.md, report.html or results.json in `out` that compare did not write, or the report of
+    another comparison (`comparison_identity`: other architectures or settings), is refused before
     anything trains, unless `overwrite` (`report.check_report_files`).
 
     Raises RunsPending when a launcher that does not wait left runs queued (the same call later collects
@@ -47,17 +48,22 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     from blocklab.report.write import check_report_files
 
     started, start = utc_now(), time.perf_counter()
-    entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add)
+    entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add, lr_sweep)
     out = Path(out)
     # one comparison at a time in a folder: no run or report of another is touched
     with locks.hold(out, make=True):
-        check_report_files(out, overwrite)
+        base = base or {}
+        identity = comparison_identity(entries, out, base, lr_sweep, add)
+        # saved runs are checked against their configs one by one (launch.store.check_reusable, naming the
+        # run and --fresh): the report's own check of the settings is for when none is there to speak
+        runs_speak = not fresh and any((out / "runs").glob("*/config.yaml"))
+        check_report_files(out, overwrite, identity, settings=not runs_speak)
         if fresh and (out / "runs").is_dir():
             for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
                 with locks.hold(run):  # never a run another process is training (FolderInUse names it)
                     shutil.rmtree(run)
         # a wandb group per comparison (training.trackers), unless the caller names one
-        base = {"wandb_group": trackers.group_under(out / "runs" / "run", out), **(base or {})}
+        base = {"wandb_group": trackers.group_under(out / "runs" / "run", out), **base}
         sweep = sweep_info = None
         failed = []
         if lr_sweep:
@@ -85,7 +91,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
                     "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
                     "launch": launch.describe(),
-                    "added": [{"run": c.out_dir, "label": e.label} for e, c in extra],
+                    "added": [{"run": c.out_dir, "label": e.label} for e, c in extra], "comparison": identity,
                     "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
         began_report = time.time()
         report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
@@ -98,8 +104,11 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
 
 
 def _checked_arguments(entries: list[Entry | str], seeds: int, timing_rounds: int, timing_steps: int,
-                       add: list[str | Path] | None) -> list[Entry]:
-    """`compare`'s arguments checked before anything trains; the entries, strings parsed."""
+                       add: list[str | Path] | None, lr_sweep: list[float] | None) -> list[Entry]:
+    """`compare`'s arguments checked before anything trains, or anything in `out` is read; the entries,
+    strings parsed."""
+    if any(isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep or []):
+        raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
     if not is_count(seeds, 1):
         raise ConfigError(f"seeds = {seeds!r} is not allowed: give a positive number of seeds per "
                           "architecture.")
@@ -122,8 +131,6 @@ def _sweep(entries: list[Entry], lr_sweep: list[float], sweep_steps: int | None,
            ) -> tuple[dict[str, dict[float, float]], dict[str, Any], Launch]:
     """The learning-rate sweep before the comparison's runs: its losses (also in lr_sweep.json), what
     the report says of it, and its launch."""
-    if any(not isinstance(r, (int, float)) or not r > 0 for r in lr_sweep):
-        raise ConfigError(f"--lr-sweep rates must be positive numbers; got {lr_sweep}")
     steps = sweep_steps or (max(1, base["max_steps"] // 4) if base.get("max_steps") else 100)
     log(f"learning-rate sweep: {len(entries)} x {len(lr_sweep)} runs of {steps} steps, seed 0")
     sweep, swept = sweep_learning_rates(entries, sorted(set(lr_sweep)), out / "lr-sweep", base, steps,

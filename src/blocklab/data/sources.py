@@ -31,6 +31,7 @@ from typing import Any
 from blocklab.data.config import EMBEDDED, DataConfig
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
 from blocklab.util.errors import ConfigError
+from blocklab.util.pathtext import is_text, not_text
 
 Select = Callable[[str], bool]
 
@@ -151,6 +152,10 @@ class FileSource(Source):
     def __init__(self, files: list[Path], base: Path, text_field: str, description: str,
                  by_paragraph: bool = False) -> None:
         super().__init__("files", description)
+        # a file's path names its documents (the split, the data census, skipped files): text only
+        bad = next((p for p in files if not is_text(str(p))), None)
+        if bad is not None:
+            raise not_text("DataConfig.source's file", str(bad))
         self.files, self.base, self.text_field, self.by_paragraph = files, base, text_field, by_paragraph
         self.records = self.bad_records = self.missing_field = 0  # JSONL: read, unreadable, of them no field
         self.fields_seen: list[str] = []  # the fields of the first record without `text_field`

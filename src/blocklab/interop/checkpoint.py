@@ -39,6 +39,7 @@ from blocklab.interop.export_files import (
     MARKER_KEY,
     TOKENIZER_NAME,
     WEIGHTS_NAME,
+    check_dtype,
     export_metadata,
 )
 from blocklab.model.config import ModelConfig
@@ -205,7 +206,7 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     if version > FORMAT_VERSION:
         raise ConfigError(f"{folder} has {VERSION_KEY} = {version}; this blocklab reads versions up to "
                           f"{FORMAT_VERSION}: upgrade blocklab.")
-    dtype = getattr(torch, data.pop("dtype", "float32"))
+    dtype = getattr(torch, check_dtype(data.pop("dtype", "float32"), f"{folder / CONFIG_NAME} has dtype"))
     cfg = ModelConfig.from_dict(data)
     with torch.device(device):
         model = LanguageModel(cfg)

@@ -6,10 +6,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from blocklab.util.errors import ConfigError
+
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
 # the model card and generation defaults, in both kinds of Hugging Face export
 CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format that wrote it
+# the dtypes a saved model may be read in (config.json's "dtype"): blocklab computes in these
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def check_dtype(value: object, where: str) -> str:
+    """`value`, a dtype name from a saved config, if blocklab computes in it; else a ConfigError that
+    starts with `where` (e.g. "FOLDER/config.json has dtype")."""
+    if value not in DTYPES:
+        raise ConfigError(f"{where} = {value!r}, which blocklab cannot compute in: a saved model's dtype "
+                          f"must be one of {', '.join(DTYPES)}.")
+    return str(value)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ reproduce exactly (rope scaling, another activation, per-layer attention scaling
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
@@ -180,8 +181,11 @@ _WEIGHTS = {"gpt2": _gpt2_weights, "llama": _llama_weights}
 _CLASSES = "GPT2LMHeadModel or LlamaForCausalLM"
 
 
-def _refuse_blocklab_export(path: Path) -> None:
-    """A blocklab-format export has no `model_type`: say how to load it instead of transformers' error."""
+def _check_folder(path: Path) -> None:
+    """A blocklab-format export has no `model_type`: say how to load it instead of transformers' error.
+    Then the checks that make a damaged or unusable checkpoint one error line (`hf_files`)."""
+    from blocklab.interop import hf_files
+
     try:
         data = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -190,6 +194,30 @@ def _refuse_blocklab_export(path: Path) -> None:
         raise ConfigError(f"{path} is a blocklab export (format='blocklab'), not a Hugging Face checkpoint: "
                           f"load it with blocklab.interop.load_pretrained({str(path)!r}); "
                           "save_pretrained(model, folder, format='hf') writes one transformers can load.")
+    if isinstance(data, dict):
+        hf_files.check_config(path, data)
+    hf_files.check_weight_files(path)
+
+
+def _read_config(path: Path):
+    """transformers' config of the folder; its validators' errors (a value the model cannot have) as
+    one ConfigError naming config.json."""
+    from transformers import AutoConfig
+
+    invalid: tuple[type[Exception], ...] = (ValueError,)
+    try:  # huggingface_hub >= 1.0 validates configs as strict dataclasses
+        from huggingface_hub.errors import StrictDataclassError
+
+        invalid += (StrictDataclassError,)
+    except ImportError:
+        pass
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except invalid as err:
+        lines = [line.strip().removeprefix("ValueError: ") for line in str(err).splitlines() if line.strip()]
+        raise ConfigError(f"{path / 'config.json'} is not a config transformers accepts "
+                          f"({lines[-1] if lines else type(err).__name__}): restore it from the checkpoint's "
+                          "source.") from None
 
 
 def _saved_dtype() -> dict[str, str]:
@@ -202,24 +230,40 @@ def _saved_dtype() -> dict[str, str]:
     return {"torch_dtype" if old else "dtype": "auto"}
 
 
+@contextlib.contextmanager
+def _load_report_silenced():
+    """transformers' warnings at error level while it loads: its load report (a table of missing,
+    unexpected and mismatched weights) would come before blocklab's one error line saying the same."""
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
 def _load_hf(model_or_path) -> nn.Module:
     if isinstance(model_or_path, (str, os.PathLike)):
         path = Path(model_or_path)
         if not path.is_dir():
             raise FileNotFoundError(f"{path} is not a folder: from_hf reads a local folder written by "
                                     "save_pretrained (download hub checkpoints first).")
-        _refuse_blocklab_export(path)
+        _check_folder(path)
         try:
-            from transformers import AutoConfig, AutoModelForCausalLM
+            from transformers import AutoModelForCausalLM
         except ImportError as e:  # an optional dependency
             raise ImportError("from_hf needs transformers: pip install 'blocklab[hf]'") from e
         from blocklab.interop import hf_model  # registers model_type "blocklab": no remote code runs
 
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        config = _read_config(path)
         blocklab_type = isinstance(config, hf_model.BlocklabConfig)
         cls = hf_model.model_class(config) if blocklab_type else AutoModelForCausalLM
-        model, info = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
-                                          **_saved_dtype())
+        # a weight of another shape is reported in `info` (and refused below), not raised as a RuntimeError
+        with _load_report_silenced():  # _check_loading_info says what it would, in one line
+            model, info = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
+                                              ignore_mismatched_sizes=True, **_saved_dtype())
         _check_loading_info(path, config.model_type, info)
         return model
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
@@ -228,8 +272,16 @@ def _load_hf(model_or_path) -> nn.Module:
     return model_or_path
 
 
+def _key_text(key) -> str:
+    """A loading-info key: a name, or (name, checkpoint shape, model shape) for a mismatched one."""
+    if isinstance(key, tuple) and len(key) == 3:
+        name, theirs, ours = key
+        return f"{name} ({'x'.join(map(str, theirs))} in the file, {'x'.join(map(str, ours))} by the config)"
+    return str(key)
+
+
 def _names(keys) -> str:
-    keys = sorted(map(str, keys))
+    keys = sorted(map(_key_text, keys))
     return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
 
 

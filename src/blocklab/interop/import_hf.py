@@ -1,7 +1,8 @@
 """`blocklab import-hf`: a local Hugging Face checkpoint folder turned into a blocklab export.
 
 The folder is what transformers' ``save_pretrained`` writes for a GPT-2 or Llama causal LM (one
-``model.safetensors``, shards with an index, or ``pytorch_model.bin``), or what blocklab's own
+``model.safetensors`` or shards with an index; a ``pytorch_model.bin`` pickle is refused, see
+`blocklab.interop.hf_files`), or what blocklab's own
 ``save_pretrained(model, folder, format="hf")`` writes (native GPT-2 / Llama, or remote code of
 model_type "blocklab", read without running that code). `from_hf` reads the weights; the result is
 ``save_pretrained(model, out, tokenizer, format="blocklab")``: the folder ``blocklab train

@@ -214,8 +214,9 @@ def _training_lines(run: Path | None) -> list[str]:
     if "step" in s:
         lines.append(f"- {s['step']:,} steps, {s.get('tokens', 0):,} tokens on {s.get('device', '?')}")
     if s.get("val_loss") is not None:
-        bpb = s.get("val_bpb", float("nan"))
-        lines.append(f"- validation loss {s['val_loss']:.4f} nats/token, {bpb:.4f} bits/byte")
+        bpb = s.get("val_bpb")
+        bpb_text = "no bits/byte (none measured)" if bpb is None else f"{bpb:.4f} bits/byte"
+        lines.append(f"- validation loss {s['val_loss']:.4f} nats/token, {bpb_text}")
     return lines
 
 

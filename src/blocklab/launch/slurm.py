@@ -11,9 +11,11 @@ and submits the others again (the run's lock keeps two jobs from training one ru
 
 Where a job is (`JobStates`): squeue while it is queued or running, its own result file once it ended,
 and sacct, where the cluster keeps accounting, for how it ended; many small clusters keep none, so
-nothing waits on sacct. A job that left the queue without a result on two looks in a row is over:
-its failure names the reason, from its state and the last error of its log (cancelled, timed out too
-often, out of memory, a Python exception).
+nothing waits on sacct, and `scontrol show job` (which Slurm answers for MinJobAge after a job ended)
+gives the state and exit code instead. A job that left the queue without a result on two looks in a
+row is over: its failure names the reason, from its state, exit code and the last error of its log
+(cancelled, timed out too often, out of memory, killed by a signal, a Python exception:
+`launch.failures`).
 
 A job that reaches its time limit is requeued by submitit and its run resumes from its last checkpoint
 (`RunJob` is Checkpointable). SIGTERM (`scancel`, Ctrl-C in the waiting command, which cancels the jobs
@@ -44,10 +46,12 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
+from blocklab.launch.failures import RERUN, RERUN_AFRESH, failure_reason, killed_by, read_scontrol
 from blocklab.launch.outcome import outcome_path, read_outcome, write_outcome
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import Outcome, claim, prepare_once, run_lock, train_run
+from blocklab.training.checkpoint import list_checkpoints
 from blocklab.training.config import TrainConfig, read_yaml
 from blocklab.util.errors import ConfigError
 from blocklab.util.filemodes import atomic_write_text
@@ -144,8 +148,9 @@ class RunJob(submitit.helpers.Checkpointable):
             write_outcome(result)
             return result
         except KeyboardInterrupt as err:
-            print(f"blocklab job: stopped ({str(err) or 'interrupted'}); the same command run again resumes "
-                  "its run from its last checkpoint", file=sys.stderr, flush=True)
+            rerun = RERUN if list_checkpoints(config["out_dir"]) else RERUN_AFRESH
+            print(f"blocklab job: stopped ({str(err) or 'interrupted'}); {rerun}", file=sys.stderr,
+                  flush=True)
             raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
         except Exception as err:
             write_outcome({"error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()})
@@ -200,6 +205,7 @@ class JobStates:
         self.run = run  # subprocess.run, or a fake in the tests
         self.accounting = True  # until sacct first fails: then never asked again
         self.gone: dict[str, int] = {}
+        self.exit_codes: dict[str, str] = {}  # Slurm's ExitCode of the ended jobs, "137:0"
 
     def look(self, jobs: list[Any]) -> list[str]:
         queued = self.squeue()
@@ -218,6 +224,8 @@ class JobStates:
                 states.append("COMPLETING" if self.gone[job_id] < GONE_LOOKS else "ENDED")
         ended = [job.job_id for job, state in zip(jobs, states, strict=True) if state == "ENDED"]
         final = self.sacct(ended) if ended else {}
+        unknown = [job_id for job_id in ended if job_id not in final]
+        final.update(self.scontrol(unknown) if unknown else {})
         return [final.get(job.job_id, "LOST") if state == "ENDED" else state
                 for job, state in zip(jobs, states, strict=True)]
 
@@ -232,18 +240,42 @@ class JobStates:
 
     def sacct(self, job_ids: list[str]) -> dict[str, str]:
         """{job id: final state} ("CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", ...) of the jobs sacct knows as
-        ended; {} where the cluster keeps no accounting."""
+        ended; {} where the cluster keeps no accounting. The exit code kept is a step's that a signal
+        ended ("0:9" of step 0), else the job's own (whose "9:0" for a killed step hides the signal)."""
         if not self.accounting:
             return {}
         base = sorted({job_id.split("_")[0] for job_id in job_ids})
-        text = self._ask(["sacct", "--allocations", "--parsable2", "--format", "JobID,State", "--jobs",
+        text = self._ask(["sacct", "--parsable2", "--format", "JobID,State,ExitCode", "--jobs",
                           ",".join(base)])
         if text is None:
             self.accounting = False
             return {}
-        info = SlurmInfoWatcher().read_info(text)
-        states = {job_id: info[job_id]["State"].split()[0].upper() for job_id in job_ids if job_id in info}
-        return {job_id: state for job_id, state in states.items() if state and state not in ALIVE}
+        info = SlurmInfoWatcher().read_info(text)  # the jobs' own lines; steps ("12_0.batch") left out
+        steps: dict[str, list[str]] = {}
+        for line in text.splitlines()[1:]:
+            cells = line.split("|")
+            if len(cells) >= 3 and "." in cells[0]:
+                steps.setdefault(cells[0].split(".")[0], []).append(cells[2].strip())
+        found = {}
+        for job_id in (j for j in job_ids if j in info):
+            state = ((info[job_id].get("State") or "").split() or [""])[0].upper()  # "CANCELLED by 1000"
+            code = next((c for c in steps.get(job_id, []) if killed_by(c)), info[job_id].get("ExitCode", ""))
+            found[job_id] = (state, code)
+        return self._ended(found)
+
+    def scontrol(self, job_ids: list[str]) -> dict[str, str]:
+        """{job id: final state} from `scontrol show job`, which knows a job for MinJobAge after it ended,
+        accounting or not (`failures.read_scontrol`); {} for jobs it no longer knows."""
+        found: dict[str, tuple[str, str]] = {}
+        for base in sorted({job_id.split("_")[0] for job_id in job_ids}):
+            found.update(read_scontrol(self._ask(["scontrol", "--oneliner", "show", "job", base]) or ""))
+        return self._ended({job_id: found[job_id] for job_id in job_ids if job_id in found})
+
+    def _ended(self, found: dict[str, tuple[str, str]]) -> dict[str, str]:
+        """The states of `found` ({job id: (state, exit code)}) that are final, their exit codes kept."""
+        final = {job_id: state for job_id, (state, _) in found.items() if state and state not in ALIVE}
+        self.exit_codes.update((job_id, found[job_id][1]) for job_id in final if found[job_id][1])
+        return final
 
     def _ask(self, command: list[str]) -> str | None:
         try:
@@ -288,8 +320,7 @@ class SlurmLauncher:
             jobs = self._submit(todo, folder, log)
             if not self.wait:
                 launch.pending = [t.cfg.out_dir for t in todo]
-                log(f"{len(todo)} run(s) queued as {self.name} jobs (logs in {folder}); run the same command "
-                    "again to wait for them and write the report.")
+                log(_pending_line(jobs, self.name, folder))
                 return launch
             for t, outcome in zip(todo, self._wait(jobs, todo, log), strict=True):
                 outcomes[t.index] = outcome
@@ -328,7 +359,9 @@ class SlurmLauncher:
             for i, job_id in known.items():
                 if queued.get(job_id) in ALIVE:
                     jobs[i] = submitit.SlurmJob(folder=folder / job_id, job_id=job_id)
-                    log(todo[i].line(f"job {job_id} is still {queued[job_id].lower()}; waiting for it"))
+                    jobs[i].earlier = True  # submitted by an earlier command: not again
+                    then = "waiting for it" if self.wait else "submitted earlier, so not submitted again"
+                    log(todo[i].line(f"job {job_id} is still {queued[job_id].lower()}; {then}"))
                 else:
                     log(todo[i].line(f"job {job_id} is no longer queued or running; submitting it again"))
         new = [i for i, job in enumerate(jobs) if job is None]
@@ -364,7 +397,7 @@ class SlurmLauncher:
                         if state in ALIVE:
                             trackers[i].advance(_fraction(t.cfg), state.lower())
                             continue
-                        outcomes[i] = job_outcome(job, t.cfg, state)
+                        outcomes[i] = job_outcome(job, t.cfg, state, self.states.exit_codes.get(job.job_id))
                         line.end(t.name)
                         line.write(t.line(result_line(outcomes[i])), log)
                     if len(outcomes) < len(jobs):
@@ -380,6 +413,21 @@ class SlurmLauncher:
                         "checkpoint") from None
                 raise
         return [outcomes[i] for i in range(len(jobs))]
+
+
+def _pending_line(jobs: list[Any], name: str, folder: Path) -> str:
+    """What `wait=False` left: the jobs just submitted, those submitted earlier and still queued or
+    running (a second --no-wait submits nothing again), and how to check on them."""
+    earlier = [job.job_id for job in jobs if getattr(job, "earlier", False)]
+    ids = ",".join(job.job_id for job in jobs)
+    new = len(jobs) - len(earlier)
+    said = [f"{new} run(s) queued as {name} jobs"] if new else []
+    if earlier:
+        said.append(f"{len(earlier)} run(s) already submitted earlier and still queued or running (job(s) "
+                    f"{', '.join(earlier)})")
+    check = f"squeue --jobs {ids}" if name == "slurm" else f"the logs in {folder}"
+    return (f"{' and '.join(said)}; logs in {folder}. Check on them with {check}; run the same command "
+            "again without --no-wait to wait for them and write the report.")
 
 
 def _default_folder(configs: list[tuple[Any, Any]]) -> Path:
@@ -405,62 +453,19 @@ def _fraction(cfg: TrainConfig) -> float:
     return 0.0
 
 
-def job_outcome(job: Any, cfg: TrainConfig, state: str) -> Outcome:
+def job_outcome(job: Any, cfg: TrainConfig, state: str, exit_code: str | None = None) -> Outcome:
     """How an ended job came out: its outcome file's (`read_outcome`; never submitit's pickle), else a
-    failure that says why (`failure_reason`)."""
+    failure that says why (`failure_reason`: from its state, Slurm's `exit_code`, its logs, and whether
+    its run has a checkpoint for the rerun to resume from)."""
     result = read_outcome(job.paths) if _has_result(job) else None
     if result is not None and "status" in result:
         return Outcome(cfg, result["status"], float(result.get("seconds", 0.0)))
     trace = result.get("trace") or result["error"] if result is not None else ""
     logs = "\n".join(_tail(path) for path in (job.paths.stdout, job.paths.stderr))
-    outcome = failure(cfg, f"job {job.job_id} {failure_reason(state, trace, logs)}")
+    rerun = RERUN if list_checkpoints(cfg.out_dir) else RERUN_AFRESH  # none: the rerun starts it over
+    outcome = failure(cfg, f"job {job.job_id} {failure_reason(state, trace, logs, exit_code, rerun)}")
     outcome.log = Path(job.paths.stderr)
     return outcome
-
-
-# slurmstepd's line in a job's log when Slurm ends it: "*** JOB 22 ON n1 CANCELLED AT ... DUE TO TIME
-# LIMIT ***"
-SLURM_END = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
-# a Python exception's last line: "ValueError: ...", "torch.OutOfMemoryError: CUDA out of memory ..."
-EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
-RERUN = "the same command run again resumes it from its last checkpoint"
-
-
-def failure_reason(state: str, trace: str, logs: str) -> str:
-    """Why a job ended without finishing its run, from its Slurm state (sacct's, or LOST where the
-    cluster keeps no accounting), the traceback in its result file and its logs' last lines."""
-    cut = SLURM_END.findall(logs)
-    why = (cut[-1] or "CANCELLED").strip() if cut else ""
-    if "timed-out too many times" in trace:
-        return (f"reached its time limit too many times (submitit requeues a job 3 times); {RERUN}, or give "
-                "it a longer time limit (time_min, --time-limit)")
-    if state == "OUT_OF_MEMORY" or re.search(r"oom[-_]kill|Out Of Memory", logs):
-        return "ran out of memory (killed by Slurm): ask for more with mem_gb (--mem-gb)"
-    if state == "TIMEOUT" or why == "TIME LIMIT":
-        return f"reached its time limit and was not requeued; {RERUN}"
-    if state == "PREEMPTED" or why == "PREEMPTION":
-        return f"was preempted and not requeued; {RERUN}"
-    if state == "NODE_FAIL" or why == "NODE FAILURE":
-        return f"ended with the failure of its node; {RERUN}"
-    if state.startswith("CANCELLED") or why == "CANCELLED":
-        return f"was cancelled (scancel, or the cluster's administrators); {RERUN}"
-    error = last_error(trace) or last_error(logs)
-    if error:
-        return f"failed: {error}"
-    if state == "LOST":
-        return ("is lost: neither queued nor running, and it left no result (no accounting to say why); "
-                + RERUN)
-    return f"ended ({state.lower()}) without a result; {RERUN}"
-
-
-def last_error(text: str) -> str | None:
-    """The last Python exception line of a traceback or a log ("ValueError: bad value"), if any."""
-    for raw in reversed(text.splitlines()):
-        line = raw.split("\r")[-1].strip()  # progress bars redraw a line with carriage returns
-        match = EXCEPTION.match(line)
-        if match and match.group(1) not in ("SystemExit", "KeyboardInterrupt"):
-            return f"{match.group(1)}: {match.group(2)}" if match.group(2) else match.group(1)
-    return None
 
 
 def _tail(path: Path, size: int = 1 << 16) -> str:

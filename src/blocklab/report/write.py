@@ -124,10 +124,14 @@ REPORT_FILES = {"report.md": f"# {REPORT_TITLE}\n", "report.html": f"<h1>{REPORT
                 "results.json": f'"format": "{RESULTS_FORMAT.rpartition(",")[0]}'}
 
 
-def check_report_files(out: str | Path, overwrite: bool = False) -> None:
+def check_report_files(out: str | Path, overwrite: bool = False,
+                       identity: dict[str, Any] | None = None, settings: bool = True) -> None:
     """Refuse a comparison into `out` when it holds a report.md, report.html or results.json that
-    blocklab compare did not write (a user's own, another tool's): the report would replace them.
-    `overwrite` lets it; an earlier comparison's report is always rewritten (its runs are reused)."""
+    blocklab compare did not write (a user's own, another tool's), or, given this comparison's
+    `identity` (`compare.configs.comparison_identity`), the report of another comparison: other
+    architectures, or (with `settings`) the same ones with other settings. The report would replace
+    them. `overwrite` lets it; the same comparison's report is rewritten (its runs are reused, more
+    seeds added)."""
     if overwrite:
         return
     foreign = []
@@ -144,6 +148,39 @@ def check_report_files(out: str | Path, overwrite: bool = False) -> None:
         raise ConfigError(f"--out {out} holds {', '.join(foreign)} that blocklab compare did not write, "
                           "which the report would replace. Choose another --out, or pass --overwrite to "
                           "replace them.")
+    differences = _other_comparison(Path(out) / "results.json", identity, settings) if identity else []
+    if differences:
+        raise ConfigError(f"--out {out} holds the report of another comparison ({'; '.join(differences)}), "
+                          "which this one's would replace. Choose another --out, or pass --overwrite to "
+                          "replace its report.md, report.html and results.json (the runs under runs/ are "
+                          "reused only where their config matches; --fresh retrains them).")
+
+
+def _other_comparison(results: Path, identity: dict[str, Any], settings: bool) -> list[str]:
+    """How the comparison whose results.json is `results` differs from `identity`, in words ([] when it
+    is the same, or there is none to read): its architectures, then (with `settings`) the rest. A
+    results.json written before the identity was recorded is told by its architectures alone."""
+    try:
+        data = json.loads(results.read_text(encoding="utf-8"))
+        before = data.get("comparison") or {
+            "architectures": [a["label"] for a in data["method"]["architectures"]]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
+    if before["architectures"] != identity["architectures"]:
+        return [f"architectures {', '.join(map(str, before['architectures']))}; this one: "
+                f"{', '.join(identity['architectures'])}"]
+    if not settings or "settings" not in before:
+        return []
+    old, new = before["settings"], identity["settings"]
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    said = [", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])
+            + (" ..." if len(changed) > 6 else "")] if changed else []
+    if not changed and before.get("config_sha256") != identity["config_sha256"]:
+        said.append("the same shared settings, other model or optimizer fields for some architecture")
+    for key, what in (("lr_sweep", "learning-rate sweep"), ("added", "runs added with --add")):
+        if before.get(key) != identity[key]:
+            said.append(f"{what}: {before.get(key)} -> {identity[key]}")
+    return said
 
 
 def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
@@ -168,7 +205,8 @@ def write_report(runs: list[tuple[Any, TrainConfig]], out: Path,
     warnings = baseline_warnings(rows) + load_warnings(rows, method["budget"]["kind"], trained)
     ranked = verdict.ranking(entries, runs_by_label, method["size"])
     results = {"format": RESULTS_FORMAT, "method": method, "architectures": rows,
-               "verdict": verdict.as_data(ranked), "warnings": warnings}
+               "verdict": verdict.as_data(ranked), "warnings": warnings,
+               "comparison": (run_info or {}).get("comparison")}
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str))
 
     n_seeds = rows[0]["seeds"]

@@ -51,6 +51,19 @@ def _per_seed(runs: list[dict], key: str = "val_loss") -> dict[int, float]:
     return {r["summary"]["seed"]: r["summary"][key] for r in runs}
 
 
+def _mean_bpb(runs: list[dict]) -> float | None:
+    """The mean bits per byte of `runs`; None when a run has none (a masked LM, or scored tokens that
+    hold no text bytes: every one special or unknown), since a mean of some seeds is not comparable."""
+    bpbs = list(_per_seed(runs, "val_bpb").values())
+    return None if any(b is None for b in bpbs) else sum(bpbs) / len(bpbs)
+
+
+def _bpb_diff(runs: list[dict], base: list[dict]) -> evidence.Interval | None:
+    if _mean_bpb(runs) is None or _mean_bpb(base) is None:
+        return None
+    return evidence.t_interval(_paired(runs, base, "val_bpb"))
+
+
 def _interval_text(iv: evidence.Interval, digits: int = 4) -> str:
     return "-" if iv.low is None else f"[{iv.low:+.{digits}f}, {iv.high:+.{digits}f}]"
 
@@ -92,15 +105,14 @@ def ranking(entries, runs_by_label, size: str) -> dict[str, Any]:
     for e in entries:
         runs = runs_by_label[e.label]
         losses = list(_per_seed(runs).values())
-        bpbs = list(_per_seed(runs, "val_bpb").values())
         row: dict[str, Any] = {"label": e.label, "seeds": len(runs), "val_loss": sum(losses) / len(losses),
-                               "val_bpb": sum(bpbs) / len(bpbs)}
+                               "val_bpb": _mean_bpb(runs)}
         row["baseline"] = e.label == base_label
         d = _paired(runs, runs_by_label[base_label])
         if not row["baseline"] and d:
             iv = evidence.t_interval(d)
-            iv_bpb = evidence.t_interval(_paired(runs, runs_by_label[base_label], "val_bpb"))
-            row.update(diff=iv, diff_bpb=iv_bpb, reading=_reading(iv, sd, base_label))
+            row.update(diff=iv, diff_bpb=_bpb_diff(runs, runs_by_label[base_label]),
+                       reading=_reading(iv, sd, base_label))
         elif not row["baseline"]:
             row["reading"] = f"no seed in common with {base_label}: not paired, so not compared"
         rows.append(row)
@@ -133,16 +145,20 @@ VERDICT_HEAD = ["rank", "architecture", "val loss", "bits/byte", "loss - baselin
                 "bits/byte - baseline", "reading"]
 
 
+def _number(x: float | None, sign: str = "") -> str:
+    return "-" if x is None else f"{x:{sign}.4f}"
+
+
 def verdict_table(ranked: dict[str, Any]) -> list[list[str]]:
     body = []
     for k, r in enumerate(ranked["rows"], 1):
         if "diff" not in r:
-            body.append([str(k), r["label"], f"{r['val_loss']:.4f}", f"{r['val_bpb']:.4f}",
+            body.append([str(k), r["label"], f"{r['val_loss']:.4f}", _number(r["val_bpb"]),
                          "baseline" if r["baseline"] else "-", "-", "-", r.get("reading") or "-"])
             continue
         iv, iv_bpb = r["diff"], r["diff_bpb"]
-        body.append([str(k), r["label"], f"{r['val_loss']:.4f}", f"{r['val_bpb']:.4f}", f"{iv.mean:+.4f}",
-                     _interval_text(iv), f"{iv_bpb.mean:+.4f}", r["reading"]])
+        body.append([str(k), r["label"], f"{r['val_loss']:.4f}", _number(r["val_bpb"]), f"{iv.mean:+.4f}",
+                     _interval_text(iv), _number(iv_bpb and iv_bpb.mean, "+"), r["reading"]])
     return body
 
 
@@ -194,7 +210,10 @@ def verdict_text(ranked: dict[str, Any]) -> str:
                f"from seed-to-seed noise: the ranking below is of {which}{two}. The reading says how "
                "many seeds would tell a difference of the size seen; `--seeds N` trains them (finished runs "
                "are reused).")
-    return (f"Architectures ranked by final validation loss (nats per token; bits per byte beside it), "
+    bpb = "bits per byte beside it" if all(r["val_bpb"] is not None for r in rows) else (
+        "bits per byte are not available for every run, '-' where missing: a masked LM, or held-out tokens "
+        "that hold no text bytes (every one special or unknown to the tokenizer)")
+    return (f"Architectures ranked by final validation loss (nats per token; {bpb}), "
             f"lowest first, against the baseline `{ranked['baseline']}`. {how}{spread}")
 
 

@@ -10,7 +10,8 @@ Continued pretraining starts from existing weights instead: ``init_from`` (a run
 with `blocklab.interop.retrofit`, e.g. ``resformer-learnable``). The source then fixes the model
 and its tokenizer: ``model`` overrides are refused, and ``arch`` and ``size`` become the source's
 (`init_from.with_source_preset`; ``size`` is UNNAMED_SIZE when no size preset matches); an arch or
-size given that differs from the source's is refused.
+size given that differs from the source's is refused, the defaults' names too: left out (None), they
+are DEFAULT_ARCH and DEFAULT_SIZE without init_from and the source's with it.
 """
 
 from __future__ import annotations
@@ -60,8 +61,10 @@ RESUMABLE = NOT_RESULTS | {*BUDGET_FIELDS, "eval_every"}
 @config_dataclass
 class TrainConfig(ConfigBase):
     # -- model -----------------------------------------------------------------------------------
-    arch: str = "pre-ln"  # block preset, optionally "+value-path" (see `blocklab presets`)
-    size: str = "tiny"
+    # block preset, optionally "+value-path" (see `blocklab presets`), and size preset; None (left out):
+    # DEFAULT_ARCH and DEFAULT_SIZE, or with init_from the source's (see the module docstring)
+    arch: str | None = None
+    size: str | None = None
     model: dict[str, Any] = field(default_factory=dict)  # ModelConfig field overrides
     init_from: str | None = None  # continue from a run directory or a save_pretrained export
     retrofit: str | None = None  # value path given to interop.retrofit after loading init_from
@@ -106,6 +109,9 @@ class TrainConfig(ConfigBase):
             self.init_from = os.fspath(self.init_from)
         # first: a path that is not valid text (data.source, out_dir, init_from ...) would fail in YAML
         require_text(flat(self.to_dict()).items())
+        if self.init_from is None:  # with init_from, left to the Trainer: the source's
+            self.arch = DEFAULT_ARCH if self.arch is None else self.arch
+            self.size = DEFAULT_SIZE if self.size is None else self.size
         for name, cls in (("data", DataConfig), ("optim", OptimConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
@@ -126,6 +132,7 @@ class TrainConfig(ConfigBase):
             raise ConfigError(f"TrainConfig.model.vocab_size = {fields['vocab_size']} is not allowed: the "
                               f"tokenizer has {vocab_size} ids; drop model.vocab_size (it follows the "
                               f"tokenizer) or give at least {vocab_size}.")
+        assert self.arch is not None and self.size is not None, "set by __post_init__ or with_source_preset"
         return ModelConfig.from_preset(self.arch, self.size, **fields)
 
     def budgets(self) -> dict[str, int | float]:
@@ -337,6 +344,7 @@ def _set_nested(target: dict, key: str, value: Any) -> None:
 
 COMPILE_CHOICES = (False, True, "model", "blocks")
 UNNAMED_SIZE = "custom"  # the size an init_from run records when its source matches no size preset
+DEFAULT_ARCH, DEFAULT_SIZE = "pre-ln", "tiny"  # TrainConfig's arch and size when none is given
 MAX_SEED = 2**63 - 1
 
 
@@ -417,9 +425,10 @@ def _check_preset_names(cfg: TrainConfig) -> None:
     `init_from.with_source_preset`); size may be UNNAMED_SIZE, what a source of no size preset records."""
     from blocklab.presets import SIZE_PRESETS, resolve
 
-    resolve(cfg.arch, next(iter(SIZE_PRESETS)))  # an unknown architecture: the presets' own message
-    if cfg.size != UNNAMED_SIZE and cfg.size not in SIZE_PRESETS:
-        resolve(cfg.arch, cfg.size)
+    if cfg.arch is not None:  # an unknown architecture: the presets' own message
+        resolve(cfg.arch, next(iter(SIZE_PRESETS)))
+    if cfg.size is not None and cfg.size != UNNAMED_SIZE and cfg.size not in SIZE_PRESETS:
+        resolve(cfg.arch or DEFAULT_ARCH, cfg.size)
 
 
 def _validate_init(cfg: TrainConfig) -> None:

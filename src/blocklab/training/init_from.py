@@ -3,7 +3,7 @@ retrofitted with a value path (`TrainConfig.retrofit`)."""
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from blocklab.runtime import LanguageModel
@@ -77,20 +77,19 @@ def source_preset(model: LanguageModel) -> tuple[str, str]:
 def with_source_preset(cfg: TrainConfig, model: LanguageModel) -> TrainConfig:
     """`cfg` recording the architecture and size of the model it trains, the init_from source's
     (`source_preset`), so that summary.json, the result line, plots and model cards name what trained.
-    An arch or size given that is neither the default nor the source's is refused: the source fixes
-    the model, so that name would be a model that never trained."""
+    An arch or size given (not None) that is not the source's is refused, the defaults' names too: the
+    source fixes the model, so that name would be a model that never trained."""
     from blocklab.presets import split_arch
 
     arch, size = source_preset(model)
-    defaults = {f.name: f.default for f in fields(TrainConfig) if f.name in ("arch", "size")}
 
     def same_arch(a: str, b: str) -> bool:
         (block_a, path_a), (block_b, path_b) = split_arch(a), split_arch(b)
         return (block_a, path_a or "standard") == (block_b, path_b or "standard")
 
     wrong = [f"{name} = {given!r}" for name, given, ok in (
-        ("arch", cfg.arch, cfg.arch == defaults["arch"] or same_arch(cfg.arch, arch)),
-        ("size", cfg.size, cfg.size in (defaults["size"], size))) if not ok]
+        ("arch", cfg.arch, cfg.arch is None or same_arch(cfg.arch, arch)),
+        ("size", cfg.size, cfg.size in (None, size))) if not ok]
     if wrong:
         m = model.cfg
         raise ConfigError(f"{' and '.join(wrong)} with init_from = {cfg.init_from!r} is not allowed: the "
