@@ -93,8 +93,8 @@ def test_one_module_holds_the_model_config():
 
 
 # The layers, bottom first: a module may import its own layer and those below, never one above. A module
-# is in the layer of its package (or root module) under blocklab; the command line's modules (cli.py,
-# cli_args.py, import_hf_cli.py and each package's cli.py) are the top layer. The package root itself
+# is in the layer of its package (or root module) under blocklab; the command line (the cli/ package and
+# each package's cli.py) is the top layer. The package root itself
 # (blocklab/__init__.py: `__version__` and the public names, loaded lazily) is not a layer.
 LAYERS: list[tuple[str, ...]] = [
     ("util",),  # errors, the config base, locks, disk-full handling, checksums, file modes, path text
@@ -108,7 +108,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compare",),
     ("reproduce",),
     ("scaling",),
-    ("cli", "cli_args", "import_hf_cli", "prepare_cli", "__main__"),
+    ("cli", "__main__"),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

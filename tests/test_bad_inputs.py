@@ -232,7 +232,7 @@ def test_a_damaged_export_is_named_without_a_traceback(corpus, finished_run, tmp
 def test_an_export_of_a_dtype_blocklab_cannot_compute_in_is_refused(dtype, corpus, finished_run, tmp_path,
                                                                    capsys):
     """config.json's dtype float8_e4m3fn rounded the float32 weights to float8 and trained on, exit 0;
-    int64 and a name torch lacks were tracebacks (issue 51, item 8). Now one line naming the dtypes."""
+    int64 and a name torch lacks were tracebacks. Now one line naming the dtypes."""
     import json
 
     export = tmp_path / "export"

@@ -413,7 +413,7 @@ def test_bench_fused_projections_quick_run_times_both_modes(tmp_path):
 
 
 def test_bench_prepare_smoke_times_every_contender_on_the_same_tokens(tmp_path, capsys, monkeypatch):
-    """bench_prepare.py (issue 50): blocklab's data path and the tokenizers library alone (in one call and
+    """bench_prepare.py: blocklab's data path and the tokenizers library alone (in one call and
     in batches) count the same tokens of the same corpus (the script stops if they do not); the table
     printed is the one written, its ratios the rounds' own."""
     monkeypatch.setattr(bench_prepare, "BATCH_CHARS", 50_000)  # several batches of the 0.3 MB corpus

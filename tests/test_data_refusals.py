@@ -164,7 +164,7 @@ def test_the_largest_batch_the_split_holds_is_allowed(corpus, tmp_path):
 @pytest.mark.parametrize("source", ["folder", "glob"])
 def test_a_file_whose_name_is_not_utf8_in_the_data_folder_is_named(source, corpus, tmp_path, capsys):
     """`train data=FOLDER` with `bad\\xff.txt` inside: a UnicodeEncodeError traceback when the split hashed
-    the name (issue 51, item 8); now one line naming the file as its bytes, before any token is cached."""
+    the name; now one line naming the file as its bytes, before any token is cached."""
     import os
     import shutil
 

@@ -251,7 +251,7 @@ def test_card_keeps_the_recorded_preset_and_names_changed_fields(tmp_path):
 
 def test_card_of_a_run_without_bits_per_byte(tmp_path):
     """summary.json's val_bpb is null for a masked LM or held-out tokens without text bytes: the card
-    said `{None:.4f}`, a TypeError that stopped `blocklab export` (issue 51, item 8)."""
+    said `{None:.4f}`, a TypeError that stopped `blocklab export`."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text(json.dumps({"arch": "pre-ln", "size": "tiny", "seed": 0, "step": 2,

@@ -317,7 +317,7 @@ def _as_pickle(folder) -> None:
 
 
 # damage done to a saved HF folder -> (kind, sharded, words the one error line holds); each gave a
-# traceback (or, for pytorch_model.bin, an import of a pickle) before (issue 51, item 8)
+# traceback (or, for pytorch_model.bin, an import of a pickle) before
 DAMAGE = {
     "truncated": ("llama", False, lambda f: os.truncate(f / "model.safetensors", 3000),
                   ["model.safetensors is not a readable safetensors file (3000 bytes;", "damaged"]),

@@ -1,4 +1,4 @@
-"""`blocklab prepare` (issue 50): the cache entry `train` reads, filled once, and the data path that
+"""`blocklab prepare`: the cache entry `train` reads, filled once, and the data path that
 fills it (`data.tokenise`: chunks encoded on a worker thread while the next is read)."""
 
 from __future__ import annotations

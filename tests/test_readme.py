@@ -68,7 +68,8 @@ def check_command(argv: list[str]) -> None:
     """Parse `argv` with the command line's own parser, then resolve what names things: the training
     overrides and config (train, compare), each architecture, grid, scale and paper. Raises
     AssertionError, or ConfigError from the config, for anything `blocklab` would refuse as input."""
-    from blocklab import cli, cli_args
+    from blocklab import cli
+    from blocklab.cli import args as cli_args
 
     stderr = io.StringIO()
     try:

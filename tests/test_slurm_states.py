@@ -272,7 +272,7 @@ def test_the_help_names_every_slurm_setting(capsys):
     assert not missing
 
 
-# -- without accounting: scontrol's state and exit code (issue 51, item 11) ---------------------------------
+# -- without accounting: scontrol's state and exit code ---------------------------------
 def test_scontrol_names_array_tasks_as_squeue_does_and_keeps_the_exit_code():
     from blocklab.launch.failures import read_scontrol
 

@@ -120,7 +120,7 @@ def test_runs_without_bits_per_byte_are_ranked_by_loss():
 def test_a_compare_whose_runs_have_no_bits_per_byte_writes_its_report(tmp_path):
     """A word-level tokenizer to which every word of the data is unknown (a special token: no text bytes)
     gives runs without bits per byte: compare died in the ranking with a TypeError and wrote no
-    report.md (issue 51, item 8). Now the report ranks by loss and shows '-' for bits per byte."""
+    report.md. Now the report ranks by loss and shows '-' for bits per byte."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from blocklab.compare import compare

@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from blocklab.cli_args import positive_int
+from blocklab.cli.args import positive_int
 from blocklab.launch import cli as launch_cli
 from blocklab.util.errors import ConfigError
 

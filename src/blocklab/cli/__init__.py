@@ -9,7 +9,10 @@ import sys
 import traceback
 from importlib import metadata
 
-from blocklab import __version__, cli_args, import_hf_cli, prepare_cli
+from blocklab import __version__
+from blocklab.cli import args as cli_args
+from blocklab.cli import import_hf as import_hf_cli
+from blocklab.cli import prepare as prepare_cli
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
