@@ -102,9 +102,11 @@ def test_compare_add_joins_a_seed_and_adds_a_longer_run_after_checking_the_data(
     stranger = train(other, cache, tmp_path / "elsewhere" / "stranger", "arch=pre-ln",
                      "data.val_fraction=0.3")
     with pytest.raises(ConfigError, match=r"cannot join this report: it differs .* in data source"):
-        compare(["pre-ln"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None, add=[stranger])
+        compare(["pre-ln", "sas"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None,
+                add=[stranger])
     windows = train(corpus, cache, tmp_path / "elsewhere" / "windows", "arch=pre-ln", "eval_batches=1")
     with pytest.raises(ConfigError, match=r"eval_batches \(2 against 1\)"):
-        compare(["pre-ln"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None, add=[windows])
+        compare(["pre-ln", "sas"], out, seeds=1, base=base, timing_rounds=0, log=lambda *_: None,
+                add=[windows])
     with pytest.raises(ConfigError, match="not a finished run"):
-        compare(["pre-ln"], out, seeds=1, base=base, log=lambda *_: None, add=[tmp_path / "nothing"])
+        compare(["pre-ln", "sas"], out, seeds=1, base=base, log=lambda *_: None, add=[tmp_path / "nothing"])

@@ -45,7 +45,6 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     import time
 
     from blocklab.report import utc_now, write_report
-    from blocklab.report.write import check_report_files
 
     started, start = utc_now(), time.perf_counter()
     entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add, lr_sweep)
@@ -54,14 +53,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     with locks.hold(out, make=True):
         base = base or {}
         identity = comparison_identity(entries, out, base, lr_sweep, add)
-        # saved runs are checked against their configs one by one (launch.store.check_reusable, naming the
-        # run and --fresh): the report's own check of the settings is for when none is there to speak
-        runs_speak = not fresh and any((out / "runs").glob("*/config.yaml"))
-        check_report_files(out, overwrite, identity, settings=not runs_speak)
-        if fresh and (out / "runs").is_dir():
-            for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
-                with locks.hold(run):  # never a run another process is training (FolderInUse names it)
-                    shutil.rmtree(run)
+        _clear_the_way(out, identity, overwrite, fresh)
         # a wandb group per comparison (training.trackers), unless the caller names one
         base = {"wandb_group": trackers.group_under(out / "runs" / "run", out), **base}
         sweep = sweep_info = None
@@ -80,14 +72,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
             raise RunsFailed(failed)
         extra = added_runs(add, finished) if add else []
         finished += extra
-        trained_at = time.perf_counter()
-        if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
-            from blocklab.util.progress import say
-
-            say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
-                f"interleaved rounds x {timing_steps} steps) for the report")
-        measured = measure_architectures(finished, timing_rounds, timing_steps)
-        measured["seconds"] = time.perf_counter() - trained_at
+        measured = _measure(finished, configs, timing_rounds, timing_steps)
         run_info = {"command": command or "python API", "started_utc": started, "started_perf": start,
                     "runs_reused": sum(o.status == "reused" for o in launch.outcomes), "lr_sweep": sweep_info,
                     "launch": launch.describe(),
@@ -101,6 +86,36 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
         if failed:
             raise RunsFailed(failed, report)
         return report
+
+
+def _clear_the_way(out: Path, identity: dict[str, Any], overwrite: bool, fresh: bool) -> None:
+    """Refuse a report in `out` that is not this comparison's (unless `overwrite`); with `fresh`, remove
+    the saved runs, each under its lock."""
+    from blocklab.report.write import check_report_files
+
+    # saved runs are checked against their configs one by one (launch.store.check_reusable, naming the
+    # run and --fresh): the report's own check of the settings is for when none is there to speak
+    runs_speak = not fresh and any((out / "runs").glob("*/config.yaml"))
+    check_report_files(out, overwrite, identity, settings=not runs_speak)
+    if fresh and (out / "runs").is_dir():
+        for run in sorted(p for p in (out / "runs").iterdir() if p.is_dir()):
+            with locks.hold(run):  # never a run another process is training (FolderInUse names it)
+                shutil.rmtree(run)
+
+
+def _measure(finished: list, configs: list, timing_rounds: int, timing_steps: int) -> dict[str, Any]:
+    """Memory and interleaved timing of every architecture's step after training, and its seconds."""
+    import time
+
+    trained_at = time.perf_counter()
+    if any(cfg.progress for _, cfg in configs):  # a data message: on stderr, and not with --quiet
+        from blocklab.util.progress import say
+
+        say(f"measuring memory and timing every architecture's training step again ({timing_rounds} "
+            f"interleaved rounds x {timing_steps} steps) for the report")
+    measured = measure_architectures(finished, timing_rounds, timing_steps)
+    measured["seconds"] = time.perf_counter() - trained_at
+    return measured
 
 
 def _checked_arguments(entries: list[Entry | str], seeds: int, timing_rounds: int, timing_steps: int,
