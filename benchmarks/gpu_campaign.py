@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -167,11 +166,17 @@ def check_options(opts: argparse.Namespace) -> None:
     except RuntimeError:
         raise usage_error(f"--device {opts.device!r} is not allowed: give a torch device, e.g. cuda, "
                           "cuda:1 or cpu") from None
-    if opts.export is not None:  # its folder is made when missing: the nearest existing one must be writable
-        folder = next(p for p in opts.export.absolute().parents if p.exists())
-        if opts.export.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+    if opts.export is not None:  # its folder is made now (as the export would), and written to once
+        folder = opts.export.absolute().parent
+        try:
+            if opts.export.is_dir():
+                raise IsADirectoryError(opts.export)
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):  # permissions alone miss /proc, read-only mounts ...
+                pass
+        except OSError:
             raise usage_error(f"--export {opts.export} is not allowed: {str(folder)!r} is not a folder this "
-                              "user can write to; give a .tgz path in one")
+                              "user can write to; give a .tgz path in one") from None
 
 
 def main(argv: list[str] | None = None) -> list[str]:

@@ -354,10 +354,12 @@ def test_campaign_smoke_trains_every_claim(tmp_path):
                                     ["--minutes", "inf"], ["--minutes", "5", "--scale", "nonsense"],
                                     ["--minutes", "5", "--claims", "nonsense"],
                                     ["--minutes", "5", "--device", "nonsense"],
-                                    ["--minutes", "5", "--export", "FILE/gpu-mid.tgz"]])
+                                    ["--minutes", "5", "--export", "FILE/gpu-mid.tgz"],
+                                    ["--minutes", "5", "--export", "/proc/blocklab-nope/gpu-mid.tgz"]])
 def test_next_refuses_a_bad_option_before_anything_trains(option, tmp_path, monkeypatch, capsys):
     """Each bad option: exit status 2 and one line naming it and what is allowed, before any run trains
-    (a budget of nan once ran everything; 0 and -5 exited 0 having done nothing)."""
+    (a budget of nan once ran everything; 0 and -5 exited 0 having done nothing; an export under /proc,
+    writable to root by its permissions, where no folder can be made, was found after a run trained)."""
     from blocklab.reproduce import pieces
 
     monkeypatch.setattr(pieces, "run_piece", lambda *a, **k: pytest.fail("a run started"))

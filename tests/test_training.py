@@ -10,6 +10,7 @@ import math
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -823,6 +824,25 @@ def test_cli_train_init_from_and_retrofit(corpus, tmp_path):
     assert load_run(out).model.cfg.value_path == "resformer-learnable"
     assert main(["train", "retrofit=resformer-learnable", *common, "--out", str(tmp_path / "x")]) == 2
     assert main(["train", f"init_from={tmp_path / 'nothing'}", *common, "--out", str(tmp_path / "y")]) == 2
+
+
+def test_an_init_from_run_resumes_after_its_source_is_gone(corpus, tmp_path, monkeypatch):
+    """A run started from another (its BPE tokenizer, retrofitted with ResFormer) and cut off resumes
+    from its own checkpoint after the source folder is deleted, to the curve of an uninterrupted run:
+    the model config and tokenizer come from the run's folder, the weights from its checkpoint."""
+    bpe = {"source": str(corpus), "tokenizer": "bpe", "vocab_size": 300, "cache_dir": str(tmp_path / "cache"),
+           "val_fraction": 0.1}
+    src = train(config(corpus, tmp_path / "src", max_steps=2, eval_every=0, data=bpe)).run_dir
+    base = dict(FROM_SOURCE, max_steps=8, ckpt_every=3, eval_every=4, data=bpe, init_from=str(src),
+                retrofit="resformer")
+    full = train(config(corpus, tmp_path / "a", **base))
+    stopped_during_step_5(config(corpus, tmp_path / "b", **base), monkeypatch)
+    shutil.rmtree(src)
+    resumed = train(config(corpus, tmp_path / "b", **base), resume=True)
+    assert resumed.model.cfg.value_path == "resformer" and resumed.summary["resumed_at"] == [3]
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical on CPU
+    for p_full, p_res in zip(full.model.parameters(), resumed.model.parameters(), strict=True):
+        assert torch.equal(p_full, p_res)
 
 
 def test_crammed_bert_recipe(corpus, tmp_path):

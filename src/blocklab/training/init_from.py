@@ -3,26 +3,44 @@ retrofitted with a value path (`TrainConfig.retrofit`)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
+from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
+from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import UNNAMED_SIZE, TrainConfig
 from blocklab.util.errors import ConfigError
 
 
-def load_init(cfg: TrainConfig) -> tuple[LanguageModel, Path | None]:
+def load_init(cfg: TrainConfig, resume_dir: Path | None = None) -> tuple[LanguageModel, Path | None]:
     """Continued pretraining: the float32 model saved in `cfg.init_from` (a run directory, a
     `blocklab.interop.save_pretrained` export, or a Hugging Face GPT-2 / Llama checkpoint folder, read
     as `blocklab import-hf` reads it), retrofitted with the value path `cfg.retrofit`
     (`blocklab.interop.retrofit`: ResFormer's mix starts at the baseline where the formula allows,
     a low-cost use of value residuals per Value Residual Learning), and the source's tokenizer.json
-    (None when an export has none)."""
+    (None when an export has none).
+
+    A resume (`resume_dir`, the run's folder) that has a checkpoint needs nothing of the source: the
+    model is built from the run's model_config.json (the source's config, retrofitted) and its weights
+    come from the checkpoint; the tokenizer is the path the run recorded, whose file `resumed_tokenizer`
+    replaces by the run's copy when it is gone. So the run goes on after its source was moved or
+    deleted."""
     from blocklab.interop import load_pretrained, retrofit
     from blocklab.interop.import_hf import is_hf_checkpoint, load_hf_checkpoint
     from blocklab.training.runs import load_run
 
     assert cfg.init_from is not None, "load_init is called for a run that sets init_from"
+    if resume_dir is not None and (resume_dir / "model_config.json").is_file() \
+            and ckpt.latest_checkpoint(resume_dir) is not None:
+        model_cfg = ModelConfig.from_dict(json.loads((resume_dir / "model_config.json").read_text()))
+        # the source's tokenizer as the run recorded it (`with_source_tokenizer`), whether or not it is
+        # still there: `resumed_tokenizer` then reads the run's copy, and the checkpoint's hash checks it
+        recorded = TrainConfig.load(resume_dir / "config.yaml").data.tokenizer \
+            if (resume_dir / "config.yaml").is_file() else ""
+        tok = Path(recorded) if recorded.endswith("tokenizer.json") else None
+        return LanguageModel(model_cfg).train(), tok
     src = Path(cfg.init_from)
     try:
         if (src / "model_config.json").is_file():
@@ -41,6 +59,17 @@ def load_init(cfg: TrainConfig) -> tuple[LanguageModel, Path | None]:
     if cfg.retrofit:
         model = retrofit(model, cfg.retrofit)
     return model, source_tokenizer(cfg.init_from)
+
+
+def resumed_tokenizer(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
+    """`cfg` of a resumed init_from run whose data.tokenizer, the source's tokenizer.json that
+    `with_source_tokenizer` recorded, is gone with its source: the run's own copy instead (the same
+    file, which the checkpoint's tokenizer hash checks)."""
+    tok = Path(cfg.data.tokenizer)
+    mine = run_dir / "tokenizer.json"
+    if tok.name == "tokenizer.json" and not tok.exists() and mine.is_file():
+        return replace(cfg, data=cfg.data.replace(tokenizer=str(mine)))
+    return cfg
 
 
 def source_tokenizer(init_from: str) -> Path | None:
@@ -105,7 +134,7 @@ def check_init(cfg: TrainConfig, model: LanguageModel, source_tok: Path | None, 
     from blocklab.data import load_tokenizer
 
     where = f"init_from = {cfg.init_from!r}"
-    if source_tok is not None:
+    if source_tok is not None and source_tok.is_file():  # gone with its source: the checkpoint checks it
         if load_tokenizer(source_tok, tokenizer.eos_token, tokenizer.mask_token).hash != tokenizer.hash:
             raise ConfigError(f"data.tokenizer = {cfg.data.tokenizer!r} differs from the tokenizer of "
                               f"{where}; leave data.tokenizer at 'bpe' (then {str(source_tok)!r} is used) "

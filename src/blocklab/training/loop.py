@@ -166,7 +166,8 @@ class Trainer:
 
     def _setup(self, cfg: TrainConfig, resume: bool) -> None:
         trackers.require_installed(trackers.tracker_names(cfg))  # before the data, which may take long
-        init = init_from.load_init(cfg) if cfg.init_from else None  # before the data: it names the tokenizer
+        # before the data: it names the tokenizer; a resume reads the run's own model config and tokenizer
+        init = init_from.load_init(cfg, Path(cfg.out_dir) if resume else None) if cfg.init_from else None
         if init is not None:  # the run records the source's arch and size, the model it trains
             cfg = init_from.with_source_preset(cfg, init[0])
             cfg = init_from.with_source_tokenizer(cfg, init[1])
@@ -176,6 +177,8 @@ class Trainer:
         self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
         if self.checkpoint is not None:
             rundir.check_resume_config(self.run_dir, cfg, self.checkpoint)
+            if cfg.init_from:  # its source may be gone: the run's own tokenizer.json serves
+                cfg = self.cfg = init_from.resumed_tokenizer(cfg, self.run_dir)
             if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
                 rundir.check_resume_metrics(self.run_dir)
         elif not resume:
