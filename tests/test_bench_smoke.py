@@ -31,6 +31,7 @@ def perturbed(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.slow  # 20-35 s of compiling or a subprocess: CI's slow tier runs it
 def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
     out = tmp_path / "gpu-smoke.json"
     cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln,bov",
@@ -97,6 +98,7 @@ def test_bench_gpu_compares_each_mode_with_the_hand_model_in_its_mode(tmp_path):
     assert how[("pre-ln", "compile")][0].startswith(expected) and how[("pre-ln", "compile")][1] == "lm_loss"
 
 
+@pytest.mark.slow  # 20-35 s of compiling or a subprocess: CI's slow tier runs it
 def test_bench_gpu_smoke_decodes_with_frozen_weights(tmp_path):
     """`--decode-freeze`: the compiled decoding copy runs `compile_decoding(freeze_weights=True)` end to
     end (inductor on this CPU) and gives eager decoding's tokens."""
@@ -250,6 +252,7 @@ def test_hand_loop_gives_the_tokens_of_generate(batch):
     bench_decode.check_same_tokens(model, hand, prompt, 20)
 
 
+@pytest.mark.slow  # 20-35 s of compiling or a subprocess: CI's slow tier runs it
 def test_frozen_hand_loop_gives_the_tokens_of_generate():
     """`--compile hand-frozen`: the hand loop's step compiled with the weights folded in."""
     model = perturbed(bench_decode.make_model("tiny", 40))

@@ -186,6 +186,7 @@ def test_a_backward_compile_failure_falls_back_at_the_first_call(monkeypatch):
         assert_same_training_step(eager, model, ids, labels_of(ids))
 
 
+@pytest.mark.slow  # 20-35 s of compiling or a subprocess: CI's slow tier runs it
 def test_an_error_of_the_inputs_is_not_a_compiler_failure():
     model = make_model("pre-ln").float()
     model.compile_model(backend="aot_eager")

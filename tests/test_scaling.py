@@ -306,6 +306,7 @@ def test_read_ladder_pairs_runs_by_seed_and_skips_unfinished_ones(tmp_path):
     assert PowerLaw(2.0, -0.1).inverse(PowerLaw(2.0, -0.1)(1e6)) == pytest.approx(1e6)
 
 
+@pytest.mark.slow  # 20-35 s of compiling or a subprocess: CI's slow tier runs it
 def test_gpu_session_trains_a_piece_of_a_ladder(tmp_path):
     """benchmarks/gpu_session.sh with LADDER: `blocklab scaling --minutes` in the ladder's store, its
     tarball in OUT, its log in OUT/logs.tgz (the other steps skipped)."""
