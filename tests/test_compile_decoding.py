@@ -124,8 +124,8 @@ def eager_copy(model):
     return plain
 
 
-@pytest.mark.parametrize("arch", [  # ~20 s each: the second in CI's slow tier
-    "pre-ln+bov", pytest.param("sas-p+resformer-learnable", marks=pytest.mark.slow)])
+@pytest.mark.slow  # ~25 s each: CI's slow tier
+@pytest.mark.parametrize("arch", ["pre-ln+bov", "sas-p+resformer-learnable"])
 def test_frozen_weights_give_the_tokens_of_eager_decoding(arch):
     """Folded in: BoV's value tables (looked up by token id), learned lambdas and shaped-attention
     gains (pre-ln itself in the next test)."""

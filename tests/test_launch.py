@@ -49,6 +49,7 @@ def curve(run: Path) -> list[tuple]:
             if "loss" in r or "val_loss" in r]
 
 
+@pytest.mark.slow  # 12-20 s of training in subprocesses: CI's slow tier runs it
 def test_two_jobs_train_the_losses_of_one_job_bit_for_bit(corpus, tmp_path):
     cfg = base(corpus, tmp_path / "cache")
     for jobs in (1, 2):
@@ -323,6 +324,7 @@ submitit = pytest.importorskip("submitit")
 from blocklab.launch.slurm import SlurmLauncher, SlurmSettings, parse_time  # noqa: E402
 
 
+@pytest.mark.slow  # 12-20 s of training in subprocesses: CI's slow tier runs it
 def test_the_slurm_launcher_trains_a_compare_through_submitits_local_executor(corpus, tmp_path):
     cfg = base(corpus, tmp_path / "cache")
     settings = SlurmSettings(cluster="local", poll_s=0.2, time_min=10, folder=str(tmp_path / "slurm"))
@@ -340,6 +342,7 @@ def test_the_slurm_launcher_trains_a_compare_through_submitits_local_executor(co
         assert curve(out / "runs" / f"{arch}-seed0") == curve(tmp_path / "here" / "runs" / f"{arch}-seed0")
 
 
+@pytest.mark.slow  # 12-20 s of training in subprocesses: CI's slow tier runs it
 def test_a_run_over_two_processes_is_launched_with_torchrun_inside_its_job(corpus, tmp_path):
     cfg = base(corpus, tmp_path / "cache", steps=4)  # parallel=auto: DDP under torchrun
     settings = SlurmSettings(cluster="local", poll_s=0.2, time_min=10, procs_per_run=2,

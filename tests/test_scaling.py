@@ -229,6 +229,7 @@ def toy(corpus: Path, cache: Path) -> Ladder:
     )
 
 
+@pytest.mark.slow  # 12-20 s of training in subprocesses: CI's slow tier runs it
 def test_the_command_trains_resumes_and_rebuilds_the_report_from_the_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "corpus").mkdir()
     corpus = write_code_corpus(tmp_path / "corpus")
