@@ -179,10 +179,14 @@ class Transformer(nn.Module):
         """The head (vocab, d): its own matrix, or the token embedding when they are tied."""
         return self.head.weight if self.head is not None else self.tok_emb.weight
 
+    def head_projection(self, h: Tensor) -> Tensor:
+        """z = h W^T (..., vocab), W the head (`head_weight`)."""
+        return F.linear(h, self.head_weight())
+
     def head_logits(self, h: Tensor) -> Tensor:
-        """Logits (..., vocab) of final hidden states `h`: z = h W^T, then ``cap tanh(z / cap)`` with a
-        `logit_softcap`."""
-        logits = F.linear(h, self.head_weight())
+        """Logits (..., vocab) of final hidden states `h`: z = h W^T (`head_projection`), then
+        ``cap tanh(z / cap)`` with a `logit_softcap`."""
+        logits = self.head_projection(h)
         if self.cfg.logit_softcap is not None:
             cap = self.cfg.logit_softcap
             logits = cap * torch.tanh(logits / cap)

@@ -82,19 +82,15 @@ class LanguageModel(Transformer):
         (none) elsewhere."""
         return self.vocab_pad_multiple if weight.device.type == "cuda" else 1
 
-    def head_logits(self, h: Tensor) -> Tensor:
-        """The definition's logits, the head run against W padded with zero rows (`head_padding`); the
-        padded columns are cut off before anything reads them."""
+    def head_projection(self, h: Tensor) -> Tensor:
+        """The definition's h W^T, run against W padded with zero rows (`head_padding`); the padded
+        columns are cut off before anything reads them (the softcap, if any, comes after)."""
         weight = self.head_weight()
         vocab, multiple = weight.shape[0], self.head_padding(weight)
         rows = vocab if multiple == 1 else padded_rows(vocab, multiple)
         if rows == vocab:
-            return super().head_logits(h)
-        logits = F.linear(h, F.pad(weight, (0, 0, 0, rows - vocab)))[..., :vocab]
-        if self.cfg.logit_softcap is not None:
-            cap = self.cfg.logit_softcap
-            logits = cap * torch.tanh(logits / cap)
-        return logits
+            return F.linear(h, weight)
+        return F.linear(h, F.pad(weight, (0, 0, 0, rows - vocab)))[..., :vocab]
 
     # -- compilation ---------------------------------------------------------------------------
     def compile_blocks(self, **compile_kwargs: Any) -> None:
