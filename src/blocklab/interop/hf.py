@@ -264,12 +264,29 @@ def _load_hf(model_or_path) -> nn.Module:
         with _load_report_silenced():  # _check_loading_info says what it would, in one line
             model, info = cls.from_pretrained(path, local_files_only=True, output_loading_info=True,
                                               ignore_mismatched_sizes=True, **_saved_dtype())
+        info["mismatched_keys"] = _with_shapes(path, model, info.get("mismatched_keys") or [])
         _check_loading_info(path, config.model_type, info)
         return model
     if not (isinstance(model_or_path, nn.Module) and hasattr(model_or_path, "config")):
         raise TypeError(f"from_hf takes an HF {_CLASSES} or a folder path, "
                         f"got {type(model_or_path).__name__}")
     return model_or_path
+
+
+def _with_shapes(path: Path, model: nn.Module, keys: list) -> list:
+    """Mismatched weights as (name, shape in the file, shape the config gives): transformers 5 reports
+    them so, 4.x by name alone, whose shapes are read here from the safetensors headers and the model."""
+    if all(isinstance(k, tuple) for k in keys):
+        return keys
+    from safetensors import safe_open
+
+    in_files: dict[str, list[int]] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            in_files.update({name: list(f.get_slice(name).get_shape()) for name in f.keys()})
+    state = model.state_dict()
+    return [(k, in_files[k], list(state[k].shape)) if isinstance(k, str) and k in in_files and k in state
+            else k for k in keys]
 
 
 def _key_text(key) -> str:
