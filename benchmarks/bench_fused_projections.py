@@ -16,6 +16,12 @@ machine slows both alike.
 Part 2, the projections alone: x (1024 tokens, d) -> the maps above, forward and backward of the sum
 of their outputs, fused (`fused_linear`) or each nn.Linear on its own, d 256 and 768, same rounds.
 
+Part 3, decoding (one new token a step, batch 1, after 64 cached positions, under inference mode),
+what a weight made once would change: the maps alone at one token, each nn.Linear on its own against
+one GEMM on a concatenated weight made before timing ("made once", what a fused parameter or a weight
+built at load time would run) and against `fused_linear`'s copy per call; and the model's eager
+decoding step (`decode_step`) with fusion off and on (a copy per call: what "on" runs while decoding).
+
 Reported per row: the median time of each mode, and "unfused / fused" (> 1: fusion is faster) as the
 median over rounds of the paired ratio and as the ratio of the best (minimum) times, which a loaded
 machine disturbs least; the process CPU time ratio too (all threads, median paired).
@@ -107,6 +113,57 @@ def bench_maps(arch: str, d: int, device: str, warmup: int, rounds: int) -> dict
     return dict(part="maps", shape=f"d {d}", arch=arch, **paired(run, dev, warmup, rounds))
 
 
+DECODE_CACHED = 64  # positions in the KV cache before the timed decoding step
+
+
+def bench_decode_maps(arch: str, d: int, device: str, warmup: int, rounds: int, made_once: bool) -> dict:
+    """The maps of Part 2 at one token (batch 1) without gradients: on their own ("off") against one GEMM
+    on a weight concatenated before timing (`made_once`) or by `fused_linear` at every call; each timed
+    call runs the maps 100 times."""
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    widths = (d, d, d) if arch == "pre-ln" else (d, d, 4 * d)
+    maps = [nn.Linear(d, w, bias=False).to(dev).requires_grad_(False) for w in widths]
+    weight = torch.cat([m.weight for m in maps])
+    x = torch.randn(1, 1, d, device=dev)
+
+    def run(mode: str) -> None:
+        with torch.inference_mode():
+            for _ in range(100):
+                if mode == "off":
+                    [F.linear(x, m.weight) for m in maps]
+                elif made_once:
+                    F.linear(x, weight).split(widths, dim=-1)
+                else:
+                    fused_linear(x, maps)
+
+    kind = "made once" if made_once else "copy per call"
+    return dict(part=f"decode maps x100, {kind}", shape=f"d {d}", arch=arch, **paired(run, dev, warmup, rounds))
+
+
+def bench_decode_step(arch: str, shape: str, device: str, warmup: int, rounds: int) -> dict:
+    """The model's eager decoding step (batch 1, `DECODE_CACHED` positions cached) with fusion off and on;
+    each timed call runs 20 steps at the same position."""
+    torch.manual_seed(0)
+    dev = torch.device(device)
+    cfg = blocklab.ModelConfig.from_preset(arch, size="small", context_length=SEQ, **SHAPES[shape])
+    model = blocklab.LanguageModel(cfg).to(dev).eval()
+    cache = model.new_cache(1, DECODE_CACHED + 1)
+    ids = torch.randint(0, cfg.vocab_size, (1, DECODE_CACHED + 1), device=dev)
+    with torch.inference_mode():
+        model(ids[:, :-1], cache=cache)
+
+    def run(mode: str) -> None:
+        set_fused_projections(model, mode)
+        with torch.inference_mode():
+            for _ in range(20):
+                cache.length = DECODE_CACHED  # the same step again: its keys and values are overwritten
+                model.decode_step(ids[:, -1:], cache)
+
+    return dict(part="decode step x20, copy per call", shape=shape, arch=arch,
+                **paired(run, dev, warmup, rounds))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -129,9 +186,13 @@ def main() -> None:
     start = time.perf_counter()
     rows = [bench_maps(arch, d, args.device, warmup, 4 * rounds) for d in (256, 768) for arch in ARCHS]
     rows += [bench_step(arch, shape, args.device, warmup, rounds) for shape in shapes for arch in ARCHS]
-    print(f"## Fused projections: the maps alone (x of {BATCH * SEQ} tokens; {4 * rounds} rounds) and the "
-          f"training step's forward + backward (batch {BATCH} x {SEQ}; {rounds} rounds), {args.threads} "
-          f"threads ({time.perf_counter() - start:.0f} s)\n")
+    rows += [bench_decode_maps(arch, d, args.device, warmup, 4 * rounds, once) for d in (256, 768)
+             for arch in ARCHS for once in (True, False)]
+    rows += [bench_decode_step(arch, shape, args.device, warmup, 4 * rounds) for shape in shapes
+             for arch in ARCHS]
+    print(f"## Fused projections: the maps alone (x of {BATCH * SEQ} tokens; {4 * rounds} rounds), the "
+          f"training step's forward + backward (batch {BATCH} x {SEQ}; {rounds} rounds) and decoding "
+          f"(batch 1; {4 * rounds} rounds), {args.threads} threads ({time.perf_counter() - start:.0f} s)\n")
     print(table(["part", "shape", "arch", "unfused ms", "fused ms", "unfused / fused: paired (min-max)",
                  "best", "CPU time"],
                 [[r["part"], r["shape"], r["arch"], f"{r['unfused_ms']:.1f}", f"{r['fused_ms']:.1f}",
