@@ -138,7 +138,8 @@ def bench_decode_maps(arch: str, d: int, device: str, warmup: int, rounds: int, 
                     fused_linear(x, maps)
 
     kind = "made once" if made_once else "copy per call"
-    return dict(part=f"decode maps x100, {kind}", shape=f"d {d}", arch=arch, **paired(run, dev, warmup, rounds))
+    return dict(part=f"decode maps x100, {kind}", shape=f"d {d}", arch=arch,
+                **paired(run, dev, warmup, rounds))
 
 
 def bench_decode_step(arch: str, shape: str, device: str, warmup: int, rounds: int) -> dict:

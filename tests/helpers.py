@@ -68,3 +68,19 @@ def compare_base(corpus: Path, cache: Path, steps: int = 4) -> dict:
             "eval_batches": 2, "log_every": 1, "ckpt_every": 2, "progress": False,
             "model": {"d_model": 32, "n_layers": 3, "n_heads": 2},
             "data": {"source": str(corpus), "tokenizer": "byte", "cache_dir": str(cache)}}
+
+
+def saved_figures(monkeypatch) -> list:
+    """The matplotlib figures saved from now on, in order (blocklab draws on `Figure` objects without
+    pyplot, so a test reads what a plot drew from the figure its `savefig` was called on)."""
+    from matplotlib.figure import Figure
+
+    figures: list = []
+    save = Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        figures.append(fig)
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figures

@@ -27,7 +27,7 @@ from blocklab.runtime.cache import cache_bytes_per_token
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, write_code_corpus
+from helpers import compare_base, saved_figures, write_code_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -544,10 +544,7 @@ def test_the_wall_clock_figure_takes_the_interleaved_speed_or_warns_or_is_left_o
 
 
 def test_the_wall_clock_axis_is_steps_at_the_interleaved_step_time(tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    figures = saved_figures(monkeypatch)
     val = [{"kind": "val", "step": s, "val_loss": 5.0 - s / 10, "tokens": s * 64, "wall_time": s * 9.0}
            for s in (2, 4)]
     runs = {"pre-ln": [{"metrics": val}], "sas": [{"metrics": val}]}
@@ -566,10 +563,7 @@ def test_the_wall_clock_axis_is_steps_at_the_interleaved_step_time(tmp_path, mon
 
 def test_an_architecture_keeps_its_colour_in_every_plot(tmp_path, monkeypatch):
     """The relative-loss plot leaves out the baseline; its lines must still match the validation plots'."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    figures = saved_figures(monkeypatch)
     labels = ["pre-ln", "sas", "bov"]
 
     def run(offset):

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import blocklab
 from blocklab.cli import main
 from blocklab.compare import compare
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, write_code_corpus
+from helpers import compare_base, saved_figures, write_code_corpus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -57,18 +61,45 @@ def test_plot_overlays_runs_from_train_on_four_axes(corpus, tmp_path, capsys):
 
 
 def test_plot_draws_flops_as_tokens_times_flops_per_token(corpus, tmp_path, monkeypatch):
-    import matplotlib.pyplot as plt
-
     from blocklab import plot
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    figures = saved_figures(monkeypatch)
     run = train(corpus, tmp_path / "cache", tmp_path / "a")
     plot.plot_runs([run], tmp_path / "plot")
     per_token = json.loads((run / "summary.json").read_text())["flops_per_token"]
     tokens = [r["tokens"] for r in read_metrics(run / "metrics.jsonl", "val")]
     flops_axes = figures[2].axes[0]
     assert list(flops_axes.get_lines()[0].get_xdata()) == [t * per_token for t in tokens]
+
+
+def test_drawing_leaves_pyplot_and_the_backend_alone(tmp_path):
+    """A user's process (a notebook, say) keeps its matplotlib backend and its open figures while blocklab
+    draws: the figures are `Figure` objects on their own Agg canvas, never pyplot's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"kind": "val", "step": s, "tokens": 64 * s, "wall_time": s / 10, "val_loss": 5 - s / 10,
+             "val_bpb": 2.0} for s in (2, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"flops_per_token": 1000.0}))
+    code = "\n".join([
+        "import matplotlib",
+        "matplotlib.use('svg')",
+        "import matplotlib.pyplot as plt",
+        "mine = plt.figure()",
+        "from blocklab.plot import plot_runs",
+        f"plot_runs([{str(run)!r}], {str(tmp_path / 'plot')!r})",
+        "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()",
+        "assert plt.get_fignums() == [mine.number], plt.get_fignums()",
+    ])
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert (tmp_path / "plot" / "loss_vs_step.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_no_module_draws_through_pyplot():
+    src = Path(blocklab.__file__).parent
+    through_pyplot = [p.relative_to(src).as_posix() for p in sorted(src.rglob("*.py"))
+                      if re.search(r"matplotlib\.pyplot|matplotlib\.use\(|import pyplot", p.read_text())]
+    assert not through_pyplot
 
 
 def test_plot_refuses_what_is_not_a_run(tmp_path, capsys):

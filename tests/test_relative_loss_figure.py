@@ -12,7 +12,6 @@ import json
 import statistics
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pytest
 
 from blocklab import ModelConfig
@@ -21,6 +20,7 @@ from blocklab.report import plots as report_plots
 from blocklab.report import write_report
 from blocklab.statistics import evidence
 from blocklab.training import TrainConfig
+from helpers import saved_figures
 
 STEPS, LOG_EVERY, EVAL_EVERY = 150, 10, 50
 # final validation gap to the baseline per seed (nats): small, and different per seed
@@ -93,8 +93,7 @@ def _old_ema_end(label: str, seeds: range) -> float:
 
 
 def test_the_relative_loss_figure_ends_at_the_verdicts_differences(tmp_path, monkeypatch):
-    figures: list = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    figures = saved_figures(monkeypatch)
     seeds = range(3)
     labels = ["pre-ln", *FINAL_GAP]
     runs = [(entry, _write_run(tmp_path / "runs", entry.label, seed))

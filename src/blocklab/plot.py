@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.util.errors import ConfigError
+from blocklab.util.figures import agg_figure
 
 AXES = (("step", "step"), ("tokens", "tokens"), ("flops", "training FLOPs"),
         ("wall_time", "training wall-clock from the run's log (s)"))
@@ -76,11 +77,6 @@ def labels(runs: list[dict[str, Any]]) -> list[str]:
 def plot_runs(paths: list[str | Path], out: str | Path) -> Path:
     """Overlay the runs' curves; writes OUT/loss_vs_<axis>.png, OUT/plot.md and OUT/plot.html and
     returns plot.md."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from blocklab.report import render_html, render_markdown
 
     if not paths:
@@ -106,7 +102,7 @@ def plot_runs(paths: list[str | Path], out: str | Path) -> Path:
                       f"{last['val_loss']:.4f}", bpb, state])
     blocks += [("table", head, table)]
     for key, axis in AXES:
-        fig, (loss_ax, bpb_ax) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
+        fig, (loss_ax, bpb_ax) = agg_figure(6.4, 6.4, 2, 1, sharex=True)
         for k, (name, r) in enumerate(zip(names, runs, strict=True)):
             points = [p for p in r["curve"] if p[key] is not None]
             xs = [p[key] for p in points]
@@ -127,7 +123,6 @@ def plot_runs(paths: list[str | Path], out: str | Path) -> Path:
         fig.tight_layout()
         path = out / f"loss_vs_{key}.png"
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         blocks.append(("figure", path, f"validation loss against {axis}",
                        f"Validation loss (top) and bits per byte (bottom) against {axis}; lower is better."))
     title = "blocklab plot"

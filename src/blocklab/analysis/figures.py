@@ -3,8 +3,8 @@
 Plots follow the figures of Value Residual Learning (Fig. 1: entropy per layer; Fig. 2: the first
 token's importance, value-state norm and hidden-state norm per layer; Fig. 12: value spectra;
 Fig. 18: token similarity; Fig. 19: the same per position) and Simplifying Transformer Blocks
-(Figs. 4, 16-19: learned scalars over training). Figures are drawn on matplotlib's Agg canvas
-without pyplot, so nothing global changes and no display is needed.
+(Figs. 4, 16-19: learned scalars over training), on matplotlib's Agg canvas without pyplot
+(`blocklab.util.figures`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import TwoSlopeNorm
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from blocklab.analysis.diagnose import FORMAT
 from blocklab.analysis.scalars import read_metrics, scalar_series
+from blocklab.util.figures import agg_figure
 
 REQUIRED = ("meta", "entropy", "importance", "value_norm", "hidden_norm", "similarity", "spectrum",
             "attention_maps")
@@ -31,9 +31,9 @@ REQUIRED = ("meta", "entropy", "importance", "value_norm", "hidden_norm", "simil
 def _figure(n_panels: int, ncols: int = 3, size: tuple[float, float] = (4.2, 3.2)):
     ncols = max(1, min(ncols, n_panels))
     nrows = math.ceil(n_panels / ncols)
-    fig = Figure(figsize=(size[0] * ncols, size[1] * nrows), layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    fig, axes = agg_figure(size[0] * ncols, size[1] * nrows, nrows, ncols, layout="constrained",
+                           squeeze=False)
+    axes = axes.ravel()
     for ax in axes[n_panels:]:
         ax.set_visible(False)
     return fig, axes[:n_panels]

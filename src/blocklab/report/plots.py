@@ -14,6 +14,7 @@ from typing import Any
 from blocklab.report.method import budget_kind_of
 from blocklab.report.stats import WALL_FROM_LOGS_WARNING, WALL_FROM_TIMING, mean_sd, wall_clock_source
 from blocklab.statistics import evidence
+from blocklab.util.figures import agg_figure
 
 
 def _val_curves(run: dict, x: str) -> tuple[list[float], list[float]]:
@@ -45,8 +46,6 @@ def _plot_validation(entries, runs_by_label, out: Path, rows: list[dict] | None 
     """Validation loss against step, tokens and training wall-clock: the mean over seeds, with a band of
     ±1 standard deviation over seeds where there are two or more. The wall-clock axis follows `wall`
     (`wall_clock_source`; None: that figure is left out, its path None)."""
-    import matplotlib.pyplot as plt
-
     step_s = {r["label"]: r["throughput"]["interleaved"]["median"] for r in rows or []
               if r["throughput"].get("interleaved")}
     paths: list[Path | None] = []
@@ -54,7 +53,7 @@ def _plot_validation(entries, runs_by_label, out: Path, rows: list[dict] | None 
         if x == "wall_time" and wall is None:
             paths.append(None)
             continue
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        fig, ax = agg_figure(6.4, 4.2)
         for k, entry in enumerate(entries):
             if x == "wall_time" and wall == "interleaved":
                 curves = [_val_curves(run, "step") for run in runs_by_label[entry.label]]
@@ -80,7 +79,6 @@ def _plot_validation(entries, runs_by_label, out: Path, rows: list[dict] | None 
         fig.tight_layout()
         path = out / f"val_loss_vs_{x}.png"
         fig.savefig(path, dpi=110)
-        plt.close(fig)
         paths.append(path)
     return paths
 
@@ -139,13 +137,11 @@ def _plot_relative(entries, runs_by_label, out: Path) -> Path:
     drawn here before; with a dozen logged points the average still carried the early gaps at the
     last step (about 3x the final differences), so the figure now shows what the report's verdict
     states, at every evaluation."""
-    import matplotlib.pyplot as plt
-
     base_label = entries[0].label
     base = runs_by_label[base_label]
     data: dict[str, Any] = {"quantity": RELATIVE_YLABEL.format(base=base_label), "baseline": base_label,
                             "confidence": evidence.CONFIDENCE, "architectures": {}}
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = agg_figure(6.4, 4.2)
     for k, entry in enumerate(entries[1:], start=1):
         series = relative_series(runs_by_label[entry.label], base)
         data["architectures"][entry.label] = series
@@ -159,7 +155,6 @@ def _plot_relative(entries, runs_by_label, out: Path) -> Path:
     fig.tight_layout()
     path = out / "relative_loss.png"
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     (out / "relative_loss.json").write_text(json.dumps(data, indent=2))
     return path
 

@@ -11,6 +11,7 @@ from blocklab.reproduce import (
     CheckResult,
     ClaimResult,
 )
+from blocklab.util.figures import agg_figure
 
 
 def differences_figure(result: ClaimResult, path: Path) -> Path | None:
@@ -18,10 +19,9 @@ def differences_figure(result: ClaimResult, path: Path) -> Path | None:
     measured = [r for r in result.checks if r.interval is not None]
     if not measured:
         return None
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.55 * len(measured)))
+    fig, ax = agg_figure(6.4, 0.9 + 0.55 * len(measured))
     for row, r in enumerate(reversed(measured)):
         iv = r.interval
         ax.scatter(iv.values, [row] * iv.n, color="C0", s=18, zorder=3)
@@ -40,7 +40,6 @@ def differences_figure(result: ClaimResult, path: Path) -> Path | None:
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
@@ -61,10 +60,8 @@ def curves_figure(result: ClaimResult, runs: dict, path: Path) -> Path | None:
     checks = [r.check for r in result.checks if r.check.metric in ("val_loss", "val_bpb")]
     if not checks:
         return None
-    import matplotlib.pyplot as plt
-
     settings = list(dict.fromkeys(s for c in checks for s in (c.setting, c.minus_setting) if s))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.4 * len(settings), 4.2), squeeze=False)
+    fig, axes = agg_figure(6.4 * len(settings), 4.2, 1, len(settings), squeeze=False)
     drawn = False
     for ax, setting in zip(axes[0], settings, strict=True):
         archs = list(dict.fromkeys(a for c in checks for a in (c.baseline, c.arch) if a))
@@ -91,9 +88,7 @@ def curves_figure(result: ClaimResult, runs: dict, path: Path) -> Path | None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
     if not drawn:  # no run of the claim has finished (reproduce --partial)
-        plt.close(fig)
         return None
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

@@ -20,6 +20,7 @@ from blocklab.scaling.judge import (
     shared_law,
 )
 from blocklab.statistics.claims import PAPERS
+from blocklab.util.figures import agg_figure
 
 
 def _fmt_n(n: float) -> str:
@@ -29,13 +30,8 @@ def _fmt_n(n: float) -> str:
 def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
     """Loss against parameters (log axis): each architecture's mean over seeds at each rung with +-1 seed
     standard deviation, and the law the equivalences read (the power law where none is shared)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     data = result.data
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = agg_figure(6.4, 4.4)
     for k, arch in enumerate(data.archs):
         f = result.fits[(arch, reading)]
         sds = [
@@ -68,7 +64,6 @@ def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
 
 
