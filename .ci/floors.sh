@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The floors tier (issue 50): the Hugging Face, export, import, padding, beam search and lm-eval tests in
+# The floors tier (issue 50): the Hugging Face, export, import, padding, beam search, lm-eval and figure tests in
 # venvs of their own, made here from pyproject.toml:
 #   floors  the lowest versions the requirements allow together (uv's lowest-direct resolution of the
 #           dev extra, numpy held to its declared 1.24.x, which uv's resolution would lift to 2.0 for
@@ -18,7 +18,8 @@ mkdir -p "$work"
 TORCH=2.13.0+cpu
 TESTS=(tests/test_interop.py tests/test_exports.py tests/test_import_hf.py tests/test_hf_model.py
        tests/test_hf_padding.py tests/test_hf_surface.py tests/test_hf_beam_search.py tests/test_beam_search.py
-       tests/test_padding.py tests/test_eval.py tests/test_model_folders.py tests/test_data.py)
+       tests/test_padding.py tests/test_eval.py tests/test_model_folders.py tests/test_data.py
+       tests/test_plot.py tests/test_relative_loss_figure.py tests/test_analysis.py)
 
 # the folder that holds the CPU build of torch (pip's find-links here), so that nothing downloads one
 wheels=""
