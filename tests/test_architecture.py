@@ -97,7 +97,7 @@ def test_one_module_holds_the_model_config():
 # each package's cli.py) is the top layer. The package root itself
 # (blocklab/__init__.py: `__version__` and the public names, loaded lazily) is not a layer.
 LAYERS: list[tuple[str, ...]] = [
-    ("util",),  # errors, the config base, locks, disk-full handling, checksums, file modes, path text
+    ("util",),  # errors, the config base, locks, disk-full, checksums, file modes, path text, figures
     ("model",),  # the definition
     ("runtime", "presets", "statistics"),  # what runs a model; named presets; claims and statistics
     ("accounting", "recipes", "data"),
