@@ -42,14 +42,13 @@ def reading_path(arch: str, runnable: bool = False, path: str = PATHS[0]) -> dic
 
     ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     cls = LanguageModel if runnable else Transformer
-    built = cls(ModelConfig.from_preset(arch, "tiny", n_layers=2, vocab_size=64)).eval()
+    def build() -> torch.nn.Module:
+        return cls(ModelConfig.from_preset(arch, "tiny", n_layers=2, vocab_size=64)).eval()
+
+    built = build() if path == "forward pass" else None
 
     def config_to_logits() -> None:
-        if path == "forward pass":
-            built(ids)
-            return
-        cfg = ModelConfig.from_preset(arch, "tiny", n_layers=2, vocab_size=64)
-        cls(cfg).eval()(ids)
+        (built or build())(ids)
 
     ran: dict[str, dict[int, int]] = defaultdict(dict)  # file -> first line of a code object -> its last
 
