@@ -48,7 +48,7 @@ def reading_path(arch: str, runnable: bool = False, path: str = PATHS[0]) -> dic
     built = build() if path == "forward pass" else None
 
     def config_to_logits() -> None:
-        (built or build())(ids)
+        (built if built is not None else build())(ids)
 
     ran: dict[str, dict[int, int]] = defaultdict(dict)  # file -> first line of a code object -> its last
 
