@@ -18,7 +18,7 @@
 #      autocast, 67 s), the chunked loss under bf16 with the padded head and the default compiled
 #      decoding step on CUDA (limit 300 s, cut to what is left);
 #      bench_fused_projections.py: a Pre-LN and a SAS-P step with the projections fused and not
-#      (FUSE_DEVICES says CUDA fuses; limit 45 s)
+#      (KernelChoice.fused_projections says CUDA fuses; limit 45 s)
 #   4. bench_centering.py: shaped attention's C V, old and fused, and a SAS-P step (limit 60 s);
 #      bench_batched_generation.py: a padded batch of 8 prompts against one at a time, size small,
 #      eager decoding, and how many rows give their prompt's tokens alone on CUDA (limit 40 s)

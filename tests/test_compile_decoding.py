@@ -49,7 +49,7 @@ PADDED_CASES = [CASES[2], CASES[3]]  # a ring and running value sums; values fro
 
 @pytest.mark.parametrize(("arch", "overrides"), PADDED_CASES, ids=[a for a, _ in PADDED_CASES])
 def test_compiled_step_decodes_a_padded_batch_as_one_graph(arch, overrides):
-    """A padded batch (model/padding.py): the step reads the cache's per-row positions and flags with no
+    """A padded batch (model/masking.py): the step reads the cache's per-row positions and flags with no
     graph break (fullgraph), and gives eager decoding's tokens."""
     model = build(arch, seed=3, **overrides)
     prompt, mask = ids_of(3, 6, seed=4), torch.ones(3, 6, dtype=torch.long)

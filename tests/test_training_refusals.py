@@ -235,8 +235,9 @@ def test_processes_of_one_machine_share_its_memory(tmp_path, monkeypatch):
 
 
 def test_train_into_a_folder_that_is_not_a_run_keeps_the_users_files(tmp_path, capsys):
-    """config.yaml, tokenizer.json and summary.json of a folder that is not a run were replaced, exit 0
-   : refused naming them, unless overwrite=true, which replaces only those (notes.txt stays)."""
+    """A folder that is not a run keeps its config.yaml, tokenizer.json and summary.json (they used to be
+    replaced, exit 0): refused naming them, unless overwrite=true, which replaces only those (notes.txt
+    stays)."""
     from helpers import small_run_args, write_code_corpus
 
     (tmp_path / "corpus").mkdir()

@@ -766,7 +766,7 @@ def test_list_presets_names_every_value_path():
 
 
 def test_compile_blocks_compiles_every_layer_of_a_12_layer_dense_resformer():
-    """Dense-ResFormer's earlier values grow per layer, so the shared Block.forward needs one compiled
+    """Dense-ResFormer's earlier values grow per layer, so the blocks' shared forward needs one compiled
     version per layer: 12 > dynamo's default limit of 8, past which blocks silently run eagerly.
 
     fail_on_recompile_limit_hit turns that fallback into an error; the frame counters show every

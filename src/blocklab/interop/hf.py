@@ -320,7 +320,7 @@ def _check_loading_info(path: Path, model_type: str, info: dict[str, Any]) -> No
 
 
 def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> LanguageModel:
-    """A `Transformer` of `cfg` holding copies of `state`, in the dtype and on the device of `like`."""
+    """A `LanguageModel` of `cfg` holding copies of `state`, in the dtype and on the device of `like`."""
     with torch.device("meta"):  # built in the weights' own dtype: float64 is never rounded via float32
         model = LanguageModel(cfg)
     model = model.to_empty(device=like.device).to(like.dtype)
@@ -330,7 +330,7 @@ def _built(cfg: ModelConfig, state: dict[str, Tensor], like: Tensor) -> Language
 
 
 def from_hf(model_or_path, **overrides: Any) -> LanguageModel:
-    """A blocklab `Transformer` with the weights of an HF GPT-2 or Llama causal LM, or of any blocklab
+    """A blocklab `LanguageModel` with the weights of an HF GPT-2 or Llama causal LM, or of any blocklab
     model behind HF's classes (`BlocklabForCausalLM` / `BlocklabForMaskedLM`).
 
     `model_or_path` is such a model in memory or a local folder written by its ``save_pretrained``

@@ -85,7 +85,7 @@ def check_checkpoint(folder: Path) -> str:
 
 
 def load_hf_checkpoint(folder: str | os.PathLike) -> LanguageModel:
-    """The blocklab `Transformer` of an HF checkpoint folder (`from_hf`), in the dtype it was saved in."""
+    """The blocklab `LanguageModel` of an HF checkpoint folder (`from_hf`), in the dtype it was saved in."""
     from blocklab.interop.hf import from_hf
 
     folder = Path(folder)

@@ -69,7 +69,7 @@ def _value_modules(model: LanguageModel) -> list:
 
 def retrofit(model: LanguageModel, arch_or_value_path: str, *, start: str = "baseline",
              **options: Any) -> LanguageModel:
-    """A new `Transformer` with `model`'s block and weights and the value path `arch_or_value_path`.
+    """A new `LanguageModel` with `model`'s block and weights and the value path `arch_or_value_path`.
 
     `model` is a pretrained baseline (``value_path="standard"``), left unchanged. `options` are
     the value path's ``value_path_options``. See the module docstring for what starts identical.

@@ -265,7 +265,8 @@ def _positive(cfg: ModelConfig, name: str, optional: bool = False) -> None:
 
 
 def _check(cfg: ModelConfig) -> None:
-    """Every check of the fields alone; the value path's own come after (`register_checks`)."""
+    """Every check of the fields alone; the block layout's and the value path's come after
+    (`register_checks`)."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):

@@ -18,7 +18,8 @@ would alone:
 Sliding windows count positions, which equal a row's own count while its real tokens are contiguous;
 hence the rule that padding may surround the real tokens but not split them. With a KV cache the rule
 spans every forward pass: once a row has padding after real tokens, it takes no further real token
-(`PaddingState`). `generate` (model/generate.py and the HF model) turns right padding into left padding
+(runtime/padding.py's `PaddingState`). `generate` (runtime/generate.py and the HF model) turns right
+padding into left padding
 before decoding, so that new tokens follow each prompt's last real token.
 """
 

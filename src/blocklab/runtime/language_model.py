@@ -96,7 +96,7 @@ class LanguageModel(Transformer):
     def compile_blocks(self, **compile_kwargs: Any) -> None:
         """`torch.compile` each block in place (``block.compile(**compile_kwargs)``).
 
-        All blocks share one code object (Block.forward), and dynamo keeps at most
+        The blocks of a model share one code object (their layout's `forward`), and dynamo keeps at most
         `recompile_limit` (default 8) compiled versions of it; past that it runs the block eagerly
         with only a warning. Value paths whose carry differs per layer (Dense-ResFormer's earlier
         values, per-layer lambdas of different lengths) need one version per layer, and again per mode

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from blocklab.model.value_paths.bank import TableKey
+from blocklab.model.value_paths.bank import BankOfValues, SharedValueTable, TableKey
 
 SLOT_DTYPE = torch.int32  # what the cache stores per position in place of the token id
 
@@ -156,14 +156,11 @@ class ValueRows:
 
 # -- the model's side ------------------------------------------------------------------------------
 def table_owners(model: nn.Module) -> Iterator[tuple[TableKey, nn.Module]]:
-    """Every module that owns an offloadable table, with its key: the modules of value_paths/bank.py
-    that hold a `value_table` parameter themselves and declare `offloaded` and `table_key` (a target
-    layer's own table, or the shared table's module). Read by what they declare, so that this module,
-    which bank.py imports, imports nothing of it."""
+    """Every module that owns an offloadable table, with its key: a Bank of Values target layer with a
+    table of its own (its layer index), or the shared table's module (None)."""
     for module in model.modules():
-        key = getattr(module, "table_key", False)  # False: not a table owner (None is the shared key)
-        if "value_table" in module._parameters and hasattr(module, "offloaded") and key is not False:
-            yield key, module
+        if isinstance(module, (BankOfValues, SharedValueTable)) and "value_table" in module._parameters:
+            yield module.table_key, module
 
 
 def offload_tables(model: nn.Module, device: torch.device, offload: bool = True) -> None:
