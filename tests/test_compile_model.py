@@ -97,12 +97,22 @@ def test_labels_are_checked():
 def test_padded_head_gives_the_unpadded_logits_loss_and_gradients(monkeypatch, tied):
     """The head runs against W padded with zero rows on CUDA; forced on here, it changes nothing."""
     model = make_model("pre-ln", tie_embeddings=tied, logit_softcap=5.0)  # vocab 50: padded to 64
-    ids = tokens(seed=7)
+    ids = tokens(batch=4, seed=7)  # 64 positions: as many as the multiple, so the head pads
     labels = labels_of(ids)
     plain_logits = model(ids).detach()
     plain = loss_and_grads(model, ids, labels)
     monkeypatch.setattr(type(model), "head_padding", lambda self, weight: 64)
+    pads = []
+    pad = torch.nn.functional.pad
+    monkeypatch.setattr(torch.nn.functional, "pad", lambda *a, **k: pads.append(a[0].shape) or pad(*a, **k))
     padded_logits = model(ids)
+    assert pads == [(50, model.cfg.d_model)]  # the head's weight, padded once
+    with torch.no_grad():  # a decoding step of 4 rows reads W itself: no padded copy
+        cache = model.new_cache(4, 16)
+        model(ids[:, :15], cache=cache)
+        pads.clear()
+        step = model(ids[:, 15:], cache=cache)
+    assert pads == [] and torch.allclose(step[:, 0], padded_logits[:, -1], rtol=1e-10, atol=1e-12)
     assert padded_logits.shape == plain_logits.shape  # the padded columns never leave the head
     assert torch.allclose(padded_logits, plain_logits, rtol=1e-12, atol=1e-12)
     loss, g = loss_and_grads(model, ids, labels)

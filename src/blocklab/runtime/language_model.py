@@ -84,11 +84,13 @@ class LanguageModel(Transformer):
 
     def head_projection(self, h: Tensor) -> Tensor:
         """The definition's h W^T, run against W padded with zero rows (`head_padding`); the padded
-        columns are cut off before anything reads them (the softcap, if any, comes after)."""
+        columns are cut off before anything reads them (the softcap, if any, comes after). Fewer
+        positions than that multiple (a decoding step) run against W itself: there the padded copy
+        of W would move as many bytes as the product that reads W once."""
         weight = self.head_weight()
         vocab, multiple = weight.shape[0], self.head_padding(weight)
         rows = vocab if multiple == 1 else padded_rows(vocab, multiple)
-        if rows == vocab:
+        if rows == vocab or h.numel() < multiple * h.shape[-1]:
             return F.linear(h, weight)
         return F.linear(h, F.pad(weight, (0, 0, 0, rows - vocab)))[..., :vocab]
 
