@@ -328,10 +328,12 @@ class KVCache:
         if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < self.batch_size):
             raise ValueError(f"reorder's row indices must lie in [0, {self.batch_size}), got "
                              f"{rows.min().item()} .. {rows.max().item()}")
-        per_row = [s.data for s in (*self.keys.values(), *self.values.values())]
-        per_row += [self.token_ids.data] if self.token_ids is not None else []
+        stores = [*self.keys.values(), *self.values.values()]
+        stores += [self.token_ids] if self.token_ids is not None else []
+        # only the filled positions (a store, ring or not, fills slots 0 .. length - 1 first)
+        per_row = [s.data[:, :min(self.length, s.capacity)] for s in stores]
         per_row += list(self.value_sums.values())
-        per_row += [self._real] if self._real is not None else []
+        per_row += [self._real[:, :self.length]] if self._real is not None else []
         for tensor in per_row:
             tensor.copy_(tensor.index_select(0, rows.to(tensor.device)))
         if self._last_ids is not None:  # (pending/cached, B, 1)
