@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from blocklab.interop import hf_files
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.util.errors import ConfigError
@@ -184,7 +185,6 @@ _CLASSES = "GPT2LMHeadModel or LlamaForCausalLM"
 def _check_folder(path: Path) -> None:
     """A blocklab-format export has no `model_type`: say how to load it instead of transformers' error.
     Then the checks that make a damaged or unusable checkpoint one error line (`hf_files`)."""
-    from blocklab.interop import hf_files
 
     try:
         data = json.loads((path / "config.json").read_text())
@@ -278,12 +278,7 @@ def _with_shapes(path: Path, model: nn.Module, keys: list) -> list:
     them so, 4.x by name alone, whose shapes are read here from the safetensors headers and the model."""
     if all(isinstance(k, tuple) for k in keys):
         return keys
-    from safetensors import safe_open
-
-    in_files: dict[str, list[int]] = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            in_files.update({name: list(f.get_slice(name).get_shape()) for name in f.keys()})
+    in_files = hf_files.tensor_shapes(path)
     state = model.state_dict()
     return [(k, in_files[k], list(state[k].shape)) if isinstance(k, str) and k in in_files and k in state
             else k for k in keys]

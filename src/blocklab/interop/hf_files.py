@@ -30,14 +30,14 @@ def _damaged(path: Path, why: str) -> ConfigError:
                        "from its source.")
 
 
-def _tensor_names(path: Path) -> set[str]:
-    """The tensor names in the header of the safetensors file `path`; a ConfigError when it is not a
-    whole safetensors file (empty, truncated, a corrupted header)."""
+def _header(path: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape, from the header of the safetensors file `path`; a ConfigError when it is
+    not a whole safetensors file (empty, truncated, a corrupted header)."""
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            return set(f.keys())  # noqa: SIM118 (not a dict)
+            return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
     except (SafetensorError, OSError) as err:
         size = path.stat().st_size
         detail = "it is empty (0 bytes)" if size == 0 else f"{size} bytes; {err}"
@@ -62,16 +62,23 @@ def _index_shards(folder: Path) -> dict[str, set[str]]:
     return shards
 
 
+def tensor_shapes(folder: Path) -> dict[str, list[int]]:
+    """Tensor name -> shape of every weight the folder's safetensors files hold (model.safetensors, or
+    the shards its index names), read from their headers."""
+    files = [SINGLE] if (folder / SINGLE).exists() else sorted(_index_shards(folder))
+    return {name: shape for file in files for name, shape in _header(folder / file).items()}
+
+
 def check_weight_files(folder: Path) -> None:
     """Refuse weights transformers would fail on (or read from a pickle); see the module docstring."""
     if (folder / SINGLE).exists():
-        _tensor_names(folder / SINGLE)
+        _header(folder / SINGLE)
         return
     if (folder / INDEX).exists():
         for shard, names in sorted(_index_shards(folder).items()):
             if not (folder / shard).is_file():
                 raise _damaged(folder / INDEX, f"names the shard {shard}, which is not in the folder")
-            left = sorted(names - _tensor_names(folder / shard))
+            left = sorted(names - set(_header(folder / shard)))
             if left:
                 names_text = ", ".join(left[:4]) + (" ..." if len(left) > 4 else "")
                 raise _damaged(folder / INDEX, f"places {names_text} "

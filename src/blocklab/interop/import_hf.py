@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from blocklab.interop import hf_files
 from blocklab.runtime import LanguageModel
 from blocklab.util.errors import ConfigError
 
 MODEL_TYPES = ("gpt2", "llama", "blocklab")  # config.json's model_type values blocklab imports
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 TOKENIZER_FILES = ("tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model")
 
 
@@ -79,8 +78,7 @@ def check_checkpoint(folder: Path) -> str:
         what = "has no model_type" if model_type is None else f"has model_type = {model_type!r}"
         raise ConfigError(f"cannot import {str(folder)!r}: its config.json {what}; blocklab imports "
                           f"{', '.join(map(repr, MODEL_TYPES))} (GPT-2, Llama, blocklab's own HF exports).")
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
-        raise ConfigError(f"{str(folder)!r} has no weights: expected one of {', '.join(WEIGHT_FILES)}.")
+    hf_files.check_weight_files(folder)  # whole safetensors files, no pickle
     return model_type
 
 
