@@ -376,12 +376,6 @@ def _validate(cfg: TrainConfig) -> None:
     if cfg.compile not in COMPILE_CHOICES:
         cfg.fail("compile", cfg.compile, "choose true (or 'model': the whole forward pass as one graph), "
                                          "'blocks' (one graph per block) or false.")
-    if cfg.tensorboard:
-        try:  # now, not after data preparation
-            import tensorboard  # noqa: F401
-        except ImportError:
-            cfg.fail("tensorboard", cfg.tensorboard, "the tensorboard package is not installed: pip install "
-                                                     "'blocklab[tensorboard]', or set tensorboard=false.")
     _validate_trackers(cfg)
     if cfg.init_from is not None:  # the source fixes the model: arch and size are checked against it
         _check_preset_names(cfg)

@@ -148,11 +148,8 @@ class TensorBoardTracker:
     """Event files in the run's tensorboard/ folder (extra `tensorboard`)."""
 
     def __init__(self, run_dir: Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:
-            raise ConfigError("logger 'tensorboard' needs the tensorboard package: "
-                              "pip install 'blocklab[tensorboard]'") from err
+        from torch.utils.tensorboard import SummaryWriter  # its package checked first (`require_installed`)
+
         self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def log(self, row: dict[str, Any]) -> None:
