@@ -286,8 +286,13 @@ def test_complete_refuses_sampling_settings_with_beams(tmp_path):
     tok = byte_tokenizer()
     cfg = ModelConfig.from_preset("pre-ln", "tiny", **{**SMALL, "vocab_size": tok.vocab_size})
     model = LanguageModel(cfg)
+    with torch.no_grad():
+        perturb(model, seed=4, scale=SCALE).eval()
     run = load_model_folder(save_pretrained(model, tmp_path / "export", tokenizer=tok))
     with pytest.raises(ConfigError, match=r"num_beams = 2 runs a beam search, which samples nothing: drop "
                                           r"\{'temperature': 0.7\}"):
         run.complete("ab", 4, num_beams=2, temperature=0.7, seed=1)
-    assert isinstance(run.complete("ab", 4, stop=False, num_beams=2, temperature=0.0, seed=1), str)
+    with pytest.raises(ConfigError, match=r"drop \{'top_k': 0\}"):  # the command line's rule: any top_k
+        run.complete("ab", 4, num_beams=2, top_k=0)
+    best = naive_beams(model, tok.encode("ab"), 2, 4, [])[0][1]  # greedy temperature 0 and a seed pass
+    assert run.complete("ab", 4, stop=False, num_beams=2, temperature=0.0, seed=1) == tok.decode(best)

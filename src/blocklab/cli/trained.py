@@ -54,11 +54,13 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_generate(args: argparse.Namespace) -> None:
     import torch
 
-    from blocklab.training.runs import load_model_folder
+    from blocklab.training.runs import load_model_folder, sampling_with_beams
 
-    if args.num_beams > 1 and (args.temperature or args.top_k is not None or args.top_p is not None):
+    given = sampling_with_beams(dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))
+    if args.num_beams > 1 and given:  # before the model loads
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
         raise ConfigError(f"--num-beams {args.num_beams} runs a beam search, which samples nothing: drop "
-                          "--temperature, --top-k and --top-p, or sample with --num-beams 1.")
+                          f"{flags}, or sample with --num-beams 1.")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     run = load_model_folder(args.run, device=device)  # a run or an export; main reports a missing one
     try:

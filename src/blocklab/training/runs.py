@@ -18,6 +18,14 @@ from blocklab.training.config import TrainConfig
 from blocklab.util.errors import ConfigError
 
 
+def sampling_with_beams(sampling: dict[str, Any]) -> list[str]:
+    """The sampling settings among `sampling` (temperature, top_k, top_p, seed) that a beam search, which
+    samples nothing, cannot take: any given but a temperature of 0 (greedy) and the seed, which draws
+    nothing by itself."""
+    return [k for k, v in sampling.items()
+            if k != "seed" and v is not None and not (k == "temperature" and v == 0)]
+
+
 @dataclass
 class LoadedRun:
     """A model in eval mode with its tokenizer; `config` is the run's TrainConfig (None for an export
@@ -42,7 +50,7 @@ class LoadedRun:
         if num_beams != 1:
             from blocklab.runtime.beam_search import beam_search
 
-            drawn = {k: v for k, v in sampling.items() if k != "seed" and v not in (None, 0, 0.0)}
+            drawn = {k: sampling[k] for k in sampling_with_beams(sampling)}
             if drawn:
                 raise ConfigError(f"num_beams = {num_beams} runs a beam search, which samples nothing: "
                                   f"drop {drawn}.")
