@@ -70,12 +70,6 @@ def diagnostic_mode(model: nn.Module) -> Iterator[nn.Module]:
             m.training = training
 
 
-def changes_attended_keys(block: nn.Module) -> bool:
-    """True when the layer attends over more keys than its own (cross-layer attention's [K_n; K_1]),
-    so that the matrix of its own queries and keys is only part of what it applies."""
-    return getattr(block.attn.values, "key_sets", 1) > 1
-
-
 def trace(model: nn.Module, input_ids: Tensor) -> list[LayerTrace]:
     """Run `model(input_ids)` once and return one `LayerTrace` per block.
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from blocklab.analysis import stats
-from blocklab.analysis.capture import LayerTrace, changes_attended_keys, diagnostic_mode, trace
+from blocklab.analysis.capture import LayerTrace, diagnostic_mode, trace
 from blocklab.model import ops
 
 FORMAT = "blocklab.diagnostics/1"
@@ -189,7 +189,7 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
     eigenvalues = [sums.mean("eigenvalues", i) for i in layer_ids]
     notes = [f"layer {i}: its value path attends over extra keys ({type(b.attn.values).__name__}); the "
              "maps and entropy use the layer's own queries and keys only"
-             for i, b in enumerate(model.blocks) if changes_attended_keys(b)]
+             for i, b in enumerate(model.block_list()) if b.attn.values.attends_other_keys]
     return {
         "meta": {"format": FORMAT, "n_layers": n_layers, "n_heads": n_heads, "attn_matrix": form,
                  "causal": first.causal, "sequences": sums.sequences, "seq_len": sums.seq_len,

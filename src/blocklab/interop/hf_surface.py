@@ -90,7 +90,7 @@ def check_attentions(model: LanguageModel, cached: bool) -> None:
         raise ValueError("output_attentions is not available with a KV cache (generate, or a cache passed "
                          "in): the earlier positions' keys are in the cache, not in this pass. Run the model "
                          "on the whole sequence without a cache: model(input_ids, output_attentions=True).")
-    layers = [i for i, block in enumerate(model.block_list()) if block.attn.values.key_sets > 1]
+    layers = [i for i, block in enumerate(model.block_list()) if block.attn.values.attends_other_keys]
     if layers:
         raise ValueError(f"output_attentions is not available for value_path={model.cfg.value_path!r}: "
                          f"layers {layers} attend over their own keys and another layer's (cross-layer "

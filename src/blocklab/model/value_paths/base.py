@@ -119,6 +119,12 @@ class ValuePath(nn.Module):
         """How many sets of T keys a query attends over (FLOPs accounting)."""
         return 1 if self.reads_layer is None else 2
 
+    @property
+    def attends_other_keys(self) -> bool:
+        """Whether a query attends over another layer's keys besides its own (cross-layer attention's
+        [K_n; K_1]): the matrix of its own queries and keys is then only part of what it applies."""
+        return self.key_sets > 1
+
     # -- the forward pass ----------------------------------------------------------------------
     def forward(self, x: Tensor, carry: Carry, projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
         """This layer's values for the current tokens and the carry for later layers.
