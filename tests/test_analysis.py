@@ -205,6 +205,13 @@ def test_bad_input_is_refused_with_a_clear_message():
         write_report({"meta": {}}, "unused")
 
 
+def test_diagnose_notes_the_layers_that_attend_over_another_layers_keys():
+    """Cross-layer attention's layers n >= 1 attend over [K_n; K_1]: their maps are of their own keys only."""
+    notes = diagnose(make_model("pre-ln+cross-layer-attn"), [tokens(2)])["notes"]
+    assert [note.split(":")[0] for note in notes] == ["layer 1", "layer 2"]  # helpers' models: 3 layers
+    assert diagnose(make_model("pre-ln"), [tokens(2)])["notes"] == []
+
+
 def test_diagnose_averages_per_sequence_statistics_over_batches():
     model = make_model("pre-ln")
     batches = [tokens(3, seed=1), tokens(1, seed=2)]  # unequal batches: weights are per sequence
