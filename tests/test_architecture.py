@@ -302,6 +302,8 @@ def test_layout_example_follows_its_equation_decodes_and_trains(two_norm_layout)
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.blocks[1].norm2.parameters())
     with pytest.raises(ConfigError, match="block_layout = 'sideways' is not allowed: choose one of"):
         ModelConfig.from_preset("pre-ln", "tiny", block_layout="sideways")
+    with pytest.raises(ConfigError, match="attn_skip_gain = 1.0 is not allowed: this block has one skip"):
+        ModelConfig.from_preset("pre-ln", "tiny", block_layout="parallel-two-norms")  # its own check
 
 
 @pytest.mark.parametrize("first_import", [

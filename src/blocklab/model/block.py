@@ -81,7 +81,11 @@ class Block(nn.Module):
 
     layout: ClassVar[str]
     has_second_norm: ClassVar[bool] = True  # N2 before the MLP (pre-ln) or after it (post-ln)
-    norm2: nn.Module
+    norm2: nn.Module  # a layout with `has_second_norm` only
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """The layout's own rules on the config's other fields (a ConfigError naming the field); none here."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -138,6 +142,11 @@ class PostLNBlock(Block):
 
     layout = "post-ln"
 
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.norm == "none":
+            cfg.fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
+
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         x = self.mix_x0(x, carry)
         a, carry = self.attend(x, carry)
@@ -152,6 +161,12 @@ class ParallelBlock(Block):
 
     layout = "parallel"
     has_second_norm = False
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        if cfg.attn_skip_gain != 0:
+            cfg.fail("attn_skip_gain", cfg.attn_skip_gain, "a parallel block has a single skip, alpha_comb = "
+                     "mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         x = self.mix_x0(x, carry)
@@ -182,9 +197,11 @@ def make_block(cfg: ModelConfig, layer: int) -> Block:
 
 
 def check_block_layout(cfg: ModelConfig) -> None:
+    """The layout is a registered one, and the config keeps its rules (`Block.check`)."""
     if cfg.block_layout not in BLOCK_LAYOUTS:
         raise ConfigError(f"block_layout = {cfg.block_layout!r} is not allowed: choose one of "
                           f"{', '.join(map(repr, BLOCK_LAYOUTS))}.")
+    BLOCK_LAYOUTS[cfg.block_layout].check(cfg)
 
 
 register_checks(check_block_layout)

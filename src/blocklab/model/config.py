@@ -357,13 +357,8 @@ def _check_windows(cfg: ModelConfig) -> None:
 
 
 def _check_layout_and_forms(cfg: ModelConfig) -> None:
-    """Block layouts, and the value and projection forms (identity and reparameterised maps)."""
-    if cfg.block_layout == "parallel" and cfg.attn_skip_gain != 0:
-        _fail("attn_skip_gain", cfg.attn_skip_gain,
-              "a parallel block has a single skip, alpha_comb = mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
-    if cfg.block_layout == "post-ln" and cfg.norm == "none":
-        _fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
-
+    """The value and projection forms (identity and reparameterised maps); a block layout's own rules
+    are its class's (`Block.check`, model/block.py)."""
     shape = cfg.attention_shape
     square = shape.q_dim == cfg.d_model
     forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,

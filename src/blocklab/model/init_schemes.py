@@ -154,7 +154,8 @@ def init_nanochat(model: Transformer) -> None:
 def _init_block(block: Block, laws: BlockLaws) -> None:
     """Every tensor of one block except its value path's own (`_init_value_paths`)."""
     _reset_norm(block.norm1)
-    _reset_norm(getattr(block, "norm2", None))  # the parallel layout has one norm
+    if block.has_second_norm:  # the parallel layout has one norm
+        _reset_norm(block.norm2)
     for gain in (block.attn_skip, block.attn_branch, block.mlp_skip, block.mlp_branch):
         if gain is not None:  # a skip whose gain is 0 is absent
             gain.reset_parameters()
