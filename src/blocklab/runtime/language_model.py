@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from blocklab.model.carry import DecodingCache
 from blocklab.model.config import ModelConfig
 from blocklab.model.transformer import Transformer
 from blocklab.runtime.cache import KVCache
@@ -49,8 +50,8 @@ class LanguageModel(Transformer):
         self._trunk: CompiledTrunk | None = None  # set by `compile_model`
 
     # -- the forward pass, with the chunked loss ------------------------------------------------------
-    def forward(self, input_ids: Tensor, cache: KVCache | None = None,  # type: ignore[override]
-                labels: Tensor | None = None, attention_mask: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache: DecodingCache | None = None,
+                attention_mask: Tensor | None = None, labels: Tensor | None = None) -> Tensor:
         """The definition's logits; with `labels` (B, T) (the next token at each position, or a masked
         token; -100 ignored), the mean cross-entropy instead, computed chunk by chunk from the final
         hidden states (`head_loss.linear_cross_entropy`)."""
@@ -66,7 +67,7 @@ class LanguageModel(Transformer):
         return linear_cross_entropy(h.flatten(0, 1), weight, labels.flatten(), softcap=self.cfg.logit_softcap,
                                     pad_to=self.head_padding(weight))
 
-    def final_hidden(self, input_ids: Tensor, cache: KVCache | None = None,  # type: ignore[override]
+    def final_hidden(self, input_ids: Tensor, cache: DecodingCache | None = None,
                      attention_mask: Tensor | None = None) -> Tensor:
         """The final norm's output; the graph of `compile_model` when there is one, no cache and no
         padding mask."""
