@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,10 @@ def test_compare_is_one_wandb_group_with_every_scalar_of_its_runs(corpus, tmp_pa
 
     out = tmp_path / "cmp"
     base = {**compare_base(corpus, tmp_path / "cache", steps=3), "logger": "wandb"}
+    out.mkdir()
+    stray = out / "my-sketch.png"  # the user's, not the report's, dated later (a clock ahead, a copy)
+    stray.write_bytes(b"\x89PNG")
+    os.utime(stray, (time.time() + 3600, time.time() + 3600))
     compare(["pre-ln", "sas-p"], out, base=base, timing_rounds=0, log=lambda *_: None)
     for name in ("pre-ln-seed0", "sas-p-seed0"):
         [run] = wandb_runs(out / "runs" / name / "wandb")
@@ -123,7 +128,7 @@ def test_compare_is_one_wandb_group_with_every_scalar_of_its_runs(corpus, tmp_pa
     [report] = wandb_runs(out / "wandb")  # the report's figures, one run in the group
     assert (report.name, report.group, report.job_type) == ("report", "cmp", "report")
     images = {k.removesuffix("/_type") for k, v in report.history[0].items() if k.endswith("/_type")}
-    assert images == {f"figures/{p.stem}" for p in out.glob("*.png")} != set()
+    assert images == {f"figures/{p.stem}" for p in out.glob("*.png") if p != stray} != set()
     assert {v for k, v in report.history[0].items() if k.endswith("/_type")} == {"image-file"}
 
 

@@ -44,7 +44,7 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
     """
     import time
 
-    from blocklab.report import utc_now, write_report
+    from blocklab.report import figures_of, utc_now, write_report
 
     started, start = utc_now(), time.perf_counter()
     entries = _checked_arguments(entries, seeds, timing_rounds, timing_steps, add, lr_sweep)
@@ -78,11 +78,9 @@ def compare(entries: list[Entry | str], out: str | Path, seeds: int = 1,
                     "launch": launch.describe(),
                     "added": [{"run": c.out_dir, "label": e.label} for e, c in extra], "comparison": identity,
                     "failed": [_failed_info(o, _entry_of(o.cfg, launch.configs)) for o in failed]}
-        began_report = time.time()
         report = write_report(finished, out, sweep=sweep, measured=measured, run_info=run_info)
-        # its figures (this report's PNGs: written since) as the group's "report" run, for wandb
-        trackers.send_figures(trackers.track_to(configs[0][1]), sorted(
-            p for p in out.glob("*.png") if p.stat().st_mtime >= began_report - 1), out, "report")
+        # the figures the report shows, as the group's "report" run, for wandb
+        trackers.send_figures(trackers.track_to(configs[0][1]), figures_of(report), out, "report")
         if failed:
             raise RunsFailed(failed, report)
         return report

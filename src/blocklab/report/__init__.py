@@ -21,7 +21,7 @@ The reproduction page (benchmarks/REPRODUCTION.md) is `blocklab.reproduce.page`,
 
 from blocklab.report.data import environment, git_commit, kv_cache_bytes_per_token, utc_now
 from blocklab.report.html import html_table, inline_html, render_html
-from blocklab.report.markdown import alignments, anchor, md_table, render_markdown
+from blocklab.report.markdown import alignments, anchor, figures_of, md_table, render_markdown
 from blocklab.report.method import (
     budget_text,
     follows_recipe,
@@ -47,7 +47,7 @@ from blocklab.report.write import summary_table, verdict_blocks, write_report
 
 __all__ = [
     "WALL_FROM_TIMING", "alignments", "anchor", "baseline_warnings", "budget_text", "environment",
-    "follows_recipe",
+    "figures_of", "follows_recipe",
     "gain_product_note", "git_commit", "how_runs_trained", "html_table", "inline_html",
     "kv_cache_bytes_per_token", "load_warnings", "md_table", "mean_sd", "memory_table", "method_facts",
     "method_items", "optimizer_text", "params_rows", "params_table", "plateau_table", "plural",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 # A block is ("h2", title), ("p", markdown text), ("ul", [markdown items]), ("table", head, rows) or
 # ("figure", path, alt, caption).
@@ -28,6 +29,14 @@ def md_table(head: list[str], rows: list[list[str]], align: list[str] | None = N
 
 def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+_FIGURE = re.compile(r"^!\[[^\]]*\]\(([^)\s]+)\)$", re.MULTILINE)
+
+
+def figures_of(markdown: Path) -> list[Path]:
+    """The figures a markdown report shows (its ``![alt](file)`` lines), beside it."""
+    return [markdown.parent / name for name in _FIGURE.findall(markdown.read_text())]
 
 
 def render_markdown(title: str, blocks: list[tuple]) -> str:
