@@ -25,6 +25,7 @@ from blocklab.report.tables import memory_table, plateau_table, results_table, t
 from blocklab.statistics import verdict
 from blocklab.statistics.plateau import LATE_EXIT, NEAR_PLATEAU, PLATEAU_MARGIN
 from blocklab.training import TrainConfig
+from blocklab.training.config import changed_text
 from blocklab.util.errors import ConfigError
 
 CLAIMS_TEXT = ("The papers' claims (blocklab.statistics.claims) whose validation-loss checks these "
@@ -171,10 +172,8 @@ def _other_comparison(results: Path, identity: dict[str, Any], settings: bool) -
                 f"{', '.join(identity['architectures'])}"]
     if not settings or "settings" not in before:
         return []
-    old, new = before["settings"], identity["settings"]
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    said = [", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in changed[:6])
-            + (" ..." if len(changed) > 6 else "")] if changed else []
+    changed = changed_text(before["settings"], identity["settings"], most=6)
+    said = [changed] if changed else []
     if not changed and before.get("config_sha256") != identity["config_sha256"]:
         said.append("the same shared settings, other model or optimizer fields for some architecture")
     for key, what in (("lr_sweep", "learning-rate sweep"), ("added", "runs added with --add")):

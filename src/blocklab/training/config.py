@@ -211,12 +211,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str] | dict | None) ->
     return data
 
 
+def changed_text(old: dict[str, Any], new: dict[str, Any], ignore: frozenset[str] = frozenset(),
+                 most: int | None = None) -> str:
+    """The keys whose values differ between two flat mappings, outside `ignore`, as "key: old -> new, ..."
+    (sorted; the first `most`, then " ..."; "" when none differ)."""
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k) and k not in ignore)
+    shown = keys if most is None else keys[:most]
+    return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in shown) + (
+        " ..." if len(shown) < len(keys) else "")
+
+
 def changed_fields(old: TrainConfig, new: TrainConfig, ignore: frozenset[str] = frozenset()) -> str:
     """The dotted fields that differ between two configs, outside `ignore`, as "key: old -> new, ..."
     ("" when none do)."""
-    a, b = flat(old.to_dict()), flat(new.to_dict())
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
-    return ", ".join(f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in keys)
+    return changed_text(flat(old.to_dict()), flat(new.to_dict()), ignore)
 
 
 def check_saved_config(run_dir: str | Path, cfg: TrainConfig, ignore: frozenset[str], what: str,
