@@ -68,9 +68,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from blocklab.training.config import resolve_config
     from blocklab.util.progress import format_summary
 
-    config, overrides = None, list(args.overrides)
-    if overrides and "=" not in overrides[0]:  # the first positional is a YAML file
-        config = overrides.pop(0)
+    config, overrides = cli_args.config_and_overrides(args.overrides)
     if args.out:
         overrides.append(f"out_dir={args.out}")
     if args.threads:

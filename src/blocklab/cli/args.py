@@ -92,6 +92,13 @@ def _override_named(item: str) -> tuple[str, str]:
     return (key.strip(), raw) if is_text(key) else ("an override", item)
 
 
+def config_and_overrides(positionals: list[str]) -> tuple[str | None, list[str]]:
+    """train's and prepare's positionals: an optional YAML file first, then ``key=value`` overrides."""
+    overrides = list(positionals)
+    config = overrides.pop(0) if overrides and "=" not in overrides[0] else None
+    return config, overrides
+
+
 def wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:
     """`name` in a column of `width`, `text` wrapped to the terminal beside it."""
     columns = max(60, shutil.get_terminal_size((100, 24)).columns)

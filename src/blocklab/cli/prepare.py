@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from blocklab.cli.args import config_and_overrides
+
 DESCRIPTION = ("Tokenise a run's data once into the token cache, e.g. on a CPU node before GPU jobs start: "
                "the same [CONFIG.yaml] [key=value ...] as `blocklab train` (only data.* and init_from "
                "matter), e.g. data.source=corpus.jsonl data.vocab_size=8192. A later `blocklab train` "
@@ -32,9 +34,7 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     from blocklab.training.config import resolve_config
     from blocklab.training.init_from import source_tokenizer, with_source_tokenizer
 
-    config, overrides = None, list(args.overrides)
-    if overrides and "=" not in overrides[0]:  # the first positional is a YAML file, as in train
-        config = overrides.pop(0)
+    config, overrides = config_and_overrides(args.overrides)
     # a run needs a budget and prepare does not: a placeholder first, which any budget given replaces
     cfg = resolve_config(config, ["max_steps=1", *overrides])
     if cfg.init_from:
