@@ -63,7 +63,7 @@ def write_documents(shards: Shards, source: Source, cfg: DataConfig, tokenizer: 
         for chunk in chunks(source, cfg, CHUNK_CHARS):
             while len(pending) >= IN_FLIGHT:
                 _written(pending.popleft(), bar)
-            pending.append((worker.submit(shards.add, chunk, tokenizer), _position(source)))
+            pending.append((worker.submit(shards.add, chunk, tokenizer), source.bytes_read))
         while pending:
             _written(pending.popleft(), bar)
         if bar.total:
@@ -77,18 +77,13 @@ def _written(job: tuple[Future[None], int], bar: Any) -> None:
     bar.update(max(0, position - bar.n))
 
 
-def _position(source: Source) -> int:
-    return getattr(source, "bytes_read", 0)
-
-
 def _bar(source: Source, enabled: bool) -> Any:
     """The progress bar of the bytes read (see the module docstring); a silent one when not `enabled`."""
     if not enabled:
         return _Silent()
     from blocklab.util.progress import progress_bar
 
-    total = source.text_bytes() if hasattr(source, "bytes_read") else None
-    return progress_bar(total, unit="B", unit_scale=True, unit_divisor=1000, desc="tokenizing",
+    return progress_bar(source.text_bytes(), unit="B", unit_scale=True, unit_divisor=1000, desc="tokenizing",
                         dynamic_ncols=True, leave=False,
                         line_format="blocklab: tokenizing {percentage:3.0f}% {n_fmt}B/{total_fmt}B "
                                     "[{elapsed}<{remaining}, {rate_fmt}]")

@@ -34,7 +34,7 @@ from blocklab.util.errors import ConfigError
 
 @register_model("blocklab")
 class BlocklabLM(TemplateLM):
-    """lm-evaluation-harness model around a causal blocklab `Transformer` and its tokenizer."""
+    """lm-evaluation-harness model around a causal blocklab `LanguageModel` and its tokenizer."""
 
     def __init__(self, model: nn.Module | None = None, tokenizer=None, run: str | None = None,
                  batch_size: int | str = 16, max_length: int | None = None, max_gen_toks: int = 256,

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import re
 import signal
+from pathlib import Path
+
+from blocklab.training.checkpoint import list_checkpoints
 
 # slurmstepd's line in a job's log when Slurm ends it: "*** JOB 22 ON n1 CANCELLED AT ... DUE TO TIME
 # LIMIT ***"
@@ -26,6 +29,12 @@ SRUN_KILLED = re.compile(r"srun: error: \S+: task \d+: Killed")
 EXCEPTION = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Interrupt|Exit))(?::\s*(.*))?$")
 RERUN = "the same command run again resumes it from its last checkpoint"
 RERUN_AFRESH = "it had written no checkpoint yet, so the same command run again trains it from the start"
+
+
+def rerun_text(out_dir: str | Path) -> str:
+    """What the same command does with the run in `out_dir`: resume it (RERUN), or, with no checkpoint
+    yet, train it from the start (RERUN_AFRESH)."""
+    return RERUN if list_checkpoints(out_dir) else RERUN_AFRESH
 
 
 def read_scontrol(text: str) -> dict[str, tuple[str, str]]:

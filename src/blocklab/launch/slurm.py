@@ -46,12 +46,11 @@ from typing import Any
 import submitit
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from blocklab.launch.failures import RERUN, RERUN_AFRESH, failure_reason, killed_by, read_scontrol
+from blocklab.launch.failures import failure_reason, killed_by, read_scontrol, rerun_text
 from blocklab.launch.outcome import outcome_path, read_outcome, write_outcome
 from blocklab.launch.plan import Launch, Todo, failure, result_line, reuse_finished
 from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import Outcome, claim, prepare_once, run_lock, train_run
-from blocklab.training.checkpoint import list_checkpoints
 from blocklab.training.config import TrainConfig, read_yaml
 from blocklab.util.errors import ConfigError
 from blocklab.util.filemodes import atomic_write_text
@@ -148,7 +147,7 @@ class RunJob(submitit.helpers.Checkpointable):
             write_outcome(result)
             return result
         except KeyboardInterrupt as err:
-            rerun = RERUN if list_checkpoints(config["out_dir"]) else RERUN_AFRESH
+            rerun = rerun_text(config["out_dir"])
             print(f"blocklab job: stopped ({str(err) or 'interrupted'}); {rerun}", file=sys.stderr,
                   flush=True)
             raise SystemExit(STOPPED_CODE) from None  # no result file: Slurm's state says how it ended
@@ -462,7 +461,7 @@ def job_outcome(job: Any, cfg: TrainConfig, state: str, exit_code: str | None = 
         return Outcome(cfg, result["status"], float(result.get("seconds", 0.0)))
     trace = result.get("trace") or result["error"] if result is not None else ""
     logs = "\n".join(_tail(path) for path in (job.paths.stdout, job.paths.stderr))
-    rerun = RERUN if list_checkpoints(cfg.out_dir) else RERUN_AFRESH  # none: the rerun starts it over
+    rerun = rerun_text(cfg.out_dir)
     outcome = failure(cfg, f"job {job.job_id} {failure_reason(state, trace, logs, exit_code, rerun)}")
     outcome.log = Path(job.paths.stderr)
     return outcome

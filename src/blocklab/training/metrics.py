@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from torch import nn
 
@@ -24,9 +24,6 @@ from blocklab.training.checkpoint import resume_hint
 from blocklab.util.diskfull import said_plainly
 from blocklab.util.errors import ConfigError
 from blocklab.util.filemodes import atomic_write_text
-
-if TYPE_CHECKING:
-    pass
 
 
 def learned_scalars(model: nn.Module) -> dict[str, list[float]]:

@@ -73,7 +73,7 @@ TRACKERS: dict[str, TrackerKind] = {
     "tensorboard": TrackerKind("tensorboard", "tensorboard", _tensorboard),
     "wandb": TrackerKind("wandb", "wandb", _wandb, _wandb_figures, _wandb_catch_up),
 }
-assert tuple(TRACKERS) == TRACKER_NAMES, "training/tracker_names.py lists the same trackers"
+assert tuple(TRACKERS) == TRACKER_NAMES, "training/tracking.py lists the same trackers"
 
 
 def tracker_names(cfg: TrainConfig) -> tuple[str, ...]:
