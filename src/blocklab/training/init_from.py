@@ -39,8 +39,7 @@ def load_init(cfg: TrainConfig, resume_dir: Path | None = None) -> tuple[Languag
         # still there: `resumed_tokenizer` then reads the run's copy, and the checkpoint's hash checks it
         recorded = TrainConfig.load(resume_dir / "config.yaml").data.tokenizer \
             if (resume_dir / "config.yaml").is_file() else ""
-        tok = Path(recorded) if recorded.endswith("tokenizer.json") else None
-        return LanguageModel(model_cfg).train(), tok
+        return LanguageModel(model_cfg).train(), recorded_tokenizer_file(recorded)
     src = Path(cfg.init_from)
     try:
         if (src / "model_config.json").is_file():
@@ -65,11 +64,17 @@ def resumed_tokenizer(cfg: TrainConfig, run_dir: Path) -> TrainConfig:
     """`cfg` of a resumed init_from run whose data.tokenizer, the source's tokenizer.json that
     `with_source_tokenizer` recorded, is gone with its source: the run's own copy instead (the same
     file, which the checkpoint's tokenizer hash checks)."""
-    tok = Path(cfg.data.tokenizer)
+    tok = recorded_tokenizer_file(cfg.data.tokenizer)
     mine = run_dir / "tokenizer.json"
-    if tok.name == "tokenizer.json" and not tok.exists() and mine.is_file():
+    if tok is not None and not tok.exists() and mine.is_file():
         return replace(cfg, data=cfg.data.replace(tokenizer=str(mine)))
     return cfg
+
+
+def recorded_tokenizer_file(tokenizer: str) -> Path | None:
+    """data.tokenizer as `with_source_tokenizer` records a source's: its path when it names a file
+    tokenizer.json, else None (a kind such as "bpe" or "byte")."""
+    return Path(tokenizer) if Path(tokenizer).name == "tokenizer.json" else None
 
 
 def source_tokenizer(init_from: str) -> Path | None:
