@@ -128,10 +128,15 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"modules in no layer of LAYERS: {sorted(unplaced)}"
 
 
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports (module, what it imports) that run from a layer up to a higher one."""
+    return sorted((m, dep) for m, deps in graph.items() for dep in deps
+                  if layer(m) is not None and layer(dep) is not None and layer(dep) > layer(m))
+
+
 def test_no_import_runs_up_the_layers():
     graph = import_graph()
-    up = sorted((m, dep) for m, deps in graph.items() for dep in deps
-                if layer(m) is not None and layer(dep) is not None and layer(dep) > layer(m))
+    up = upward(graph)
     assert not up, f"imports that run back up the layers: {up}"
     assert graph["blocklab.util.errors"] == set()
     assert graph["blocklab.util.configbase"] == {"blocklab.util.errors"}
@@ -145,6 +150,13 @@ def test_no_import_runs_up_the_layers():
 def test_the_layer_rule_finds_an_upward_import():
     assert layer("blocklab.model.block") == 1 and layer("blocklab.runtime.cache") == 2
     assert layer("blocklab.scaling.cli") == len(LAYERS) - 1 and layer("blocklab") is None
+    graph = {"blocklab.model.block": {"blocklab.runtime.cache", "blocklab.util.errors"},  # up, down
+             "blocklab.runtime.cache": {"blocklab.model.carry"},  # down
+             "blocklab.training.loop": {"blocklab.training.step", "blocklab.scaling.cli"},  # same; up
+             "blocklab.scaling.cli": {"blocklab.cli.args"},  # a command line imports another's: same layer
+             "blocklab": {"blocklab.cli"}}  # the package root is in no layer
+    assert upward(graph) == [("blocklab.model.block", "blocklab.runtime.cache"),
+                             ("blocklab.training.loop", "blocklab.scaling.cli")]
 
 
 def test_the_import_finder_counts_type_checking_and_function_level_imports():
