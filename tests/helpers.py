@@ -47,6 +47,14 @@ def tokens(batch: int = 2, t: int = T, vocab: int = 50, seed: int = 0) -> torch.
     return torch.randint(0, vocab, (batch, t), generator=torch.Generator().manual_seed(seed))
 
 
+def padded_prompts(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 6 and 4 tokens (ids, attention mask), the second left-padded by two positions."""
+    ids = torch.randint(1, vocab, (2, 6), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
 def write_code_corpus(root: Path) -> Path:
     """Twelve small Python files: a corpus a byte-level run of a few steps trains on."""
     for i in range(12):

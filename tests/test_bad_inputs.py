@@ -14,19 +14,9 @@ from blocklab.cli import main
 from blocklab.training import TrainConfig
 from blocklab.training.checkpoint import latest_checkpoint, list_checkpoints
 from blocklab.util.errors import ConfigError
+from helpers import small_run_args
 
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for i in range(30):
-        (root / f"f{i}.py").write_text("".join(f"value_{j % 9} = {i} + {j}\n" for j in range(60)))
-    return root
-
-
-def small(corpus, cache) -> list[str]:
-    return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
-            "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
+small = small_run_args  # `blocklab train` overrides of a run that takes a second
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from blocklab.cli import main
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS
 from blocklab.runtime.beam_search import beam_search
-from blocklab.runtime.cache import KVCache
+from helpers import padded_prompts
 from reference import perturb
 
 BEAMS, NEW = 3, 10
@@ -42,27 +42,6 @@ def model_of(family: str, seed: int = 0) -> LanguageModel:
         return perturb(model, seed=seed + 7, scale=SCALE).eval()
 
 
-@pytest.fixture
-def reorders(monkeypatch):
-    """The row orders the caches were given, other than the identity."""
-    seen: list[list[int]] = []
-    real = KVCache.reorder
-
-    def spy(self, rows):
-        if not torch.equal(rows.cpu(), torch.arange(self.batch_size)):
-            seen.append(rows.tolist())
-        return real(self, rows)
-
-    monkeypatch.setattr(KVCache, "reorder", spy)
-    return seen
-
-
-def prompts(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two prompts of 6 and 4 tokens, the second left-padded by two positions."""
-    ids = torch.randint(1, vocab, (2, 6), generator=torch.Generator().manual_seed(3))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    return ids.masked_fill(mask == 0, 0), mask
 
 
 def naive_beams(model, prompt: list[int], k: int, n: int, stops: list[int], length_penalty: float = 1.0):
@@ -117,7 +96,7 @@ def stops_that_end_early(model, ids, mask) -> list[int]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_beam_search_with_the_cache_equals_a_search_that_reruns_every_sequence(family, reorders):
     model = model_of(family)
-    ids, mask = prompts(model.cfg.vocab_size)
+    ids, mask = padded_prompts(model.cfg.vocab_size)
     for stops in ([], stops_that_end_early(model, ids, mask)):
         reorders.clear()
         got = beam_search(model, ids, BEAMS, NEW, stop_tokens=stops, num_return_sequences=BEAMS,
@@ -138,7 +117,7 @@ def ended_early(new: torch.Tensor, stops: list[int]) -> bool:
 def test_beam_search_with_offloaded_value_tables_equals_resident(reorders):
     """Bank of Values with its tables in host memory: the cache holds slots into the batch's rows."""
     model = model_of("sas-p+bov")
-    ids, mask = prompts(model.cfg.vocab_size)
+    ids, mask = padded_prompts(model.cfg.vocab_size)
     resident = beam_search(model, ids, BEAMS, NEW, num_return_sequences=BEAMS, attention_mask=mask)
     model.offload_value_tables()
     offloaded = beam_search(model, ids, BEAMS, NEW, num_return_sequences=BEAMS, attention_mask=mask)
@@ -151,7 +130,7 @@ def test_beam_search_with_offloaded_value_tables_equals_resident(reorders):
 
 def test_one_beam_is_greedy_decoding():
     model = model_of("sas-p")
-    ids, mask = prompts(model.cfg.vocab_size)
+    ids, mask = padded_prompts(model.cfg.vocab_size)
     one = beam_search(model, ids, 1, NEW, attention_mask=mask)
     assert torch.equal(one.sequences, model.generate(ids, NEW, attention_mask=mask))
     assert not torch.equal(beam_search(model, ids, BEAMS, NEW, attention_mask=mask).sequences, one.sequences)
@@ -201,7 +180,7 @@ def test_beam_search_equals_hfs_generate_of_the_exported_gpt2(rules, tmp_path):
     folder = save_pretrained(model, tmp_path / "hf", format="hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder).double().eval()
     assert type(hf).__name__ == "GPT2LMHeadModel"
-    ids, mask = prompts(model.cfg.vocab_size)
+    ids, mask = padded_prompts(model.cfg.vocab_size)
     found = []
     for stops in ([], stops_that_end_early(model, ids, mask)):
         pad = stops[0] if stops else 0  # HF fills finished hypotheses with the first stop token

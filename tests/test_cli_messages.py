@@ -53,14 +53,6 @@ def test_dotted_overrides_reach_into_dict_fields():
 
 
 # -- a tiny run on a local corpus ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("corpus")
-    for i in range(20):
-        (root / f"f{i}.py").write_text("".join(f"value_{j % 7} = {i} * {j}\n" for j in range(50)))
-    return root
-
-
 small = small_run_args
 
 

@@ -27,7 +27,7 @@ from blocklab.runtime.cache import cache_bytes_per_token
 from blocklab.training import TrainConfig, loop
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, saved_figures, write_code_corpus
+from helpers import compare_base, saved_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -35,11 +35,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def compare(*args, **kwargs):
     """`blocklab.compare.compare` with one interleaved timing round of two steps, so the tests stay fast."""
     return compare_module.compare(*args, **{"timing_rounds": 1, "timing_steps": 2, **kwargs})
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 base = compare_base

@@ -16,17 +16,11 @@ import pytest
 
 from blocklab.cli import main
 from blocklab.data import DataConfig, prepare_data
-from helpers import write_code_corpus
 from test_disk_full import _mount_tmpfs, full_disk_under
 from test_token_cache import swap_two_ids
 
 SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "batch_size=4", "seq_len=32",
          "eval_batches=1", "progress=false"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def cli(args: list[str], capsys) -> tuple[int, str]:

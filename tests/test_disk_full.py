@@ -20,15 +20,10 @@ from blocklab.training import checkpoint as ckpt
 from blocklab.training.metrics import MetricsLogger, read_metrics
 from blocklab.util import diskfull
 from blocklab.util.errors import DiskFullError, TrainingError
-from helpers import make_model, write_code_corpus
+from helpers import make_model
 
 # torch.save's own text on a full disk (its zip writer keeps no errno)
 TORCH_FULL = "[enforce fail at inline_container.cc:672] . unexpected pos 1234 vs 1200"
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def config(corpus: Path, out: Path, cache: Path, **overrides) -> TrainConfig:

@@ -16,33 +16,12 @@ pytest.importorskip("transformers")
 
 from blocklab.interop import from_hf  # noqa: E402
 from blocklab.interop.hf_model import hf_model  # noqa: E402
-from blocklab.runtime.cache import KVCache  # noqa: E402
+from helpers import padded_prompts  # noqa: E402
 from test_hf_model import SMALL, _every_arch, perturbed  # noqa: E402
 
 BEAMS, NEW = 3, 10
 
 
-@pytest.fixture
-def reorders(monkeypatch):
-    """The row orders the caches were given, other than the identity."""
-    seen: list[list[int]] = []
-    real = KVCache.reorder
-
-    def spy(self, rows):
-        if not torch.equal(torch.as_tensor(rows).cpu(), torch.arange(self.batch_size)):
-            seen.append(torch.as_tensor(rows).tolist())
-        return real(self, rows)
-
-    monkeypatch.setattr(KVCache, "reorder", spy)
-    return seen
-
-
-def _prompts() -> tuple[torch.Tensor, torch.Tensor]:
-    """Two prompts, the second left-padded by two positions."""
-    ids = torch.randint(1, SMALL["vocab_size"], (2, 6), generator=torch.Generator().manual_seed(3))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    return ids.masked_fill(mask == 0, 0), mask
 
 
 def _beams(hf, ids, mask, **kwargs):
@@ -55,7 +34,7 @@ def _beams(hf, ids, mask, **kwargs):
 @pytest.mark.parametrize("arch", _every_arch())
 def test_beam_search_with_the_cache_equals_beam_search_without(arch, reorders):
     hf = hf_model(perturbed(arch, scale=0.3, **SMALL).double()).eval()
-    ids, mask = _prompts()
+    ids, mask = padded_prompts(SMALL["vocab_size"])
     cached, uncached = _beams(hf, ids, mask), _beams(hf, ids, mask, use_cache=False)
     assert reorders, "no step changed the beams' parents: the comparison would not test reordering"
     assert torch.equal(cached.sequences, uncached.sequences)
@@ -65,7 +44,7 @@ def test_beam_search_with_the_cache_equals_beam_search_without(arch, reorders):
 def test_beam_search_with_offloaded_value_tables_equals_resident(reorders):
     """Bank of Values with its tables in host memory: the cache holds slots into the batch's rows."""
     model = perturbed("sas-p+bov", scale=0.3, **SMALL).double()
-    ids, mask = _prompts()
+    ids, mask = padded_prompts(SMALL["vocab_size"])
     resident = _beams(hf_model(model).eval(), ids, mask)
     model.offload_value_tables()
     offloaded = _beams(hf_model(model).eval(), ids, mask)
@@ -85,7 +64,7 @@ def test_beam_search_of_an_imported_gpt2_equals_hfs_own(reorders):
         for p in gpt2.parameters():
             p.add_(0.3 * torch.randn_like(p))
     ours = hf_model(from_hf(gpt2)).eval()
-    ids, mask = _prompts()
+    ids, mask = padded_prompts(SMALL["vocab_size"])
     got = _beams(ours, ids, mask)
     want = _beams(gpt2, ids, mask)
     assert reorders

@@ -23,7 +23,7 @@ from blocklab.launch.progress import RunsProgress
 from blocklab.launch.store import run_lock
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, write_code_corpus
+from helpers import compare_base
 
 ARCHS = ["pre-ln", "sas", "resformer"]
 
@@ -31,11 +31,6 @@ ARCHS = ["pre-ln", "sas", "resformer"]
 def compare(*args, **kwargs):
     return compare_module.compare(*args, **{"timing_rounds": 1, "timing_steps": 1, "log": lambda *_: None,
                                             **kwargs})
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def base(corpus, cache, steps=6):

@@ -15,14 +15,9 @@ from blocklab.cli import main
 from blocklab.compare import compare
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, saved_figures, write_code_corpus
+from helpers import compare_base, saved_figures
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def overrides(corpus: Path, cache: Path, **extra) -> list[str]:

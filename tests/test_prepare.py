@@ -3,7 +3,6 @@ fills it (`data.tokenise`: chunks encoded on a worker thread while the next is r
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -15,12 +14,7 @@ from blocklab.cli import main
 from blocklab.data import DataConfig, Tokenizer, prepare_data, tokenise
 from blocklab.data import prepare as prepare_module
 from helpers import small_run_args, write_code_corpus
-
-
-def ref_split(name: str, val_fraction: float) -> str:
-    """The split rule from its definition: the first 64 bits of sha256(name), as a fraction."""
-    u = int(hashlib.sha256(name.encode()).hexdigest()[:16], 16)
-    return "val" if u < val_fraction * 16**16 else "train"
+from test_data import ref_split
 
 
 def refuse(*args, **kwargs):

@@ -20,7 +20,7 @@ from blocklab.cli import main
 from blocklab.training import TrainConfig, train
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
-from helpers import compare_base, write_code_corpus
+from helpers import compare_base
 from wandb_records import WandbRun, scalar_rows, wandb_runs
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
@@ -32,11 +32,6 @@ VAL_FIELDS = ("tokens", "wall_time", "val_loss", "val_bpb", "val_tokens", "val_b
 def offline(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def run_config(corpus: Path, tmp_path: Path, **fields) -> TrainConfig:
