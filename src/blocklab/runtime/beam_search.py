@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from blocklab.runtime.cache import KVCache
-from blocklab.runtime.generate import Decoder, _check, left_padded
+from blocklab.runtime.generate import Decoder, check_request, decoding, last_logits, left_padded
 
 NEVER = -1.0e9  # HF's score for what may not be chosen (a running beam that ended, a slot still empty)
 EarlyStopping = bool | Literal["never"]
@@ -176,7 +176,7 @@ def beam_search(model: Decoder, input_ids: Tensor, num_beams: int, max_new_token
     mean what they do in HF's `generate`, with its defaults. `attention_mask` (B, T), 1 at real tokens
     and 0 at padding, batches prompts of different lengths (padded on either side): each prompt's
     beams are those of the prompt alone. Returns its `num_return_sequences` best hypotheses per prompt."""
-    _check(model, input_ids, max_new_tokens, 0.0, None, None, stop_tokens, pad_token, None)
+    check_request(model, input_ids, max_new_tokens, stop_tokens=stop_tokens, pad_token=pad_token)
     _check_beams(num_beams, num_return_sequences, length_penalty, early_stopping)
     prompts, real = left_padded(input_ids, attention_mask)
     device, (b, t) = input_ids.device, input_ids.shape
@@ -185,13 +185,8 @@ def beam_search(model: Decoder, input_ids: Tensor, num_beams: int, max_new_token
     rules = _Rules(num_beams, max_new_tokens, stops, float(length_penalty), early_stopping)
     beams = _Beams.start(b, num_beams, max_new_tokens, fill, input_ids.dtype, device)
     cache = model.new_cache(b * num_beams, t + max_new_tokens - 1)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            _search(model, beams, cache, prompts, real, rules)
-    finally:
-        model.train(was_training)
+    with decoding(model):
+        _search(model, beams, cache, prompts, real, rules)
     r = num_return_sequences
     longest = int(beams.finished_lengths[:, :r].max())
     new = beams.finished[:, :r, :longest].reshape(b * r, longest)
@@ -207,7 +202,7 @@ def _search(model: Decoder, beams: _Beams, cache: KVCache, prompts: Tensor, real
     b = prompts.shape[0]
     rows = prompts.repeat_interleave(k, dim=0)
     flags = None if real is None else real.repeat_interleave(k, dim=0)
-    logits = model.logits(model.hidden_states(rows, cache, attention_mask=flags)[:, -1])
+    logits = last_logits(model, rows, cache, flags)
     first_row = (torch.arange(b, device=prompts.device) * k)[:, None]
     for i in range(rules.max_new_tokens):
         log_probs = torch.log_softmax(logits.to(torch.float32), dim=-1)

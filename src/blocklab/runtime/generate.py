@@ -9,7 +9,8 @@ hold `pad_token`. Generation ends when every row has stopped or after `max_new_t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol, cast
 
 import torch
@@ -62,9 +63,12 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None, stop_tokens: Sequence[int] | None, pad_token: int | None,
-           cache: KVCache | None) -> None:
+def check_request(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: float = 0.0,
+                  top_k: int | None = None, top_p: float | None = None,
+                  stop_tokens: Sequence[int] | None = None, pad_token: int | None = None,
+                  cache: KVCache | None = None) -> None:
+    """A ValueError naming what a decoding request gets wrong: the ids, the length, a sampling setting, a
+    stop or pad token outside the vocabulary, more positions than the context or the cache holds."""
     vocab = model.cfg.vocab_size
     if input_ids.dim() != 2 or input_ids.shape[1] < 1 or input_ids.dtype not in (torch.long, torch.int):
         raise ValueError(f"input_ids must be an integer tensor (batch, time) with at least one token; got "
@@ -94,10 +98,23 @@ def _check(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature: 
                          "generate fewer tokens.")
 
 
-def _last_logits(model: Decoder, ids: Tensor, cache: KVCache, real: Tensor | None) -> Tensor:
+def last_logits(model: Decoder, ids: Tensor, cache: KVCache, real: Tensor | None) -> Tensor:
     """Next-token logits (B, vocab) after the prompt, checking its ids and the cache: the head runs on
     the last position only (`real`: the prompt's real tokens, padded on the left)."""
     return model.logits(model.hidden_states(ids, cache, attention_mask=real)[:, -1])
+
+
+@contextmanager
+def decoding(model: Decoder) -> Iterator[None]:
+    """Within the block: `model` in eval mode (no dropout) under `torch.inference_mode`; afterwards its
+    mode as before, also after an error."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            yield
+    finally:
+        model.train(was_training)
 
 
 def left_padded(input_ids: Tensor, attention_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
@@ -149,7 +166,7 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
     The loop runs under `torch.inference_mode` (no autograd bookkeeping per op); the returned ids are
     an ordinary tensor, and a `cache` passed in stays usable outside inference mode.
     """
-    _check(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
+    check_request(model, input_ids, max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_token, cache)
     prompts, real = left_padded(input_ids, attention_mask)
     compiled = wants_compiled(input_ids.device, compile)  # checks `compile` and the environment
     b, t = input_ids.shape
@@ -159,15 +176,10 @@ def generate(model: Decoder, input_ids: Tensor, max_new_tokens: int, temperature
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     stops = torch.tensor(list(stop_tokens or ()), dtype=input_ids.dtype, device=device)
     pad = stops[0] if pad_token is None and len(stops) else pad_token
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            step = _pick_step(model, compile, compiled)
-            pick = _column_sampler(temperature, top_k, top_p, generator, input_ids.dtype)
-            out = _decode(model, step, pick, prompts, real, max_new_tokens, stops, pad, cache)
-    finally:
-        model.train(was_training)
+    with decoding(model):
+        step = _pick_step(model, compile, compiled)
+        pick = _column_sampler(temperature, top_k, top_p, generator, input_ids.dtype)
+        out = _decode(model, step, pick, prompts, real, max_new_tokens, stops, pad, cache)
     with torch.no_grad():  # outside inference mode: the ids can feed a later training step
         return torch.cat([input_ids, *out], dim=1)
 
@@ -207,7 +219,7 @@ def _decode(model: Decoder, step: Step, pick: Callable[[Tensor], Tensor], input_
 
     Per token: the step (sampled ids lie in the vocabulary: no checks), the sampler, and, only with
     stop tokens, the stop bookkeeping and its one device read."""
-    logits = _last_logits(model, input_ids, cache, real)  # checks the prompt's ids and the cache once
+    logits = last_logits(model, input_ids, cache, real)  # checks the prompt's ids and the cache once
     if len(stops) == 0:
         out = [pick(logits)]
         for _ in range(max_new_tokens - 1):
