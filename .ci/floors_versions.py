@@ -8,7 +8,10 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10, which blocklab allows: tomllib is 3.11's (pip install tomli)
+    import tomli as tomllib
 
 project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
 requirements = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
