@@ -167,15 +167,16 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
     if args.partial and not args.no_train:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
+    tracked = tracking.fields(args)
     reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
-                      partial=args.partial, tracking=tracking.fields(args)) for scale in scales]
+                      partial=args.partial, tracking=tracked) for scale in scales]
     if len(reps) == 1:
         path = write_reproduction(reps[0], args.report or args.out)
-        tracking.send_figures(tracking.fields(args), [(reps[0].scale_name, path)], args.out)
+        tracking.send_figures(tracked, [(reps[0].scale_name, path)], args.out)
         print(f"report: {path} (and {path.with_suffix('.html')})")
     else:  # each scale's report beside its runs, and one page over them all
         written = [(rep.scale_name, write_reproduction(rep, Path(args.out) / rep.scale_name)) for rep in reps]
-        tracking.send_figures(tracking.fields(args), written, args.out)
+        tracking.send_figures(tracked, written, args.out)
         report = args.report or str(Path(args.out) / "REPRODUCTION.md")
         command = (f"blocklab reproduce --scale {','.join(scales)} --no-train "
                    f"{'--partial ' if args.partial else ''}--out {args.out} --report {report}")
