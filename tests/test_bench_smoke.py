@@ -132,6 +132,19 @@ def test_bench_gpu_budget_skips_configurations(tmp_path):
     assert json.loads(out.read_text())["rows"] == result["rows"]
 
 
+def test_bench_gpu_budget_counts_from_the_call_not_the_import(tmp_path, monkeypatch):
+    """A main() called long after the module was imported (a test session, a campaign) still has its
+    budget: 1,000 s "pass" between the import and the call."""
+    import time
+
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + 1000.0)
+    result = bench_gpu.main(["--device", "cpu", "--smoke", "--archs", "pre-ln", "--modes", "eager",
+                             "--decode-batches", "none", "--budget-s", "300", "--out", str(tmp_path / "o")])
+    assert [r["arch"] for r in result["rows"]] == ["hand", "pre-ln"]
+    assert all("skipped" not in r for r in result["rows"])
+
+
 def test_bench_gpu_refuses_bad_batches_and_vocabularies():
     for bad in (["--batch", "8,x"], ["--batch", "0"], ["--vocab", "1"], ["--hand", "always"]):
         with pytest.raises(SystemExit):
