@@ -151,17 +151,65 @@ def store_files(root: Path) -> list[Path]:
     return files
 
 
+# What marks a tarball `export_store` wrote, and for which store: a pax global header inside it (read by
+# tarfile, not unpacked as a file by tar), so that a later export replaces it and nothing else.
+EXPORT_MARK = "BLOCKLAB.export_of"
+
+
 def export_store(root: Path, tarball: Path) -> Path:
     """Pack `store_files(root)` into `tarball` (gzip), under the scale's folder name, so that
-    `tar xzf TARBALL -C STORE` puts them in place in another store; written whole or not at all."""
+    `tar xzf TARBALL -C STORE` puts them in place in another store; written whole or not at all, marked
+    as this store's export (`EXPORT_MARK`, read by `check_export`)."""
     tarball = Path(tarball)
     tarball.parent.mkdir(parents=True, exist_ok=True)
     partial = tarball.with_name(tarball.name + ".partial")
-    with tarfile.open(partial, "w:gz") as tar:
-        for path in store_files(root):
+    mark = {EXPORT_MARK: str(Path(root).resolve())}
+    with tarfile.open(partial, "w:gz", format=tarfile.PAX_FORMAT, pax_headers=mark) as tar:
+        files = store_files(root)
+        for path in files:
             tar.add(path, arcname=str(Path(root.name) / path.relative_to(root)), recursive=False)
+        if not files:  # the store's folder alone: a mark with no member after it is not a readable tar
+            tar.add(root, arcname=root.name, recursive=False)
     os.replace(partial, tarball)
     return tarball
+
+
+def export_of(tarball: Path) -> str | None:
+    """The store whose export `tarball` is (None: not a tarball `export_store` wrote)."""
+    try:
+        with tarfile.open(tarball, "r:gz") as tar:
+            return tar.pax_headers.get(EXPORT_MARK)
+    except (OSError, tarfile.TarError, EOFError):
+        return None
+
+
+def check_export(tarball: Path, root: Path, overwrite: bool = False, option: str = "--export") -> None:
+    """Refuse, before anything trains, an export path that cannot be written (an empty name, a folder, a
+    folder that this user cannot write to) or that holds a file blocklab did not write as this store's
+    export (a user's own file, another store's export), unless `overwrite`: the export would replace it."""
+    import tempfile
+
+    from blocklab.util.errors import ConfigError
+
+    if not str(tarball).strip():
+        raise ConfigError(f"{option} {str(tarball)!r} is not allowed: give the path of a .tgz to write")
+    tarball = Path(tarball)
+    if tarball.is_dir():
+        raise ConfigError(f"{option} {tarball} is a folder: give the path of a .tgz file, e.g. "
+                          f"{tarball / (Path(root).name + '.tgz')}")
+    folder = tarball.absolute().parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):  # permissions alone miss read-only mounts, /proc ...
+            pass
+    except OSError:
+        raise ConfigError(f"{option} {tarball} is not allowed: {str(folder)!r} is not a folder this user "
+                          "can write to; give a .tgz path in one") from None
+    if tarball.exists() and not overwrite and export_of(tarball) != str(Path(root).resolve()):
+        theirs = export_of(tarball)
+        what = f"the export of another store ({theirs})" if theirs else "a file blocklab did not write"
+        raise ConfigError(f"{option} {tarball} holds {what}, which the export would replace: give another "
+                          "path, or pass --overwrite to replace it")
 
 
 def drop_orphans(root: Path, log=print) -> list[Path]:

@@ -17,54 +17,90 @@ THREADS_HELP = (
 
 
 def _names(text: str | None) -> list[str] | None:
-    return [n.strip() for n in text.split(",") if n.strip()] if text else None
+    """--archs as a list (None: not given); given but naming nothing (``,``, ``""``, ``" "``): []."""
+    return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
 
 
 def cmd_scaling(args: argparse.Namespace) -> None:
-    from blocklab.scaling.judge import judge_ladder, read_ladder
-    from blocklab.scaling.ladders import LADDERS, check_archs, get_ladder
-    from blocklab.scaling.orchestrate import train_ladder, train_piece
-    from blocklab.scaling.report import write_scaling_report
-    from blocklab.statistics.claims import HEADLINES, PAPERS
+    from blocklab.scaling.orchestrate import check_store
+    from blocklab.scaling.outputs import check_outputs
 
     if args.list:
-        for name, ladder in LADDERS.items():
-            print(
-                f"ladder {name}: {ladder.description}; {ladder.seeds} seeds; archs {','.join(ladder.archs)}"
-            )
-        print()
-        for h in HEADLINES:
-            print(f"{h.id:<28} {h.arch} against {h.baseline}: {h.statement} ({PAPERS[h.paper]}, {h.where})")
+        _list()
         return
-    ladder = get_ladder(args.ladder)
-    archs = _names(args.archs) or list(ladder.archs)
+    ladder, name, archs = _chosen(args)
+    root = Path(args.out) / name
+    _check_flags(args)
+    check_outputs(args, root)
+    check_store(archs, ladder, root, args.seeds, args.fresh, args.no_train)
+    if not _train(args, ladder, name, archs):
+        return
+    _report(args, ladder, name, archs, root)
+
+
+def _list() -> None:
+    """The shipped ladders (and where their files are), how to write one's own, and the headline claims."""
+    from blocklab.scaling.ladders import LADDERS, SHIPPED
+    from blocklab.statistics.claims import HEADLINES, PAPERS
+
+    for name, ladder in LADDERS.items():
+        print(f"ladder {name}: {ladder.description}; {ladder.seeds} seeds; archs {','.join(ladder.archs)}")
+    print(f"\nthe shipped ladders are files in {SHIPPED}: copy one (or the example in docs/scaling.md), edit "
+          "its rungs, tokens and learning-rate rule, and pass --ladder FILE.yaml\n")
+    for h in HEADLINES:
+        print(f"{h.id:<28} {h.arch} against {h.baseline}: {h.statement} ({PAPERS[h.paper]}, {h.where})")
+
+
+def _chosen(args: argparse.Namespace):
+    """The ladder (a shipped one or a file, with the user's config and overrides), its store's folder name
+    and the architectures, checked."""
+    from blocklab.scaling.ladders import check_archs, get_ladder, store_name
+    from blocklab.scaling.overrides import user_fields, with_user_fields
+
+    name = store_name(args.ladder)
+    fields = user_fields(args.overrides)
+    ladder = with_user_fields(get_ladder(args.ladder), name.removeprefix("ladder-"), fields)
+    archs = _names(args.archs)
+    if archs is None:
+        archs = list(ladder.archs)
     check_archs(archs)
     if len(archs) < 2:
         raise ConfigError(
             f"--archs {args.archs!r}: a ladder compares two or more architectures, the "
             "baseline first, e.g. pre-ln,resformer"
         )
+    return ladder, name, archs
+
+
+def _check_flags(args: argparse.Namespace) -> None:
     if args.seeds is not None and args.seeds < 1:
         raise ConfigError(f"--seeds {args.seeds} is not allowed: give 1 or more")
-    name = f"ladder-{args.ladder}"
-    root = Path(args.out) / name
+    if args.no_train and args.minutes is not None:
+        raise ConfigError("--minutes trains a piece of the ladder: leave out --no-train")
+    if args.no_train and args.fresh:
+        raise ConfigError("--fresh retrains the runs whose config differs: leave out --no-train")
+
+
+def _train(args: argparse.Namespace, ladder, name: str, archs: list[str]) -> bool:
+    """Train what the call asks (nothing with --no-train; a piece with --minutes; else the whole ladder);
+    whether the report follows (a piece leaves it to the call that trains the last run)."""
+    from blocklab.scaling.orchestrate import train_ladder, train_piece
+
     if args.minutes is not None:
-        if args.no_train:
-            raise ConfigError("--minutes trains a piece of the ladder: leave out --no-train")
-        trained, left = train_piece(
-            archs,
-            ladder,
-            name,
-            args.out,
-            args.minutes,
-            args.seeds,
-            Path(args.export) if args.export else None,
-        )
+        export = Path(args.export) if args.export else None
+        trained, left = train_piece(archs, ladder, name, args.out, args.minutes, args.seeds, export)
         print(f"piece: trained {len(trained)} runs; {left} left")
-        if left:
-            return
-    elif not args.no_train:
+        return not left
+    if not args.no_train:
         train_ladder(archs, ladder, name, args.out, args.seeds, launch_cli.launcher_from_args(args, args.out))
+    return True
+
+
+def _report(args: argparse.Namespace, ladder, name: str, archs: list[str], root: Path) -> None:
+    """Fit the whole seeds, write the report (and say where), and print the verdicts."""
+    from blocklab.scaling.judge import judge_ladder, read_ladder
+    from blocklab.scaling.report import write_scaling_report
+
     data = read_ladder(root, ladder, archs, name)
     if not data.seeds():
         raise ConfigError(
@@ -73,17 +109,8 @@ def cmd_scaling(args: argparse.Namespace) -> None:
         )
     result = judge_ladder(data)
     command = shlex.join(
-        [
-            "blocklab",
-            "scaling",
-            "--ladder",
-            args.ladder,
-            "--archs",
-            ",".join(archs),
-            "--out",
-            str(args.out),
-            "--no-train",
-        ]
+        ["blocklab", "scaling", "--ladder", args.ladder, "--archs", ",".join(archs), "--out", str(args.out),
+         "--no-train", *(args.overrides or [])]
     )
     path = write_scaling_report(result, Path(args.report) if args.report else root, command)
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
@@ -101,7 +128,16 @@ def add_parsers(sub) -> None:
         "interrupted ones resume), fit loss against parameters, and write "
         "OUT/ladder-<name>/scaling.md, .html and .json: the papers' headline numbers ('x% "
         "fewer parameters', 'y% less data') with 95% intervals over seeds and a verdict each, "
-        "the paper's number beside them (docs/scaling.md).",
+        "the paper's number beside them (docs/scaling.md). A training config and key=value overrides "
+        "(as `blocklab train` takes them, e.g. data.source=corpus/) apply to every run; the ladder's own "
+        "fields (the rungs' shapes, steps, batch, sequence length, learning-rate rule) are changed by a "
+        "ladder file (--ladder FILE.yaml), not by overrides.",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="an optional YAML training config, then key=value overrides (TrainConfig fields), for every "
+        "run of the ladder",
     )
     p.add_argument(
         "--archs",
@@ -112,7 +148,8 @@ def add_parsers(sub) -> None:
         "--ladder",
         default="cpu",
         help="cpu (default; 98 minutes measured on a 2-core CPU), "
-        "gpu-resformer (the paper's 82M-468M shapes) or toy (seconds: a smoke); see --list",
+        "gpu-resformer (the paper's 82M-468M shapes), toy (seconds: a smoke), or a ladder file "
+        "FILE.yaml of one's own (docs/scaling.md); see --list",
     )
     p.add_argument("--seeds", type=int, help="seeds per architecture and rung (default: the ladder's, 3)")
     p.add_argument("--out", default="runs/scaling", help="the run store (default runs/scaling)")
@@ -134,7 +171,19 @@ def add_parsers(sub) -> None:
         help="with --minutes: a tarball of the store's small files, rewritten after "
         "each run (to bring a piece's runs back from a GPU machine)",
     )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="retrain the runs in the store whose config differs from this ladder's (refused without it); "
+        "the others are reused",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --export replace a file that blocklab did not write as this store's export (refused "
+        "without it)",
+    )
     p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     launch_cli.add_arguments(p)
-    p.set_defaults(func=cmd_scaling)
+    p.set_defaults(func=cmd_scaling, option_fields={"threads": "threads"})

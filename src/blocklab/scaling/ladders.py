@@ -22,42 +22,39 @@ from blocklab.util.errors import ConfigError
 
 @dataclass(frozen=True)
 class Rung:
-    """One size of a ladder: its folder name and the ModelConfig fields it sets over the size preset."""
+    """One size of a ladder: its folder name, the ModelConfig fields it sets over the size preset, and
+    optionally a size preset of its own and its own peak learning rate (a ladder of `lr: per-rung`)."""
 
     name: str
     model: dict[str, Any]
+    size: str | None = None
+    lr: float | None = None
 
 
-def _cpu_rung(d_model: int, n_layers: int) -> Rung:
-    """Size tiny's recipe at width d and depth `n_layers`: heads of 32, MLP 4d."""
-    return Rung(
-        f"d{d_model}-l{n_layers}",
-        {"d_model": d_model, "n_layers": n_layers, "n_heads": d_model // 32, "mlp_hidden": 4 * d_model},
-    )
-
-
-def _llama_rung(name: str, n_layers: int, d_model: int, n_heads: int, mlp_hidden: int) -> Rung:
-    return Rung(
-        name, {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "mlp_hidden": mlp_hidden}
-    )
+DEFAULT_ARCHS = ("pre-ln", "resformer", "svformer", "bov", "sas-p")
 
 
 @dataclass(frozen=True)
 class Ladder:
+    """A ladder (one is a file, `blocklab.scaling.ladder_files`): rungs, tokens per run (`steps` at every
+    rung, or `tokens_per_parameter`), batch and sequence length, the learning-rate rule, seeds and
+    architectures, and the report's words for them."""
+
     description: str
     size: str  # the size preset every rung starts from
     rungs: tuple[Rung, ...]
-    steps: int
+    steps: int | None  # None: `tokens_per_parameter` sets each rung's steps
     batch_size: int
     seq_len: int
-    lr_rule: str  # the learning-rate rule, in words (the code: `lr` or each arch's recipe at `size`)
+    lr_rule: str  # the learning-rate rule, in words (the code: `lr`, the rungs' or each arch's recipe)
     seeds: int = 3
     eval_every: int = 50
-    lr: float | None = None  # None: each architecture's recipe rate at `size`, the same at every rung
+    lr: float | None = None  # None: each rung's lr, else each architecture's recipe rate at `size`
     train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (data, device...)
-    archs: tuple[str, ...] = ("pre-ln", "resformer", "svformer", "bov", "sas-p")
+    archs: tuple[str, ...] = DEFAULT_ARCHS
     trains_on: str = "cpu"
     notes: str = ""  # how the ladder was sized (the arithmetic), printed in its report
+    tokens_per_parameter: float | None = None  # steps per rung: this x the rung's parameters / batch tokens
 
     def base(self) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -72,9 +69,30 @@ class Ladder:
             base["optim"] = {"lr": self.lr}
         return merge(base, self.train)
 
+    def rung_base(self, rung: Rung) -> dict[str, Any]:
+        """The fields every run of `rung` shares (its steps aside, with `tokens_per_parameter`)."""
+        own: dict[str, Any] = {"model": rung.model}
+        if rung.size is not None:
+            own["size"] = rung.size
+        if rung.lr is not None:
+            own["optim"] = {"lr": rung.lr}
+        return merge(self.base(), own)
+
     @property
     def tokens(self) -> int:
-        return self.steps * self.batch_size * self.seq_len
+        """Tokens a run at every rung (the largest rung's with `tokens_per_parameter`: see tokens_line)."""
+        steps = self.steps if self.steps is not None else rung_steps(self)[self.rungs[-1].name][1]
+        return steps * self.batch_size * self.seq_len
+
+    def tokens_line(self) -> str:
+        """The tokens a run trains, as the report states them: one number, or the rule and every rung's."""
+        if self.steps is not None:
+            return f"{self.tokens:,} tokens a run at every rung"
+        batch = self.batch_size * self.seq_len
+        per = ", ".join(f"{name} {n:,} parameters, {s:,} steps ({s * batch:,} tokens)"
+                        for name, (n, s) in rung_steps(self).items())
+        return (f"{self.tokens_per_parameter:g} tokens per parameter of {self.archs[0]} (all parameters), in "
+                f"whole steps of {self.batch_size} x {self.seq_len} tokens: {per}")
 
     def rung(self, name: str) -> Rung:
         for rung in self.rungs:
@@ -85,81 +103,39 @@ class Ladder:
         )
 
 
-# The CPU ladder: size tiny's recipe (ReLU MLP, RMSNorm, tied embeddings, RoPE, vocab 4096, context 128)
-# at five widths with depth growing with width, 400 steps of 16 x 128 tokens (0.82M tokens) at every
-# rung, as the cpu scale of `blocklab reproduce` trains size tiny (the d128-l4 rung is size tiny).
-# Sized by measurement (one thread each, this project's 2-core machine, 2026-11-27, 40 steps of pre-ln):
-# d64-l2 trained 23,168 tokens/s and d192-l6 4,379, so a seed of one architecture over the five rungs
-# is about 35 + 70 + 130 + 150 + 190 s = ~575 s of training plus ~30 s of validations and start; 5
-# architectures x 3 seeds is 15 of them, ~9,000 core-seconds: about 1.3 hours with two runs at once on
-# the two cores, 2.5 hours on one; inside the 4 hours the ladder was allowed. Measured (2026-11-27): the
-# 75 runs took 98 minutes of wall clock at two at once (2.8 hours of training summed over the runs).
-LADDERS: dict[str, Ladder] = {
-    "cpu": Ladder(
-        "size tiny's recipe at d 64 x 2 layers, 96 x 3, 128 x 4 (size tiny), 160 x 5 and 192 x 6 (heads of "
-        "32, MLP 4d, vocab 4096), 400 steps of 16 x 128 tokens (0.82M tokens) at every rung",
-        "tiny",
-        tuple(_cpu_rung(d, d // 32) for d in (64, 96, 128, 160, 192)),
-        steps=400,
-        batch_size=16,
-        seq_len=128,
-        lr_rule="each architecture's recipe rate at size tiny (recipes/main_job_optim.json), the same at "
-        "every rung, as Value Residual Learning trains every size at one peak rate (6e-4)",
-        notes="sized by measurement: d64-l2 trains at ~23k tokens/s and d192-l6 at ~4.4k on one thread of "
-        "this project's 2-core CPU, so the 75 runs take about 9,000 core-seconds; measured: 98 minutes of "
-        "wall clock at two runs at once (2026-11-27)",
-    ),
-    # The paper's own shapes (Table 4; 320M is named in Sec. 4.2 but not in the table: 14 layers of its
-    # 468M shape give 316M), Llama-like, untied embeddings, vocab 50277 in the paper; here the GPU
-    # machine's embedded corpus and its 8192-token BPE, so the tokens per run are what a lent call can
-    # afford, not the paper's 20B. `--minutes` trains it a piece at a time.
-    "gpu-resformer": Ladder(
-        "Value Residual Learning's shapes, 82M (8 x 512), 180M (12 x 768), 320M (14 x 1024, our reading) "
-        "and 468M (24 x 1024), Llama-like, 500 steps of 32 x 512 tokens (8.2M tokens) at every rung, "
-        "lr 6e-4 as in the paper",
-        "resformer-82m",
-        (
-            _llama_rung("82m", 8, 512, 8, 1792),
-            _llama_rung("180m", 12, 768, 12, 2688),
-            _llama_rung("320m", 14, 1024, 16, 3584),
-            _llama_rung("468m", 24, 1024, 16, 3584),
-        ),
-        steps=500,
-        batch_size=32,
-        seq_len=512,
-        eval_every=50,
-        lr=6e-4,
-        lr_rule="6e-4 for every architecture and rung, the paper's peak rate (Table 4)",
-        train={"data": {"vocab_size": 8192}, "ckpt_every": 250},
-        archs=("pre-ln", "resformer", "svformer"),
-        trains_on="gpu",
-        notes="8.2M tokens is 3.3 passes over the embedded 2.45M-token corpus (the GPU machines reach no "
-        "network), far from the paper's 20B: a larger corpus carried to the machine is what its budgets need",
-    ),
-    # A toy ladder for tests and smoke runs: seconds a run.
-    "toy": Ladder(
-        "size tiny's recipe at d 32 x 2 layers, 64 x 2 and 96 x 3, 20 steps of 4 x 32 tokens: a smoke, not "
-        "evidence",
-        "tiny",
-        (_cpu_rung(32, 2), _cpu_rung(64, 2), _cpu_rung(96, 3)),
-        steps=20,
-        batch_size=4,
-        seq_len=32,
-        eval_every=10,
-        seeds=2,
-        lr_rule="each architecture's recipe rate at size tiny",
-    ),
-}
+# The shipped ladders: blocklab/recipes/ladders/<name>.yaml (cpu, gpu-resformer, toy), how each was sized
+# in its comments. `--ladder FILE.yaml` reads a ladder of the user's own.
+SHIPPED = Path(__file__).resolve().parent.parent / "recipes" / "ladders"
+
+
+def _shipped() -> dict[str, Ladder]:
+    from blocklab.scaling.ladder_files import read_ladder_file
+
+    order = ("cpu", "gpu-resformer", "toy")  # --list's and the reproduction page's order
+    paths = sorted(SHIPPED.glob("*.yaml"), key=lambda p: (order.index(p.stem) if p.stem in order else 9,
+                                                         p.stem))
+    return {path.stem: read_ladder_file(path) for path in paths}
 
 
 def get_ladder(name: str) -> Ladder:
-    if name not in LADDERS:
-        raise ConfigError(f"ladder {name!r} is not allowed: choose one of {', '.join(LADDERS)}")
-    return LADDERS[name]
+    """A shipped ladder by name, or the ladder a YAML file holds (`ladder_files.read_ladder_file`)."""
+    from blocklab.scaling.ladder_files import read_ladder_file
+
+    if name in LADDERS:
+        return LADDERS[name]
+    if name.endswith((".yaml", ".yml")) or Path(name).is_file():
+        return read_ladder_file(name)
+    raise ConfigError(f"ladder {name!r} is not allowed: choose one of {', '.join(LADDERS)}, or give a "
+                      "ladder file (FILE.yaml, docs/scaling.md)")
+
+
+def store_name(name: str) -> str:
+    """The store folder of ladder `name` (a shipped name or a file): ladder-<name>, ladder-<file stem>."""
+    return f"ladder-{name if name in LADDERS else Path(name).stem}"
 
 
 def check_archs(archs: list[str]) -> None:
-    from blocklab.presets import split_arch
+    from blocklab.presets import resolve
 
     if not archs:
         raise ConfigError(
@@ -168,7 +144,35 @@ def check_archs(archs: list[str]) -> None:
     if len(set(archs)) != len(archs):
         raise ConfigError(f"an architecture is named twice in {','.join(archs)}: name each once")
     for arch in archs:
-        split_arch(arch)  # raises a ConfigError naming the known presets
+        resolve(arch, "tiny")  # raises a ConfigError naming the known presets
+
+
+def rung_steps(ladder: Ladder) -> dict[str, tuple[int | None, int]]:
+    """Each rung's (parameters, steps): `steps` at every rung (parameters None), or with
+    `tokens_per_parameter` round(rule x N / (batch_size x seq_len)), at least 1, N the parameters (all,
+    as the papers count) of the ladder's first architecture at that rung, on the tokenizer its data
+    gives (prepared once and cached, as the runs will read it)."""
+    if ladder.steps is not None or ladder.tokens_per_parameter is None:
+        return {rung.name: (None, ladder.steps or 0) for rung in ladder.rungs}
+    import torch
+
+    from blocklab.accounting import count_parameters
+    from blocklab.data import prepare_data
+    from blocklab.runtime import LanguageModel
+
+    vocab: dict[str, int] = {}
+    out: dict[str, tuple[int | None, int]] = {}
+    for rung in ladder.rungs:
+        fields = merge(ladder.rung_base(rung), {"max_steps": 1})
+        [(_, cfg)] = run_configs([Entry.parse(ladder.archs[0])], 1, Path("unused"), fields)
+        key = repr(cfg.data.to_dict())
+        if key not in vocab:
+            vocab[key] = prepare_data(cfg.data, progress=cfg.progress).tokenizer.vocab_size
+        with torch.device("meta"):
+            n = count_parameters(LanguageModel(cfg.model_config(vocab[key]))).total
+        steps = max(1, round(ladder.tokens_per_parameter * n / (ladder.batch_size * ladder.seq_len)))
+        out[rung.name] = (n, steps)
+    return out
 
 
 def plan(
@@ -178,14 +182,18 @@ def plan(
     off part-way has whole seeds to fit and two runs at once finish together: (rung, entry, config)."""
     check_archs(archs)
     n = seeds or ladder.seeds
-    by_rung = {
-        rung.name: run_configs(
-            [Entry.parse(a) for a in archs], n, out / rung.name, merge(ladder.base(), {"model": rung.model})
-        )
-        for rung in ladder.rungs
-    }
+    steps = rung_steps(ladder) if ladder.steps is None else {}
+    by_rung = {}
+    for rung in ladder.rungs:
+        fields = ladder.rung_base(rung)
+        if rung.name in steps:
+            fields = merge(fields, {"max_steps": steps[rung.name][1]})
+        by_rung[rung.name] = run_configs([Entry.parse(a) for a in archs], n, out / rung.name, fields)
     runs = []
     for seed in range(n):
         for rung in reversed(ladder.rungs):
             runs += [(rung, e, cfg) for e, cfg in by_rung[rung.name] if cfg.seed == seed]
     return runs
+
+
+LADDERS: dict[str, Ladder] = _shipped()

@@ -3,10 +3,14 @@ or a piece at a time within a budget of minutes (one lent GPU call), resuming wh
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 
 from blocklab.scaling.ladders import Ladder, plan
+from blocklab.util.errors import ConfigError
+
+NO_TRAIN_REMEDY = "retrain it with --fresh (leaving out --no-train), or use another --out"
 
 
 def train_ladder(
@@ -89,3 +93,40 @@ def train_piece(
         raise RunsFailed(launch.failed)
     left = sum(not (Path(cfg.out_dir) / "summary.json").is_file() for *_, cfg in runs)
     return launcher.trained, left
+
+
+def check_store(
+    archs: list[str], ladder: Ladder, root: Path, seeds: int | None = None, fresh: bool = False,
+    no_train: bool = False, log=print,
+) -> list[Path]:
+    """Check every run the store holds for this ladder (finished, or resumable from a checkpoint; every
+    seed found, not only the seeds asked for, since the report reads them all) against the config this
+    ladder gives it: a run trained with another config (another learning rate, another corpus) is
+    refused before anything trains or is read, naming the run and the fields
+    (`training.config.check_saved_config`, as compare and reproduce refuse it). With `fresh`, each such
+    run is removed instead (under its lock), to be trained again; the others are kept. Returns the runs
+    removed."""
+    from blocklab.launch.store import REMEDY
+    from blocklab.training.checkpoint import latest_checkpoint
+    from blocklab.training.config import NOT_RESULTS, check_saved_config
+    from blocklab.util import locks
+
+    found = [int(p.name.rpartition("-seed")[2]) for p in root.glob("*/runs/*-seed*")
+             if p.name.rpartition("-seed")[2].isdigit()]
+    removed = []
+    for *_, cfg in plan(archs, ladder, root, max([seeds or ladder.seeds, *(s + 1 for s in found)])):
+        run = Path(cfg.out_dir)
+        finished = (run / "summary.json").is_file()
+        if not finished and (no_train or latest_checkpoint(run) is None):
+            continue  # nothing --no-train reads, or nothing a launch would resume
+        what = f"{run} holds {'a finished' if finished else 'an unfinished'} run"
+        try:
+            check_saved_config(run, cfg, NOT_RESULTS, what, NO_TRAIN_REMEDY if no_train else REMEDY)
+        except ConfigError as err:
+            if not fresh:
+                raise
+            with locks.hold(run):  # never a run another process is training (FolderInUse names it)
+                shutil.rmtree(run)
+            log(f"--fresh: {run} removed, to train again ({str(err).partition('(')[2].rpartition(')')[0]})")
+            removed.append(run)
+    return removed
