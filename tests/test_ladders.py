@@ -349,13 +349,13 @@ def test_report_and_out_paths_are_checked_before_anything_trains(tmp_path, capsy
 def test_the_toy_ladder_trains_on_a_users_folder_and_the_report_repeats_the_override(tmp_path, capsys):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for k in range(4):
+    for k in range(12):
         (corpus / f"notes{k}.txt").write_text("".join(f"line {j} of note {k}: the cat sat on mat {j % 9}.\n"
                                                       for j in range(150)))
     out = tmp_path / "runs"
     args = ["scaling", "--ladder", "toy", "--seeds", "1", "--archs", "pre-ln,resformer",
-            f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
-            "--out", str(out)]
+            f"data.source={corpus}", "data.tokenizer=byte", "data.val_fraction=0.25",
+            f"data.cache_dir={tmp_path / 'cache'}", "--out", str(out)]
     assert cli(args) == 0
     runs = list((out / "ladder-toy").glob("*/runs/*/config.yaml"))
     assert len(runs) == 6

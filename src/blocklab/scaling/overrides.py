@@ -22,7 +22,7 @@ from blocklab.scaling.ladders import Ladder
 from blocklab.training.config import BUDGET_FIELDS, NOT_RESULTS, apply_overrides, flat, read_yaml
 from blocklab.util.errors import ConfigError
 
-LADDER_FILE = "write a ladder file that sets it and pass --ladder FILE.yaml (docs/scaling.md)"
+LADDER_FILE = "write a ladder file that sets it (docs/scaling.md) and pass --ladder FILE.yaml"
 # fields of a run that a flag of `blocklab scaling` sets, and the flag
 BY_FLAG = {"arch": "--archs", "seed": "--seeds", "out_dir": "--out"}
 # fields a ladder refuses outright: every rung starts from scratch
@@ -66,7 +66,8 @@ def check_user_fields(ladder: Ladder, name: str, fields: dict[str, Any]) -> None
                               f"change the rungs, {LADDER_FILE}")
         if key == "optim.lr":
             raise ConfigError(f"{given} is not allowed: ladder {name}'s learning-rate rule sets it "
-                              f"({ladder.lr_rule}); for another rate, {LADDER_FILE} with lr: <rate>")
+                              f"({ladder.lr_rule}); for another rate, write a ladder file with `lr: <rate>` "
+                              "(or `lr: per-rung`; docs/scaling.md) and pass --ladder FILE.yaml")
         if key in own or key in BUDGET_FIELDS:
             if own.get(key) == value:
                 continue

@@ -225,8 +225,8 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
         (level, "Method"),
         (
             "p",
-            f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens:,} tokens a run at every "
-            f"rung. Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}",
+            f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens_line()}. "
+            f"Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}",
         ),
         ("table", ["rung", "shape", *[f"{a} (all)" for a in result.data.archs]], rows),
         (
