@@ -182,7 +182,7 @@ def test_list_names_the_shipped_ladder_files_and_how_to_write_ones_own(capsys):
 def test_a_config_and_overrides_reach_every_run_and_the_ladders_fields_stay_its_own(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("data: {source: corpus/, tokenizer: byte}\nprecision: float32\n")
-    from blocklab.scaling.overrides import user_fields
+    from blocklab.scaling.cli import user_fields
 
     fields = user_fields([str(config), "data.tokenizer=bpe", "optim.weight_decay=0.0", "progress=true"])
     ladder = with_user_fields(LADDERS["toy"], "toy", fields)

@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from blocklab.cli.args import positive_int
+from blocklab.cli.args import config_and_overrides, positive_int
 from blocklab.launch import cli as launch_cli
 from blocklab.util.errors import ConfigError
 
@@ -19,6 +19,15 @@ THREADS_HELP = (
 def _names(text: str | None) -> list[str] | None:
     """--archs as a list (None: not given); given but naming nothing (``,``, ``""``, ``" "``): []."""
     return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
+
+
+def user_fields(positionals: list[str] | None) -> dict:
+    """The TrainConfig fields of `[CONFIG.yaml] [key=value ...]` (as `blocklab train` reads them): the
+    file's, then the overrides."""
+    from blocklab.training.config import apply_overrides, read_yaml
+
+    config, overrides = config_and_overrides(positionals or [])
+    return apply_overrides(read_yaml(config) if config is not None else {}, overrides)
 
 
 def cmd_scaling(args: argparse.Namespace) -> None:
@@ -55,7 +64,7 @@ def _chosen(args: argparse.Namespace):
     """The ladder (a shipped one or a file, with the user's config and overrides), its store's folder name
     and the architectures, checked."""
     from blocklab.scaling.ladders import check_archs, get_ladder, store_name
-    from blocklab.scaling.overrides import user_fields, with_user_fields
+    from blocklab.scaling.overrides import with_user_fields
 
     name = store_name(args.ladder)
     fields = user_fields(args.overrides)

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
+from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, Rung, check_archs
 from blocklab.util.configbase import is_count
 from blocklab.util.errors import ConfigError
-
-if TYPE_CHECKING:
-    from blocklab.scaling.ladders import Ladder, Rung
 
 KEYS = ("description", "size", "rungs", "steps", "tokens_per_parameter", "batch_size", "seq_len",
         "eval_every", "lr", "lr_rule", "seeds", "archs", "train", "trains_on", "notes")
@@ -78,8 +76,6 @@ class _UniqueKeys(yaml.SafeLoader):
 
 def ladder_from_dict(data: Any, where: str = "ladder") -> Ladder:
     """A `Ladder` from the plain data of a ladder file (see the module docstring), every key checked."""
-    from blocklab.scaling.ladders import Ladder
-
     if not isinstance(data, dict):
         raise ConfigError(f"{where} must hold a mapping of {', '.join(KEYS)}")
     _known(data, KEYS, where)
@@ -173,8 +169,6 @@ def _budget(data: dict, where: str) -> tuple[int | None, float | None]:
 
 
 def _archs(value: Any, where: str) -> tuple[str, ...]:
-    from blocklab.scaling.ladders import DEFAULT_ARCHS, check_archs
-
     if value is None:
         return DEFAULT_ARCHS
     if not isinstance(value, list) or not all(isinstance(a, str) for a in value) or len(value) < 2:
@@ -201,8 +195,6 @@ def _rungs(value: Any, where: str, per_rung_lr: bool) -> tuple[Rung, ...]:
 
 
 def _rung(item: Any, where: str, per_rung_lr: bool) -> Rung:
-    from blocklab.scaling.ladders import Rung
-
     if isinstance(item, str):
         item = {"size": item}
     if not isinstance(item, dict):

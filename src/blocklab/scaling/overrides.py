@@ -1,6 +1,5 @@
 """The user's training config and ``key=value`` overrides over a ladder (`blocklab scaling [CONFIG.yaml]
-[key=value ...]`), as `blocklab train` reads them (`cli.args.config_and_overrides`,
-`training.config.apply_overrides`).
+[key=value ...]`, read as `blocklab train` reads them: `scaling.cli.user_fields`).
 
 They apply to every run of the ladder (e.g. ``data.source=corpus/``: the ladder on the user's folder).
 What the ladder itself sets stays the ladder's: the shape of each rung, its size preset, the tokens a run
@@ -19,7 +18,7 @@ from typing import Any
 
 from blocklab.compare import merge
 from blocklab.scaling.ladders import Ladder
-from blocklab.training.config import BUDGET_FIELDS, NOT_RESULTS, apply_overrides, flat, read_yaml
+from blocklab.training.config import BUDGET_FIELDS, NOT_RESULTS, flat
 from blocklab.util.errors import ConfigError
 
 LADDER_FILE = "write a ladder file that sets it (docs/scaling.md) and pass --ladder FILE.yaml"
@@ -27,14 +26,6 @@ LADDER_FILE = "write a ladder file that sets it (docs/scaling.md) and pass --lad
 BY_FLAG = {"arch": "--archs", "seed": "--seeds", "out_dir": "--out"}
 # fields a ladder refuses outright: every rung starts from scratch
 FROM_SCRATCH = ("init_from", "retrofit")
-
-
-def user_fields(positionals: list[str] | None) -> dict[str, Any]:
-    """The TrainConfig fields of `[CONFIG.yaml] [key=value ...]`: the file's, then the overrides."""
-    from blocklab.cli.args import config_and_overrides
-
-    config, overrides = config_and_overrides(positionals or [])
-    return apply_overrides(read_yaml(config) if config is not None else {}, overrides)
 
 
 def with_user_fields(ladder: Ladder, name: str, fields: dict[str, Any]) -> Ladder:
