@@ -364,3 +364,16 @@ def test_the_toy_ladder_trains_on_a_users_folder_and_the_report_repeats_the_over
     assert f"data.source={corpus}" in report
     capsys.readouterr()
     assert cli([*args, "--no-train"]) == 0
+
+
+def test_training_refuses_a_differing_run_before_anything_trains_and_names_fresh(tmp_path, capsys,
+                                                                                 no_training):
+    archs = ["pre-ln", "resformer"]
+    out = tmp_path / "s"
+    runs = fake_store(out / "ladder-toy", LADDERS["toy"], archs)
+    other = Path(runs[3][2].out_dir)
+    (other / "config.yaml").write_text(runs[3][2].replace(eval_batches=4).to_yaml())
+    assert cli(["scaling", "--ladder", "toy", "--archs", ",".join(archs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other} holds a finished run with a different config (eval_batches: 4 -> 16)" in err
+    assert "use another --out, or --fresh to retrain it" in err
