@@ -171,6 +171,14 @@ def test_a_key_given_twice_in_a_ladder_file_is_refused_with_both_lines(tmp_path)
         read_ladder_file(path)
 
 
+def test_a_ladder_file_given_as_the_training_config_is_named(tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    assert cli(["scaling", str(path), "--out", str(tmp_path / "s"), "--no-train"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path} is a ladder file, not a training config: pass it as --ladder {path}" in err
+
+
 def test_list_names_the_shipped_ladder_files_and_how_to_write_ones_own(capsys):
     assert cli(["scaling", "--list"]) == 0
     out = capsys.readouterr().out

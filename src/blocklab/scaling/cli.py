@@ -27,7 +27,10 @@ def user_fields(positionals: list[str] | None) -> dict:
     from blocklab.training.config import apply_overrides, read_yaml
 
     config, overrides = config_and_overrides(positionals or [])
-    return apply_overrides(read_yaml(config) if config is not None else {}, overrides)
+    fields = read_yaml(config) if config is not None else {}
+    if "rungs" in fields:
+        raise ConfigError(f"{config} is a ladder file, not a training config: pass it as --ladder {config}")
+    return apply_overrides(fields, overrides)
 
 
 def cmd_scaling(args: argparse.Namespace) -> None:
