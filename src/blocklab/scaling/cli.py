@@ -8,6 +8,7 @@ from pathlib import Path
 
 from blocklab.cli.args import positive_int
 from blocklab.launch import cli as launch_cli
+from blocklab.rounds import add_until_decided_arguments, budget_from_args
 from blocklab.util.errors import ConfigError
 
 THREADS_HELP = (
@@ -48,6 +49,11 @@ def cmd_scaling(args: argparse.Namespace) -> None:
         raise ConfigError(f"--seeds {args.seeds} is not allowed: give 1 or more")
     name = f"ladder-{args.ladder}"
     root = Path(args.out) / name
+    budget = budget_from_args(args)
+    if budget is not None:
+        return _until_decided(args, ladder, archs, name, budget)
+    if args.claims:
+        raise ConfigError("--claims names the claims --until-decided waits for: add --until-decided")
     if args.minutes is not None:
         if args.no_train:
             raise ConfigError("--minutes trains a piece of the ladder: leave out --no-train")
@@ -89,6 +95,34 @@ def cmd_scaling(args: argparse.Namespace) -> None:
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
     for h in result.headlines:
         print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
+
+
+def _until_decided(args: argparse.Namespace, ladder, archs: list[str], name: str, budget) -> None:
+    """`--until-decided`: seeds added a round at a time until the headline claims are decided."""
+    from blocklab.rounds.commands import note_in_report, scaling_rounds
+    from blocklab.scaling.report import write_scaling_report
+    from blocklab.statistics import sequential
+    from blocklab.statistics.claims import HEADLINES
+
+    if args.no_train or args.minutes is not None:
+        raise ConfigError("--until-decided trains seeds in rounds: leave out --no-train and --minutes")
+    judged = [h.id for h in HEADLINES if h.baseline == archs[0] and h.arch in archs[1:]]
+    unknown = [c for c in _names(args.claims) or [] if c not in judged]
+    if unknown:
+        raise ConfigError(f"--claims {','.join(unknown)}: not a headline claim this ladder judges; choose "
+                          f"from {', '.join(judged) or 'none (see --list)'}")
+    launcher = launch_cli.launcher_from_args(args, args.out)
+    result, outcome = scaling_rounds(archs, ladder, name, args.out, budget, args.seeds, launcher,
+                                     _names(args.claims))
+    command = shlex.join(["blocklab", *getattr(args, "argv", ["scaling"])])  # rerun: every run reused
+    with sequential.in_use():
+        path = write_scaling_report(result, Path(args.report) if args.report else Path(args.out) / name,
+                                    command)
+    note_in_report(path, outcome)
+    print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
+    for h in result.headlines:
+        print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
+    print("\n".join(outcome.lines()))
 
 
 def add_parsers(sub) -> None:
@@ -135,6 +169,9 @@ def add_parsers(sub) -> None:
         "each run (to bring a piece's runs back from a GPU machine)",
     )
     p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
+    p.add_argument("--claims", help="with --until-decided: the headline claims (comma-separated ids, see "
+                   "--list) whose verdicts the rounds wait for (default: every one the ladder judges)")
+    add_until_decided_arguments(p)
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_scaling)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import math
 import statistics
 from collections.abc import Iterator, Sequence
@@ -72,6 +73,7 @@ def log_bayes_factor(values: Sequence[float], mean: float = 0.0, prior_scale: fl
     return -0.5 * math.log1p(n * prior_scale**2) - 0.5 * n * math.log1p(-u * shrink)
 
 
+@functools.lru_cache(maxsize=4096)
 def quantile(n: int, confidence: float = evidence.CONFIDENCE, prior_scale: float = PRIOR_SCALE) -> float:
     """q_n: the half-width of CS_n in units of s / sqrt(n) (infinite where no mean is rejected yet)."""
     if n < 2:
