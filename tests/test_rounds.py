@@ -255,3 +255,65 @@ def test_a_real_toy_ladder_until_decided(tmp_path, monkeypatch, capsys):
     assert record["headline"] in md and "confidence sequence" in md and "until decided: " in printed
     assert cli(args) == 0  # again: every run reused, the same looks and report
     assert (root / "scaling.md").read_text() == md
+
+
+# -- reproduce's and compare's rounds with fake runs ------------------------------------------------------
+def test_reproduce_rounds_give_each_round_one_more_seed_and_switch_off_its_own_adding(tmp_path, monkeypatch):
+    import blocklab.reproduce as reproduce_module
+    from blocklab.reproduce.judge import CheckResult, ClaimResult
+    from blocklab.reproduce.metrics import METRICS
+    from blocklab.rounds.commands import reproduce_rounds
+    from blocklab.statistics.claims import CLAIMS
+
+    claim = next(c for c in CLAIMS if len(c.checks) == 1 and c.checks[0].metric == "val_loss"
+                 and c.checks[0].relation == "lower" and not c.checks[0].minus)
+    check = claim.checks[0]
+    diffs = np.random.default_rng(0).normal(-0.03, 0.02, 30)
+    asked = []
+
+    def fake_reproduce(claims, scale, out, train=True, log=print, launcher=None, name=None, tracking=None):
+        asked.append((scale.seeds, scale.max_seeds, name))
+        for seed in range(scale.seeds):  # the finished runs a real call leaves
+            run = Path(out) / name / "g" / "runs" / f"a-seed{seed}"
+            run.mkdir(parents=True, exist_ok=True)
+            (run / "summary.json").write_text("{}")
+        iv = evidence.t_interval(diffs[: scale.seeds])
+        verdict = evidence.verdict(iv, check.relation, check.tolerance,
+                                   equivalence=METRICS[check.metric].equivalence)
+        return type("Rep", (), {"results": [ClaimResult(claim, [CheckResult(check, verdict, iv)])]})()
+
+    monkeypatch.setattr(reproduce_module, "reproduce", fake_reproduce)
+    rep, outcome = reproduce_rounds([claim], "cpu", tmp_path, Budget(max_seeds=30), log=lambda *_: None)
+    first = reproduce_module.SCALES["cpu"].seeds
+    assert [a[0] for a in asked] == list(range(first, outcome.seeds + 1))
+    assert {a[1] for a in asked} == {None} and {a[2] for a in asked} == {"cpu"}
+    assert outcome.stopped == "decided" and rep.results[0].verdict == "reproduced"
+    assert rep.results[0].checks[0].interval.method == "sequential"
+    assert [look.trained for look in outcome.looks] == [first] + [1] * (len(asked) - 1)
+
+
+def test_compare_rounds_read_the_verdict_of_each_round(tmp_path, monkeypatch):
+    import blocklab.compare as compare_module
+    from blocklab.rounds.commands import compare_rounds
+
+    diffs = np.random.default_rng(1).normal(-0.04, 0.02, 30)
+    asked = []
+
+    def fake_compare(entries, out, seeds=1, log=print, **kwargs):
+        asked.append(seeds)
+        iv = evidence.t_interval(diffs[:seeds])
+        rows = [{"label": "pre-ln", "diff": None},
+                {"label": "sas", "diff": {"mean": iv.mean, "low": iv.low, "high": iv.high, "n": iv.n}}]
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "results.json").write_text(json.dumps({"verdict": {"rows": rows}}))
+        (Path(out) / "report.md").write_text("# report\n")
+        return Path(out) / "report.md"
+
+    monkeypatch.setattr(compare_module, "compare", fake_compare)
+    report, outcome = compare_rounds(["pre-ln", "sas"], tmp_path, Budget(max_seeds=30), 2,
+                                     log=lambda *_: None)
+    assert asked == list(range(3, outcome.seeds + 1)) and outcome.stopped == "decided"
+    d = json.loads((tmp_path / "results.json").read_text())["verdict"]["rows"][1]["diff"]
+    assert d["high"] < 0  # decided: lower than the baseline, read on the sequence
+    assert d["high"] - d["low"] > 2 * evidence.t_quantile(0.975, d["n"] - 1) * np.std(
+        diffs[: d["n"]], ddof=1) / math.sqrt(d["n"])

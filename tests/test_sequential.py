@@ -156,3 +156,13 @@ def test_with_heavier_tails_the_sequence_still_covers():
     for truth in (0.0, 0.02):
         covered, _ = stopped_coverage(draw(truth, 0.02, 20, rng, "t3"), truth, quantiles(20, "sequential"))
         assert covered >= 0.945, (truth, covered)
+
+
+def test_the_seeds_a_verdict_says_would_tell_follow_the_interval_in_use():
+    from blocklab.statistics.verdict import seeds_needed
+
+    t_seeds = seeds_needed(0.02, 0.02)
+    with sequential.in_use():
+        s_seeds = seeds_needed(0.02, 0.02)
+    assert s_seeds == sequential.seeds_to_decide(0.02, 0.02) and t_seeds is not None
+    assert s_seeds is not None and s_seeds > t_seeds
