@@ -91,7 +91,8 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
         seconds = Estimator(root, device).seconds
         return sum(seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1)
 
-    outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log)
+    whole = len(read_ladder(root, ladder, archs, name).seeds())  # a store may hold more already
+    outcome = until_decided(max(seeds or ladder.seeds, whole), train, judge, budget, estimate, log=log)
     return state["result"], outcome
 
 
@@ -107,7 +108,8 @@ def reproduce_rounds(claims, scale: str, out: str | Path, budget: Budget, launch
                      tracking: dict[str, Any] | None = None, log=print):
     """Seeds of the selected claims' runs at `scale` added until no measured check is undecided;
     returns the last Reproduction and the Outcome."""
-    from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduce import SCALES, needed_archs, reproduce
+    from blocklab.reproduce.orchestrate import scale_claims, starting_seeds
     from blocklab.util.errors import ConfigError
 
     if scale not in SCALES:
@@ -126,7 +128,9 @@ def reproduce_rounds(claims, scale: str, out: str | Path, budget: Budget, launch
         return [_check_pending(result.claim.id, r) for result in state["rep"].results for r in result.checks
                 if r.undecided]
 
-    outcome = until_decided(SCALES[scale].seeds, train, judge, budget, log=log)
+    # a store may hold (or an earlier call have planned) more seeds already: the first look reads them
+    planned = starting_seeds(needed_archs(scale_claims(claims, base)), base, root)
+    outcome = until_decided(max([base.seeds, *planned.values()]), train, judge, budget, log=log)
     return state["rep"], outcome
 
 
