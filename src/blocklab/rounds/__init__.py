@@ -83,7 +83,8 @@ class Pending:
 
     def text(self, now: int) -> str:
         if self.seeds is not None:
-            return f"{self.name}: about {max(self.seeds - now, 1)} more seeds would tell"
+            more = max(self.seeds - now, 1)
+            return f"{self.name}: about {more} more seed{'s' if more != 1 else ''} would tell"
         return f"{self.name}: {self.why or f'more than {sequential.MOST_SEEDS} seeds at this spread'}"
 
 
@@ -165,7 +166,7 @@ def until_decided(start: int, train: Callable[[int], int], judge: Callable[[], l
     it trained; `judge()` returns the claims still undecided. Both run inside `sequential.in_use()`, so
     every verdict and report of a round reads the confidence sequence. The next round's time is the last
     round's time per seed added when that round trained something, else `estimate(n)` (the seconds the
-    runs of seed n - 1 take), else unknown (then only --max-seeds can stop the rounds)."""
+    runs of seed n - 1 take), else unknown: the round starts, and its time is measured."""
     began = clock()
     outcome = Outcome(budget)
     n = max(start, evidence.MIN_SEEDS)
