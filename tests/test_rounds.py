@@ -132,7 +132,8 @@ def test_pending_reads_the_seeds_the_sequence_would_need():
     iv = sequential.interval([0.031, 0.012, 0.027, 0.019])
     p = pending("x", iv)
     assert p.seeds == sequential.seeds_to_decide(iv.mean, float(np.std(iv.values, ddof=1)), None, 5)
-    assert p.text(4) == f"x: about {p.seeds - 4} more seeds would tell"
+    assert p.seeds == 5 and p.text(4) == "x: about 1 more seed would tell"
+    assert Pending("y", 9).text(4) == "y: about 5 more seeds would tell"
 
 
 def test_a_compare_row_is_decided_by_its_sequence():
