@@ -203,6 +203,14 @@ def test_scaling_rounds_add_whole_ladder_seeds_until_the_headlines_decide(tmp_pa
         assert outcome.seeds == 12 and "inconclusive" in verdicts.values()
     iv = next(h.interval for h in result.headlines if h.interval is not None)
     assert iv.method == "sequential"
+    # again on the same store: every run reused, the same looks, each reading seeds 0..n-1 only
+    again, replayed = scaling_rounds(["pre-ln", "resformer"], ladder, "ladder-x", tmp_path,
+                                     Budget(max_seeds=12), log=lambda *_: None)
+    assert [look.seeds for look in replayed.looks] == seeds and replayed.headline() == outcome.headline()
+    assert [look.trained for look in replayed.looks] == [0] * len(seeds)
+    first, _ = scaling_rounds(["pre-ln", "resformer"], ladder, "ladder-x", tmp_path, Budget(max_seeds=3),
+                              log=lambda *_: None)
+    assert first.seeds == [0, 1, 2]
 
 
 def test_scaling_rounds_wait_only_for_the_claims_named(tmp_path, monkeypatch):

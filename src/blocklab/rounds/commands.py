@@ -78,10 +78,14 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
     def train(n: int) -> int:
         before = finished_runs(root)
         train_ladder(archs, ladder, name, out, n, launcher, log)
+        state["seeds"] = n
         return finished_runs(root) - before
 
     def judge() -> list[Pending]:
-        result = judge_ladder(read_ladder(root, ladder, archs, name))
+        data = read_ladder(root, ladder, archs, name)
+        # the look at n seeds reads seeds 0..n-1, whatever else the store holds: a rerun replays the looks
+        data.points = {k: {s: p for s, p in v.items() if s < state["seeds"]} for k, v in data.points.items()}
+        result = judge_ladder(data)
         state["result"] = result
         return [_headline_pending(h, result) for h in result.headlines
                 if h.verdict == "inconclusive" and (claims is None or h.claim.id in claims)]
@@ -91,8 +95,7 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
         seconds = Estimator(root, device).seconds
         return sum(seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1)
 
-    whole = len(read_ladder(root, ladder, archs, name).seeds())  # a store may hold more already
-    outcome = until_decided(max(seeds or ladder.seeds, whole), train, judge, budget, estimate, log=log)
+    outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log)
     return state["result"], outcome
 
 
