@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import shlex
 import sys
 import traceback
@@ -17,6 +18,7 @@ from blocklab.cli import trained as trained_cli
 from blocklab.eval import cli as eval_cli
 from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
+from blocklab.rounds import add_until_decided_arguments, budget_from_args
 from blocklab.scaling import cli as scaling_cli
 from blocklab.util.errors import ConfigError, DiskFullError
 
@@ -129,11 +131,17 @@ def cmd_compare(args: argparse.Namespace) -> None:
             raise ConfigError(f"--lr-sweep {args.lr_sweep!r} is not allowed: give comma-separated learning "
                               "rates, e.g. 1e-3,3e-3,1e-2.") from None
     launcher = launch_cli.launcher_from_args(args, args.out)
+    budget = budget_from_args(args)
+    run = compare
+    if budget is not None:  # seeds added in rounds until the verdict is decided
+        from blocklab.rounds.commands import compare_command
+
+        run = functools.partial(compare_command, budget=budget)
     try:
-        report = compare(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
-                         sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
-                         timing_rounds=args.timing_rounds, launcher=launcher, add=args.add,
-                         overwrite=args.overwrite)
+        report = run(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
+                     sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
+                     timing_rounds=args.timing_rounds, launcher=launcher, add=args.add,
+                     overwrite=args.overwrite)
     except RunsFailed as err:  # the report of the runs that finished, then the failures (exit status 1)
         if err.report is not None:
             _print_report(err.report, summary_table)
@@ -168,6 +176,11 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
     tracked = tracking.fields(args)
+    budget = budget_from_args(args)
+    if budget is not None:  # seeds added in rounds until the claims are decided
+        from blocklab.rounds.commands import reproduce_command
+
+        return reproduce_command(args, claims, scales, launcher, tracked, budget)
     reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
                       partial=args.partial, tracking=tracked) for scale in scales]
     if len(reps) == 1:
@@ -276,6 +289,7 @@ def _add_compare(sub) -> None:
                    help="no progress bars or data-preparation messages (each run's result line and the table "
                    "still print)")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
+    add_until_decided_arguments(p)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_compare, option_fields={"threads": "threads"})
 
@@ -306,6 +320,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the selected claims and the scales")
     p.add_argument("--threads", type=cli_args.positive_int, help=THREADS_HELP + RUN_THREADS)
     cli_args.add_tracking_arguments(p)
+    add_until_decided_arguments(p)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
 

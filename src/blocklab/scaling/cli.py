@@ -8,6 +8,7 @@ from pathlib import Path
 
 from blocklab.cli.args import config_and_overrides, positive_int
 from blocklab.launch import cli as launch_cli
+from blocklab.rounds import add_until_decided_arguments, budget_from_args
 from blocklab.util.errors import ConfigError
 
 THREADS_HELP = (
@@ -45,6 +46,12 @@ def cmd_scaling(args: argparse.Namespace) -> None:
     _check_flags(args)
     check_outputs(args, root)
     check_store(archs, ladder, root, args.seeds, args.fresh, args.no_train)
+    budget = budget_from_args(args)
+    if budget is not None:
+        _until_decided(args, ladder, archs, name, budget)
+        return
+    if args.claims:
+        raise ConfigError("--claims names the claims --until-decided waits for: add --until-decided")
     if not _train(args, ladder, name, archs):
         return
     _report(args, ladder, name, archs, root)
@@ -130,6 +137,34 @@ def _report(args: argparse.Namespace, ladder, name: str, archs: list[str], root:
         print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
 
 
+def _until_decided(args: argparse.Namespace, ladder, archs: list[str], name: str, budget) -> None:
+    """`--until-decided`: seeds added a round at a time until the headline claims are decided."""
+    from blocklab.rounds.commands import note_in_report, scaling_rounds
+    from blocklab.scaling.report import write_scaling_report
+    from blocklab.statistics import sequential
+    from blocklab.statistics.claims import HEADLINES
+
+    if args.no_train or args.minutes is not None:
+        raise ConfigError("--until-decided trains seeds in rounds: leave out --no-train and --minutes")
+    judged = [h.id for h in HEADLINES if h.baseline == archs[0] and h.arch in archs[1:]]
+    unknown = [c for c in _names(args.claims) or [] if c not in judged]
+    if unknown:
+        raise ConfigError(f"--claims {','.join(unknown)}: not a headline claim this ladder judges; choose "
+                          f"from {', '.join(judged) or 'none (see --list)'}")
+    launcher = launch_cli.launcher_from_args(args, args.out)
+    result, outcome = scaling_rounds(archs, ladder, name, args.out, budget, args.seeds, launcher,
+                                     _names(args.claims))
+    command = shlex.join(["blocklab", *getattr(args, "argv", ["scaling"])])  # rerun: every run reused
+    with sequential.in_use():
+        path = write_scaling_report(result, Path(args.report) if args.report else Path(args.out) / name,
+                                    command)
+    note_in_report(path, outcome)
+    print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
+    for h in result.headlines:
+        print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
+    print("\n".join(outcome.lines()))
+
+
 def add_parsers(sub) -> None:
     p = sub.add_parser(
         "scaling",
@@ -196,6 +231,9 @@ def add_parsers(sub) -> None:
         "without it)",
     )
     p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
+    p.add_argument("--claims", help="with --until-decided: the headline claims (comma-separated ids, see "
+                   "--list) whose verdicts the rounds wait for (default: every one the ladder judges)")
+    add_until_decided_arguments(p)
     p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
     launch_cli.add_arguments(p)
     p.set_defaults(func=cmd_scaling, option_fields={"threads": "threads"})

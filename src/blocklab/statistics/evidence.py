@@ -99,13 +99,15 @@ def t_quantile(p: float, df: float) -> float:
 
 @dataclass(frozen=True)
 class Interval:
-    """Mean of the per-seed values with its two-sided t-interval (None bounds below 2 values)."""
+    """Mean of the per-seed values with its two-sided interval (None bounds below 2 values): Student's t
+    ("t"), or an anytime-valid confidence sequence ("sequential", `blocklab.statistics.sequential`)."""
 
     values: tuple[float, ...]
     mean: float
     low: float | None
     high: float | None
     confidence: float = CONFIDENCE
+    method: str = "t"
 
     @property
     def n(self) -> int:
@@ -122,7 +124,12 @@ class Interval:
 
 
 def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and the Student t-interval of `values` (assumed independent and normal)."""
+    """Mean and the Student t-interval of `values` (assumed independent and normal); inside
+    `sequential.in_use()` (seeds added until decided) the confidence sequence instead."""
+    from blocklab.statistics import sequential
+
+    if sequential.active():
+        return sequential.interval(values, confidence)
     xs = tuple(float(v) for v in values)
     if not xs:
         raise ValueError("t_interval needs at least one value")

@@ -40,7 +40,12 @@ def reference_spread(size: str, steps: int | None) -> dict[str, Any] | None:
 
 def seeds_needed(difference: float, sd: float) -> int | None:
     """The fewest seeds (3 or more) whose 95% t-interval half-width, at paired spread `sd`, is below
-    |difference|; None beyond MOST_SEEDS (or for a zero difference)."""
+    |difference|; None beyond MOST_SEEDS (or for a zero difference). Inside `sequential.in_use()` (seeds
+    added until decided) the confidence sequence's half-width instead."""
+    from blocklab.statistics import sequential
+
+    if sequential.active():
+        return sequential.seeds_to_decide(difference, sd) if difference else None
     for n in range(evidence.MIN_SEEDS, MOST_SEEDS + 1):
         if evidence.t_quantile(0.5 + evidence.CONFIDENCE / 2, n - 1) * sd / math.sqrt(n) < abs(difference):
             return n

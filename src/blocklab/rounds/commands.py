@@ -1,0 +1,207 @@
+"""A round of each command that judges claims, for `rounds.until_decided`: what one more seed trains,
+and what the judged runs leave undecided.
+
+- scaling: one more seed of every rung of every architecture of the ladder (`scaling.ladders.plan`);
+  undecided: the headline claims still inconclusive;
+- reproduce: one more seed of every run the selected claims read (`reproduce` at a scale whose seeds
+  are n, its own adding of seeds switched off); undecided: the checks `CheckResult.undecided` names;
+- compare: one more seed per architecture; undecided: an architecture whose difference to the
+  baseline is neither lower, higher nor no effect.
+
+Finished runs are reused, so a round trains only its new seed, and a call cut off resumes. After the
+last round the report says how the rounds ended (`note_in_report`), beside until_decided.json.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from blocklab.rounds import Budget, Outcome, Pending, pending, until_decided
+from blocklab.statistics import evidence, sequential
+
+RECORD = "until_decided.json"
+
+
+def finished_runs(root: Path) -> int:
+    """The finished runs under `root` (a run store): the runs a round trained are the difference."""
+    return sum(1 for _ in root.rglob("summary.json")) if root.is_dir() else 0
+
+
+def note_in_report(report: Path, outcome: Outcome) -> None:
+    """The rounds' outcome as the report's first paragraph, under its title, in report.md and the .html
+    beside it, and as until_decided.json in its folder."""
+    text = outcome.text()
+    lines = report.read_text().split("\n")
+    at = next((k for k, line in enumerate(lines) if line.startswith("# ")), -1) + 1
+    report.write_text("\n".join([*lines[:at], "", f"**{text}**", *lines[at:]]))
+    page = report.with_suffix(".html")
+    if page.is_file():
+        body = page.read_text()
+        end = body.find("</h1>")
+        if end >= 0:
+            end += len("</h1>")
+            page.write_text(body[:end] + f"<p><strong>{html.escape(text)}</strong></p>" + body[end:])
+    (report.parent / RECORD).write_text(json.dumps(outcome.record(), indent=2) + "\n")
+
+
+# -- scaling ---------------------------------------------------------------------------------------------
+def _headline_pending(h, result) -> Pending:
+    from blocklab.scaling.judge import NO_EFFECT_LOG
+
+    if h.interval is not None:
+        return pending(h.claim.id, h.interval, NO_EFFECT_LOG)
+    if h.claim.measure == "gain across sizes":  # each end of the ladder decides on its own
+        gains = result.gains[h.claim.arch]
+        ends = [pending(h.claim.id, gains[r], evidence.NO_EFFECT_NATS) for r in (result.data.rungs[0],
+                                                                                result.data.rungs[-1])]
+        counts = [p.seeds for p in ends]
+        return Pending(h.claim.id, None if None in counts else max(c for c in counts if c is not None))
+    return Pending(h.claim.id, None, f"not a matter of seeds alone: {h.more or h.text}")
+
+
+def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget: Budget,
+                   seeds: int | None = None, launcher=None, claims: list[str] | None = None, log=print):
+    """Seeds of `ladder` added until its headline claims (those named in `claims`; default all) are
+    decided; returns the last judged ScalingResult and the Outcome."""
+    from blocklab.reproduce.estimate import Estimator
+    from blocklab.scaling.judge import judge_ladder, read_ladder
+    from blocklab.scaling.ladders import plan
+    from blocklab.scaling.orchestrate import train_ladder
+
+    root = Path(out) / name
+    state: dict[str, Any] = {}
+
+    def train(n: int) -> int:
+        before = finished_runs(root)
+        train_ladder(archs, ladder, name, out, n, launcher, log)
+        state["seeds"] = n
+        return finished_runs(root) - before
+
+    def judge() -> list[Pending]:
+        data = read_ladder(root, ladder, archs, name)
+        # the look at n seeds reads seeds 0..n-1, whatever else the store holds: a rerun replays the looks
+        data.points = {k: {s: p for s, p in v.items() if s < state["seeds"]} for k, v in data.points.items()}
+        result = judge_ladder(data)
+        state["result"] = result
+        return [_headline_pending(h, result) for h in result.headlines
+                if h.verdict == "inconclusive" and (claims is None or h.claim.id in claims)]
+
+    def estimate(n: int) -> float:
+        device = "cpu" if ladder.trains_on == "cpu" else "gpu"
+        seconds = Estimator(root, device).seconds
+        return sum(seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1)
+
+    outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log)
+    return state["result"], outcome
+
+
+# -- reproduce -------------------------------------------------------------------------------------------
+def _check_pending(claim_id: str, r) -> Pending:
+    from blocklab.reproduce.metrics import METRICS
+
+    metric = METRICS[r.check.metric]
+    return pending(f"{claim_id} ({r.check.arch} - {r.check.baseline})", r.interval, metric.equivalence)
+
+
+def reproduce_rounds(claims, scale: str, out: str | Path, budget: Budget, launcher=None,
+                     tracking: dict[str, Any] | None = None, log=print):
+    """Seeds of the selected claims' runs at `scale` added until no measured check is undecided;
+    returns the last Reproduction and the Outcome."""
+    from blocklab.reproduce import SCALES, needed_archs, reproduce
+    from blocklab.reproduce.orchestrate import scale_claims, starting_seeds
+    from blocklab.util.errors import ConfigError
+
+    if scale not in SCALES:
+        raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
+    base = replace(SCALES[scale], max_seeds=None)  # the rounds add the seeds, one at a time
+    root = Path(out) / scale
+    state: dict[str, Any] = {}
+
+    def train(n: int) -> int:
+        before = finished_runs(root)
+        state["rep"] = reproduce(claims, replace(base, seeds=n), out, train=True, log=log, launcher=launcher,
+                                 name=scale, tracking=tracking)
+        return finished_runs(root) - before
+
+    def judge() -> list[Pending]:
+        return [_check_pending(result.claim.id, r) for result in state["rep"].results for r in result.checks
+                if r.undecided]
+
+    # a store may hold (or an earlier call have planned) more seeds already: the first look reads them
+    planned = starting_seeds(needed_archs(scale_claims(claims, base)), base, root)
+    outcome = until_decided(max([base.seeds, *planned.values()]), train, judge, budget, log=log)
+    return state["rep"], outcome
+
+
+# -- compare ---------------------------------------------------------------------------------------------
+def _row_pending(row: dict[str, Any]) -> Pending | None:
+    """None when the architecture's difference to the baseline is decided: its interval (results.json's
+    verdict row) excludes zero or lies within +-NO_EFFECT_NATS, with MIN_SEEDS seeds or more."""
+    d = row.get("diff")
+    if d is None:
+        return None  # the baseline
+    if d["low"] is None or d["n"] < evidence.MIN_SEEDS:
+        return Pending(row["label"], None, f"{d['n']} seeds: {evidence.MIN_SEEDS} or more decide")
+    half = (d["high"] - d["low"]) / 2
+    if sequential.decides(half, d["mean"], evidence.NO_EFFECT_NATS):
+        return None
+    sd = half * d["n"] ** 0.5 / sequential.quantile(d["n"])
+    more = sequential.seeds_to_decide(d["mean"], sd, evidence.NO_EFFECT_NATS, d["n"] + 1)
+    return Pending(row["label"], more)
+
+
+def compare_rounds(entries, out: str | Path, budget: Budget, seeds: int, log=print, **kwargs):
+    """Seeds of every architecture added until each one's difference to the baseline is decided;
+    returns the report's path and the Outcome. `kwargs` go to `compare` unchanged."""
+    from blocklab.compare import compare
+
+    out = Path(out)
+    state: dict[str, Any] = {}
+
+    def train(n: int) -> int:
+        before = finished_runs(out / "runs")
+        state["report"] = compare(entries, out, seeds=n, log=log, **kwargs)
+        return finished_runs(out / "runs") - before
+
+    def judge() -> list[Pending]:
+        rows = json.loads((out / "results.json").read_text())["verdict"]["rows"]
+        return [p for p in map(_row_pending, rows) if p is not None]
+
+    outcome = until_decided(seeds, train, judge, budget, log=log)
+    return state["report"], outcome
+
+
+
+# -- the commands' calls ---------------------------------------------------------------------------------
+def reproduce_command(args, claims, scales: list[str], launcher, tracked, budget: Budget) -> None:
+    """`blocklab reproduce --until-decided`: one scale, its claims' seeds added in rounds, the report."""
+    from blocklab.reproduce.page import scope, write_reproduction
+    from blocklab.util.errors import ConfigError
+
+    if len(scales) != 1 or args.no_train or args.partial:
+        raise ConfigError("--until-decided trains one scale's seeds in rounds: give one --scale, without "
+                          "--no-train or --partial")
+    rep, outcome = reproduce_rounds(claims, scales[0], args.out, budget, launcher, tracked)
+    with sequential.in_use():
+        path = write_reproduction(rep, args.report or args.out)
+    note_in_report(path, outcome)
+    print(f"report: {path} (and {path.with_suffix('.html')})")
+    for r in rep.results:
+        print(f"  {rep.scale_name:<10} {r.verdict:<13} {r.claim.id:<30} ({scope(rep, r)})")
+    print("\n".join(outcome.lines()))
+
+
+def compare_command(entries, out: str, budget: Budget, seeds: int, fresh: bool, **kwargs) -> Path:
+    """`blocklab compare --until-decided`: seeds added in rounds, the report of the last round."""
+    from blocklab.util.errors import ConfigError
+
+    if fresh:
+        raise ConfigError("--until-decided reuses each round's runs in the next: leave out --fresh")
+    report, outcome = compare_rounds(entries, out, budget, seeds, **kwargs)
+    note_in_report(report, outcome)
+    print("\n".join(outcome.lines()))
+    return report
