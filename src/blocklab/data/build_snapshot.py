@@ -13,7 +13,7 @@ What goes in: every ``.py`` file under ``sysconfig.get_paths()["stdlib"]`` excep
 (directories ``test``, ``tests``, ``idle_test``), the ``encodings`` package (mostly generated
 charmap tables) and ``site-packages``. Records are ``{"path", "text"}`` JSON lines sorted by path,
 xz-compressed; a sidecar JSON records the Python version and the sha256 of the decompressed bytes,
-which the loader checks.
+which the loader checks. The second embedded corpus, English text, is built by `build_shakespeare.py`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import shutil
 import sysconfig
 from pathlib import Path
 
+XZ_PRESET = 9 | lzma.PRESET_EXTREME  # every embedded corpus is packed alike
 EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "encodings", "site-packages", "__pycache__"})
 CORPORA = Path(__file__).with_name("corpora")
 
@@ -52,7 +53,7 @@ def build(out_dir: Path = CORPORA, root: Path | None = None) -> dict:
     raw = "".join(lines).encode("utf-8")
     name = f"python-stdlib-{version}.jsonl.xz"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / name).write_bytes(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME))
+    (out_dir / name).write_bytes(lzma.compress(raw, preset=XZ_PRESET))
     info = {
         "name": "python-stdlib",
         "file": name,

@@ -14,7 +14,9 @@ from typing import Any
 
 from blocklab.util.configbase import ConfigBase, config_dataclass
 
-EMBEDDED = "python-stdlib"
+EMBEDDED = "python-stdlib"  # the default corpus: Python code
+PROSE = "shakespeare"  # the second embedded corpus: English plays and poems (data/build_shakespeare.py)
+EMBEDDED_CORPORA = (EMBEDDED, PROSE)  # the names data.source resolves to a snapshot shipped in the package
 TOKENIZER_KINDS = ("bpe", "byte")
 OBJECTIVES = ("clm", "mlm")
 N_BYTES = 256
@@ -23,8 +25,8 @@ N_BYTES = 256
 @config_dataclass
 class DataConfig(ConfigBase):
     # -- corpus --------------------------------------------------------------------------------
-    # "python-stdlib" (embedded snapshot), a directory, a glob, a text file, a .jsonl file, or
-    # "hf:NAME" for `datasets.load_dataset(NAME, **hf_kwargs)`.
+    # "python-stdlib" or "shakespeare" (embedded snapshots), a directory, a glob, a text file, a
+    # .jsonl file, or "hf:NAME" for `datasets.load_dataset(NAME, **hf_kwargs)`.
     source: str = EMBEDDED
     text_field: str = "text"  # JSONL / datasets column holding the document text
     hf_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. {"data_files": ..., "split": ...}

