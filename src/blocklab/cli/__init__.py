@@ -175,8 +175,9 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
     tracked = tracking.fields(args)
+    fields = cli_args.config_fields(args.overrides)  # on every run of every claim
     reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
-                      partial=args.partial, tracking=tracked) for scale in scales]
+                      partial=args.partial, tracking=tracked, overrides=fields) for scale in scales]
     if len(reps) == 1:
         path = write_reproduction(reps[0], args.report or args.out)
         tracking.send_figures(tracked, [(reps[0].scale_name, path)], args.out)
@@ -191,6 +192,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
             chosen = (("claims", args.claims), ("paper", args.paper))
             command += "".join(f" --{k} {v}" for k, v in chosen if v)
             command += " --quick" if args.quick else ""
+        command += "".join(f" {shlex.quote(o)}" for o in args.overrides)
         from blocklab.scaling.report import headline_section
 
         path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md",
@@ -304,7 +306,15 @@ def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
                        description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
                        "by seed, and write OUT/reproduction.md and .html: per claim the paper's result next "
-                       "to ours, the per-seed differences with a 95% t-interval, plots and a verdict.")
+                       "to ours, the per-seed differences with a 95% t-interval, plots and a verdict. Every "
+                       "run starts from the scale's settings (see --list), then CONFIG.yaml's fields and the "
+                       "key=value overrides, as in `blocklab train`: e.g. data.source=corpus/ runs the "
+                       "claims on your data. Refused: the architecture, seed, out_dir and budget (the "
+                       "scale's), a field a selected claim varies itself (e.g. model.value_path), and the "
+                       "learning rate at a scale whose sweep chooses it; and a store holding runs of another "
+                       "config.")
+    p.add_argument("overrides", nargs="*", help="an optional YAML config (a file, or a recipe's name), then "
+                   "TrainConfig overrides for every run, e.g. data.source=corpus/ model.n_layers=6")
     p.add_argument("--claims", help="comma-separated claim ids (default: all; see --list)")
     p.add_argument("--paper", help="only the claims of these papers: simplifying, value-residual, "
                    "bank-of-values")

@@ -102,14 +102,19 @@ def config_and_overrides(positionals: list[str]) -> tuple[str | None, list[str]]
     return config, overrides
 
 
-def config_fields(positionals: list[str], default: str | None = None) -> dict[str, Any]:
-    """The TrainConfig fields `positionals` give (`config_and_overrides`): the YAML config's, or
-    `default`'s (a config file; None: no fields) when none is named, with the overrides set on them."""
+# What a command that trains several runs gives each itself: a YAML config's value is replaced (a
+# training config names one architecture and one out_dir), an override of one refused by the command.
+RUN_OWN_FIELDS = ("arch", "seed", "out_dir")
+
+
+def config_fields(positionals: list[str]) -> dict[str, Any]:
+    """The TrainConfig fields `positionals` give (`config_and_overrides`) to every run of a command that
+    trains several: the YAML config's but for RUN_OWN_FIELDS, with the overrides set on them."""
     from blocklab.training.config import apply_overrides, read_yaml
 
     config, overrides = config_and_overrides(positionals)
-    config = config or default
-    return apply_overrides(read_yaml(config) if config else {}, overrides)
+    fields = {k: v for k, v in (read_yaml(config) if config else {}).items() if k not in RUN_OWN_FIELDS}
+    return apply_overrides(fields, overrides)
 
 
 class _MovedToOverride(argparse.Action):
