@@ -98,7 +98,7 @@ def part_memory(out: Path) -> dict[str, Any]:
         shutil.rmtree(folder, ignore_errors=True)
         # two seeds, so that --jobs 2 trains each in a worker process of its own
         subprocess.run(["blocklab", "compare", "--archs", "pre-ln", "--seeds", "2", "--steps", "20",
-                        "--eval-every", "10", "--size", size, "--jobs", "2", "--timing-rounds", "0",
+                        "eval_every=10", f"size={size}", "--jobs", "2", "--timing-rounds", "0",
                         "--quiet", "--out", str(folder)], check=True, stdout=subprocess.DEVNULL)
         summaries = _summaries(folder)
         rows[size] = {"peak_rss_mib": max(s["peak_memory_mib"] for s in summaries),

@@ -108,6 +108,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compare",),
     ("reproduce",),
     ("scaling",),
+    ("rounds",),  # seeds added until decided, over compare, reproduce and scaling
     ("cli", "__main__"),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -107,8 +107,8 @@ def test_a_failing_run_is_reported_and_the_others_finish(corpus, tmp_path, jobs)
 
 def test_the_command_exits_non_zero_and_names_the_failed_runs_logs(corpus, tmp_path, capsys):
     out = tmp_path / "cmp"
-    code = cli.main(["compare", "--archs", "pre-ln,sas", "--seeds", "1", "--steps", "4", "--batch-size", "4",
-                     "--seq-len", "32", "--eval-every", "2", "--quiet", "--jobs", "2", "--timing-rounds", "0",
+    code = cli.main(["compare", "--archs", "pre-ln,sas", "--seeds", "1", "--steps", "4", "batch_size=4",
+                     "seq_len=32", "eval_every=2", "--quiet", "--jobs", "2", "--timing-rounds", "0",
                      "--out", str(out), "optim.lr=1e30", "eval_batches=2", "model.d_model=32",
                      "model.n_layers=2", "model.n_heads=2", f"data.source={corpus}", "data.tokenizer=byte",
                      f"data.cache_dir={tmp_path / 'cache'}"])
@@ -178,7 +178,7 @@ def test_ctrl_c_and_kill_9_leave_no_worker_and_the_rerun_completes_the_report(co
     the same command again resumes the unfinished runs to the curves of an uninterrupted compare."""
     def command(out: Path, jobs: str) -> list[str]:
         return [sys.executable, "-m", "blocklab.cli", "compare", "--archs", "pre-ln,sas", "--seeds", "1",
-                "--steps", "300", "--eval-every", "20", "--batch-size", "4", "--seq-len", "32", "--quiet",
+                "--steps", "300", "eval_every=20", "batch_size=4", "seq_len=32", "--quiet",
                 "--jobs", jobs, "--threads", "1", "--timing-rounds", "0", "--out", str(out), "log_every=5",
                 "eval_batches=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
                 f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}"]

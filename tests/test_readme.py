@@ -87,18 +87,20 @@ def check_command(argv: list[str]) -> None:
         for scale in (args.scale or "").split(","):
             assert not scale or scale in SCALES, f"unknown scale {scale!r} in blocklab {shlex.join(argv)}"
         assert args.paper in (None, *PAPERS), f"unknown paper {args.paper!r} in blocklab {shlex.join(argv)}"
+        check_training_names(args)
 
 
 def check_training_names(args) -> None:
-    """`blocklab train`, `prepare` and `compare` overrides, architectures and grid, as the config resolves
-    them."""
+    """`blocklab train`, `prepare`, `compare` and `reproduce` overrides (after an optional config), compare's
+    architectures and grid, as the config resolves them."""
     from blocklab.training.config import resolve_config
 
-    # compare's budget is a flag; prepare needs none (it puts a placeholder first, as here)
-    overrides, config, budget_elsewhere = list(args.overrides), None, args.command in ("compare", "prepare")
+    # compare's budget is a flag, reproduce's the scale's; prepare needs none (it puts a placeholder first)
+    overrides, config = list(args.overrides), None
+    budget_elsewhere = args.command in ("compare", "prepare", "reproduce")
     if "..." in overrides:  # a template: "..." stands for the rest of a command shown before it
         overrides, budget_elsewhere = [o for o in overrides if o != "..."], True
-    if args.command in ("train", "prepare") and overrides and "=" not in overrides[0]:
+    if overrides and "=" not in overrides[0]:
         config = overrides.pop(0)  # a shipped recipe is resolved; a user's own YAML file is not here
         if config.endswith((".yaml", ".yml")) and not Path(config).is_file():
             config, budget_elsewhere = None, True
@@ -110,7 +112,7 @@ def check_training_names(args) -> None:
 
         assert args.grid in (None, *GRIDS), f"unknown grid {args.grid!r}"
         for arch in args.archs.split(","):
-            resolve_config(None, [*overrides, f"arch={arch}", f"size={args.size or 'tiny'}"])
+            resolve_config(config, [*overrides, f"arch={arch}"])
 
 
 # -- the checkers themselves ------------------------------------------------------------------------

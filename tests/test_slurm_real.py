@@ -44,8 +44,8 @@ def on_cluster(cluster, monkeypatch):
 
 def compare_args(corpus: Path, cache: Path, out: Path) -> list[str]:
     """A two-run compare that trains in seconds: d 32 x 3 layers on bytes, 6 steps, validation every 2."""
-    return ["compare", "--archs", ",".join(ARCHS), "--seeds", "1", "--steps", "6", "--batch-size", "4",
-            "--seq-len", "32", "--eval-every", "2", "--timing-rounds", "0", "--quiet", "--out", str(out),
+    return ["compare", "--archs", ",".join(ARCHS), "--seeds", "1", "--steps", "6", "batch_size=4",
+            "seq_len=32", "eval_every=2", "--timing-rounds", "0", "--quiet", "--out", str(out),
             "model.d_model=32", "model.n_layers=3", "model.n_heads=2", "eval_batches=2", "log_every=1",
             f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}"]
 
@@ -107,7 +107,7 @@ def test_a_cancelled_job_is_reported_at_once_and_a_rerun_resumes_it_to_the_unint
     settings = tmp_path / "slurm.yaml"
     settings.write_text("slurm:\n  poll_s: 1\n  time_min: 10\n")
     out, local_out = tmp_path / "slurm-cmp", tmp_path / "local-cmp"
-    longer = ["--steps", "400", "--eval-every", "50", "log_every=10"]  # a few seconds of training per run
+    longer = ["--steps", "400", "eval_every=50", "log_every=10"]  # a few seconds of training per run
     args = [*compare_args(corpus, tmp_path / "cache", out), *longer, "--launcher", "slurm", "--partition",
             PARTITION, "--cpus-per-run", "1", "--slurm-config", str(settings)]
     command = [sys.executable, "-c", "import sys; from blocklab import cli; sys.exit(cli.main(sys.argv[1:]))",
@@ -177,7 +177,7 @@ def test_a_job_whose_python_is_killed_is_named_killed_with_its_exit_code(on_clus
     settings = tmp_path / "slurm.yaml"
     settings.write_text("slurm:\n  poll_s: 1\n  time_min: 10\n")
     out = tmp_path / "slurm-cmp"
-    args = [*compare_args(corpus, tmp_path / "cache", out), "--steps", "400", "--eval-every", "50",
+    args = [*compare_args(corpus, tmp_path / "cache", out), "--steps", "400", "eval_every=50",
             "log_every=10", "--launcher", "slurm", "--partition", PARTITION, "--cpus-per-run", "1",
             "--slurm-config", str(settings)]
     command = [sys.executable, "-c", "import sys; from blocklab import cli; sys.exit(cli.main(sys.argv[1:]))",

@@ -117,12 +117,19 @@ def cmd_compare(args: argparse.Namespace) -> None:
             text = f"[equal {grid.budget}] {grid.description}: {rows}"
             print(cli_args.wrapped(name, text, width=20, indent=0))
         return
-    base = {"batch_size": args.batch_size, "seq_len": args.seq_len,
-            "eval_every": args.eval_every, "progress": not args.quiet, "threads": args.threads}
-    if args.size:
-        base["size"] = args.size
-    entries, base = resolve_compare([a.strip() for a in args.archs.split(",") if a.strip()], args.grid, base,
-                                    args.lr, {kind: getattr(args, kind) for kind in BUDGETS}, args.overrides)
+    from blocklab.recipes import COMPARE_CONFIG
+    from blocklab.training.config import read_yaml
+
+    # every run starts from the YAML config (compare's own recipe when none is named), then the overrides
+    config, overrides = cli_args.config_and_overrides(args.overrides)
+    base = read_yaml(config or COMPARE_CONFIG)
+    if args.quiet:
+        base["progress"] = False
+    if args.threads:
+        base["threads"] = args.threads
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()]
+    budget = {kind: getattr(args, kind) for kind in BUDGETS}  # the equal-budget rule's flags
+    entries, base = resolve_compare(archs, args.grid, base, budget=budget, overrides=overrides)
     sweep = None
     if args.lr_sweep:
         try:
@@ -131,12 +138,12 @@ def cmd_compare(args: argparse.Namespace) -> None:
             raise ConfigError(f"--lr-sweep {args.lr_sweep!r} is not allowed: give comma-separated learning "
                               "rates, e.g. 1e-3,3e-3,1e-2.") from None
     launcher = launch_cli.launcher_from_args(args, args.out)
-    budget = budget_from_args(args)
+    rounds = budget_from_args(args)
     run = compare
-    if budget is not None:  # seeds added in rounds until the verdict is decided
+    if rounds is not None:  # seeds added in rounds until the verdict is decided
         from blocklab.rounds.commands import compare_command
 
-        run = functools.partial(compare_command, budget=budget)
+        run = functools.partial(compare_command, budget=rounds)
     try:
         report = run(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
                      sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
@@ -176,13 +183,14 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
     tracked = tracking.fields(args)
+    fields = cli_args.config_fields(args.overrides)  # on every run of every claim
     budget = budget_from_args(args)
     if budget is not None:  # seeds added in rounds until the claims are decided
         from blocklab.rounds.commands import reproduce_command
 
-        return reproduce_command(args, claims, scales, launcher, tracked, budget)
+        return reproduce_command(args, claims, scales, launcher, tracked, budget, fields)
     reps = [reproduce(claims, scale, args.out, train=not args.no_train, launcher=launcher,
-                      partial=args.partial, tracking=tracked) for scale in scales]
+                      partial=args.partial, tracking=tracked, overrides=fields) for scale in scales]
     if len(reps) == 1:
         path = write_reproduction(reps[0], args.report or args.out)
         tracking.send_figures(tracked, [(reps[0].scale_name, path)], args.out)
@@ -197,6 +205,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
             chosen = (("claims", args.claims), ("paper", args.paper))
             command += "".join(f" --{k} {v}" for k, v in chosen if v)
             command += " --quick" if args.quick else ""
+        command += "".join(f" {shlex.quote(o)}" for o in args.overrides)
         from blocklab.scaling.report import headline_section
 
         path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md",
@@ -243,34 +252,46 @@ def _add_train(sub) -> None:
     p.set_defaults(func=cmd_train, option_fields={"out": "out_dir", "threads": "threads"})
 
 
+# compare's options before its TrainConfig fields became overrides: {option: the override to write}
+COMPARE_MOVED = {"--size": "size", "--lr": "optim.lr", "--batch-size": "batch_size", "--seq-len": "seq_len",
+                 "--eval-every": "eval_every"}
+
+
 def _add_compare(sub) -> None:
-    """`blocklab compare`: its budget, grid, sweep, timing and launch flags."""
-    p = sub.add_parser("compare", help="train architectures side by side on one budget and write a report",
+    """`blocklab compare`: its architectures, seeds, budget rule, grid, sweep, timing and launch flags; every
+    TrainConfig field is a key=value override (or a YAML config's), as in `blocklab train`."""
+    from blocklab.recipes import compare_defaults
+
+    p = sub.add_parser("compare", help="train architectures side by side on one budget and write a report: "
+                       "[CONFIG.yaml] [key=value ...]",
                        description="Train each architecture on the same data, tokenizer, batch order and "
                        "budget, then write OUT/report.md and OUT/report.html. Finished runs are reused; an "
-                       "interrupted one resumes. Extra key=value overrides apply to every run.")
-    p.add_argument("overrides", nargs="*", help="TrainConfig overrides for every run, e.g. optim.lr=2e-3")
+                       "interrupted one resumes. Every run starts from CONFIG.yaml (default: compare's "
+                       f"recipe, blocklab/recipes/compare.yaml: {compare_defaults()}; TrainConfig's defaults "
+                       "for the rest), then the key=value overrides, as in `blocklab train`: e.g. size=small "
+                       "optim.lr=2e-3 eval_every=100 data.source=corpus/. Optimiser fields that neither sets "
+                       "come from the main job's recipe for each architecture at sizes tiny and small "
+                       "(blocklab/recipes/main_job_optim.json). The architecture, seed and out_dir are "
+                       "compare's own (--archs, --seeds, --out): a config's are replaced, an override's "
+                       "refused.")
+    p.add_argument("overrides", nargs="*", help="an optional YAML config (a file, or a recipe's name), then "
+                   "TrainConfig overrides for every run, e.g. size=small optim.lr=2e-3")
     p.add_argument("--archs", default=DEFAULT_ARCHS,
                    help=f"comma-separated presets (default {DEFAULT_ARCHS})")
-    p.add_argument("--grid", help="a named grid of a paper experiment instead of --archs (see --list-grids)")
+    p.add_argument("--grid", help="a named grid of a paper experiment instead of --archs (see --list-grids); "
+                   "its size is the grid's own unless size=... says otherwise")
     p.add_argument("--list-grids", action="store_true", help="list the named grids")
-    p.add_argument("--size", help="size preset of every run (default: tiny, or the grid's own, e.g. "
-                   "nanochat-tiny for bov-table1)")
     p.add_argument("--seeds", type=cli_args.positive_int, default=2,
                    help="seeds per architecture, paired by seed (default 2)")
     p.add_argument("--out", default="runs/compare")
-    p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag, "
-                   "150 steps, or a grid's own budget kind (see --list-grids) at what the first "
+    # the equal-budget rule: the runs are equal in exactly one of these (docs/compare.md, "Budgets")
+    p.add_argument("--steps", type=int, help="equal steps (and tokens) per run; without a budget flag or a "
+                   "max_* field, 150 steps, or a grid's own budget kind (see --list-grids) at what the first "
                    "architecture spends in 150 steps")
-    p.add_argument("--lr", type=float, help="peak learning rate (optim.lr) of every run (default: each "
-                   "architecture's in the main job's recipe at sizes tiny and small, "
-                   "recipes/main_job_optim.json; else the TrainConfig default 1e-3)")
     p.add_argument("--tokens", type=int, help="equal tokens per run")
     p.add_argument("--flops", type=float, help="equal analytic training FLOPs per run")
     p.add_argument("--time", type=float, help="equal training wall-clock seconds per run")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--eval-every", type=int, default=50, help="steps between validations and checkpoints")
+    cli_args.add_moved_options(p, COMPARE_MOVED)
     p.add_argument("--lr-sweep", help="comma-separated peak learning rates: each architecture trains seed 0 "
                    "at each on a short budget and keeps the best on held-out loss for all seeds")
     p.add_argument("--sweep-steps", type=int,
@@ -299,7 +320,15 @@ def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="run the papers' claims with seeds and intervals, a verdict each",
                        description="Train (or reuse) the runs the chosen claims need at one scale, pair them "
                        "by seed, and write OUT/reproduction.md and .html: per claim the paper's result next "
-                       "to ours, the per-seed differences with a 95% t-interval, plots and a verdict.")
+                       "to ours, the per-seed differences with a 95% t-interval, plots and a verdict. Every "
+                       "run starts from the scale's settings (see --list), then CONFIG.yaml's fields and the "
+                       "key=value overrides, as in `blocklab train`: e.g. data.source=corpus/ runs the "
+                       "claims on your data. Refused: the architecture, seed, out_dir and budget (the "
+                       "scale's), a field a selected claim varies itself (e.g. model.value_path), and the "
+                       "learning rate at a scale whose sweep chooses it; and a store holding runs of another "
+                       "config.")
+    p.add_argument("overrides", nargs="*", help="an optional YAML config (a file, or a recipe's name), then "
+                   "TrainConfig overrides for every run, e.g. data.source=corpus/ model.n_layers=6")
     p.add_argument("--claims", help="comma-separated claim ids (default: all; see --list)")
     p.add_argument("--paper", help="only the claims of these papers: simplifying, value-residual, "
                    "bank-of-values")

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import textwrap
+from typing import Any
 
+from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import is_text, not_text
 
 
@@ -93,10 +95,47 @@ def _override_named(item: str) -> tuple[str, str]:
 
 
 def config_and_overrides(positionals: list[str]) -> tuple[str | None, list[str]]:
-    """train's and prepare's positionals: an optional YAML file first, then ``key=value`` overrides."""
+    """The positionals of every experiment command (train, prepare, compare, reproduce): an optional
+    YAML config (a file, or a shipped recipe's name) first, then ``key=value`` overrides."""
     overrides = list(positionals)
     config = overrides.pop(0) if overrides and "=" not in overrides[0] else None
     return config, overrides
+
+
+# What a command that trains several runs gives each itself: a YAML config's value is replaced (a
+# training config names one architecture and one out_dir), an override of one refused by the command.
+RUN_OWN_FIELDS = ("arch", "seed", "out_dir")
+
+
+def config_fields(positionals: list[str]) -> dict[str, Any]:
+    """The TrainConfig fields `positionals` give (`config_and_overrides`) to every run of a command that
+    trains several: the YAML config's but for RUN_OWN_FIELDS, with the overrides set on them."""
+    from blocklab.training.config import apply_overrides, read_yaml
+
+    config, overrides = config_and_overrides(positionals)
+    fields = {k: v for k, v in (read_yaml(config) if config else {}).items() if k not in RUN_OWN_FIELDS}
+    return apply_overrides(fields, overrides)
+
+
+class _MovedToOverride(argparse.Action):
+    """An option that became a TrainConfig override: refused with one line naming the override."""
+
+    def __init__(self, option_strings, dest, field: str = "", **kwargs):
+        self.field = field
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ARG002 (argparse's call)
+        raise ConfigError(f"{option_string} is now an override, as in blocklab train: write "
+                          f"{self.field}={values}")
+
+
+def add_moved_options(p: argparse.ArgumentParser, moved: dict[str, str]) -> None:
+    """Options a command took before its TrainConfig fields became overrides ({option: field}),
+    kept out of --help: typed, each stops the command (exit status 2) with one line naming the
+    override to write instead, e.g. ``--eval-every is now an override ...: write eval_every=50``."""
+    for option, name in moved.items():
+        p.add_argument(option, action=_MovedToOverride, field=name, help=argparse.SUPPRESS,
+                       dest=f"moved_{name.replace('.', '_')}")
 
 
 def wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:

@@ -100,6 +100,24 @@ def comparison_identity(entries: list[Entry], out: Path, base: dict[str, Any],
     return json.loads(json.dumps(identity, default=str))
 
 
+# The fields a comparison gives each run itself, with the option that sets them: an override of one is
+# refused (it would be replaced without a word); a YAML config's are replaced (a training config names
+# one architecture and one out_dir, as `blocklab compare crammed-bert --archs ...` reads it).
+OWN_FIELDS = {"arch": "--archs (or --grid)", "seed": "--seeds", "out_dir": "--out"}
+
+
+def refuse_own_fields(overrides: list[str] | dict | None, own: dict[str, str], command: str
+                      ) -> list[str] | dict | None:
+    """`overrides` unchanged, or a ConfigError for the first that sets a field of `own` ({field: what
+    sets it instead}): one line naming the field and the option."""
+    for key in (overrides.keys() if isinstance(overrides, dict) else
+                (o.partition("=")[0].strip() for o in overrides or [])):
+        if key in own:
+            raise ConfigError(f"the override {key}=... is not allowed: {command} sets {key} of every run "
+                              f"itself; use {own[key]}.")
+    return overrides
+
+
 def default_budget(kind: str, entries: list[Entry], base: dict[str, Any], steps: int = DEFAULT_STEPS
                    ) -> float | None:
     """The amount of budget `kind` that the first entry (the baseline) spends in `steps` steps:
@@ -150,7 +168,7 @@ def resolve_compare(archs: list[str] | None = None, grid: str | None = None,
         entries = [Entry.parse(a) for a in archs or []]
     if lr is not None:
         apply_overrides(base, {"optim.lr": lr})
-    apply_overrides(base, overrides)
+    apply_overrides(base, refuse_own_fields(overrides, OWN_FIELDS, "compare"))
     if base.get("init_from") is not None and len(entries) != 1:
         raise ConfigError(f"init_from = {base['init_from']!r} with {len(entries)} architectures is not "
                           "allowed: every run would start from (and be) the same source model, under "

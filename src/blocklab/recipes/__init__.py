@@ -7,12 +7,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from blocklab.presets import split_arch
-
 # The main job's optimiser settings per size and architecture, with the command that measured them
 # (benchmarks/baseline_grid.py): the defaults of every run of compare and reproduce that does not set
 # them itself (compare.run_configs).
 RECIPE = Path(__file__).resolve().parent / "main_job_optim.json"
+
+# `blocklab compare`'s default config: the TrainConfig fields its runs start from when no CONFIG.yaml is
+# given (the file says why each differs from TrainConfig's default).
+COMPARE_CONFIG = Path(__file__).resolve().parent / "compare.yaml"
+
+
+def compare_defaults() -> str:
+    """The fields of COMPARE_CONFIG as `blocklab compare --help` shows them: "batch_size=16 ..."."""
+    import yaml
+
+    return " ".join(f"{k}={v}" for k, v in (yaml.safe_load(COMPARE_CONFIG.read_text()) or {}).items())
 
 
 def recipe_table() -> dict[str, Any]:
@@ -28,6 +37,8 @@ def recipe_optim(arch: str, size: str) -> dict[str, Any]:
     rows = recipe_table()["sizes"].get(size)
     if rows is None:
         return {}
+    from blocklab.presets import split_arch  # here: the CLI reads COMPARE_CONFIG without torch
+
     block, value_path = split_arch(arch)
     names = ["default", block]
     if value_path:

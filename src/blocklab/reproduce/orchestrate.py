@@ -17,14 +17,16 @@ from blocklab.reproduce.planning import (
     needed_archs,
     plan,
     read_sweep,
+    refuse_varied,
     sweep_plan,
     unique_runs,
 )
-from blocklab.reproduce.scales import SCALES, Scale, run_group
+from blocklab.reproduce.scales import SCALES, Scale, run_group, with_overrides
 from blocklab.reproduce.timing import time_throughput
 from blocklab.reproduce.tracking import with_tracking
 from blocklab.statistics.claims import Claim
 from blocklab.training import TrainConfig
+from blocklab.training.config import NOT_RESULTS, check_saved_config
 from blocklab.util.errors import ConfigError
 
 
@@ -67,9 +69,34 @@ def starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> di
             for setting, archs in needed.items() for arch in archs}
 
 
+def check_stored(configs: list[TrainConfig]) -> None:
+    """Refuse a finished run in the store whose config differs from the one planned for it (the
+    overrides included) outside NOT_RESULTS: the check a training call makes before reusing a run
+    (`launch.store.check_reusable`), made without training too, so that no verdict reads runs of
+    another config."""
+    for cfg in configs:
+        run = Path(cfg.out_dir)
+        if (run / "summary.json").is_file():
+            check_saved_config(run, cfg, NOT_RESULTS, f"{run} holds a finished run",
+                               "give the config and overrides it was trained with, or another --out.")
+
+
 def scale_claims(claims: list[Claim], scale: Scale) -> list[Claim]:
     """The claims judged at `scale`: those without a tag it leaves out."""
     return [c for c in claims if not set(c.tags) & set(scale.leaves_out)]
+
+
+def _selected(claims: list[Claim], scale: str | Scale, name: str | None, overrides: dict[str, Any] | None
+              ) -> tuple[str, Scale, list[Claim]]:
+    """The scale's name, the scale with the TrainConfig `overrides` (nested, as a YAML config gives them)
+    on every run of every claim and sweep (`scales.with_overrides`; none that a claim varies itself:
+    `refuse_varied`), and the claims judged at it. Each run records its config (config.yaml)."""
+    name, scale = _scale(scale, name)
+    claims = scale_claims(claims, scale)
+    if not claims:
+        raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
+    refuse_varied(claims, scale, overrides or {})
+    return name, with_overrides(scale, overrides), claims
 
 
 def _plannable(claims: list[Claim], ready: set[str] | None, train: bool) -> list[Claim]:
@@ -91,6 +118,7 @@ def reproduce(
     name: str | None = None,
     partial: bool = False,
     tracking: dict[str, Any] | None = None,  # logger fields for every run (`reproduce.tracking`)
+    overrides: dict[str, Any] | None = None,
 ) -> Reproduction:
     """Train (or reuse) the runs the claims need at `scale` under `OUT/<scale>/` with `launcher`
     (`blocklab.launch`; default one at a time here) and give each claim its verdict;
@@ -105,23 +133,24 @@ def reproduce(
     With `train=False` nothing trains: the verdicts come from the runs in the store, exactly as a
     training call left them; with `partial` too, a claim whose runs have not all finished reads
     pending instead of stopping the call. `name` names a `scale` given as a Scale (its folder;
-    default "custom").
+    default "custom"). `overrides`: TrainConfig fields for every run (`_selected`); a finished run of
+    another config is refused, training or not (`check_stored`).
 
     Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
     cannot be judged on missing seeds)."""
     import time
 
     start = time.perf_counter()
-    name, scale = _scale(scale, name)
-    claims = scale_claims(claims, scale)
-    if not claims:
-        raise ConfigError("no claim selected: see `blocklab reproduce --list`.")
+    name, scale, claims = _selected(claims, scale, name, overrides)
     root = Path(out) / name
     launches: list[dict[str, Any]] = []
 
     def train_all(configs: list[tuple[Any, TrainConfig]], what: str) -> None:
+        """Train `configs` (finished runs reused); without training, check the stored ones against them."""
         from blocklab.launch import RunsFailed, train_runs
 
+        if not train:
+            return check_stored([cfg for _, cfg in configs])
         log(f"{what}: {len(configs)} runs")
         launch = train_runs(with_tracking(configs, tracking, out), launcher, log)
         launch.raise_if_pending("reproduce", "judge the claims")
@@ -134,9 +163,8 @@ def reproduce(
     needed = needed_archs(claims)
     if scale.lr_sweep:
         swept = sweep_plan(list(dict.fromkeys(a for archs in needed.values() for a in archs)), scale, root)
-        if train:
-            began = time.perf_counter()
-            train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
+        began = time.perf_counter()
+        train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
         sweeps = read_sweep(swept, scale, partial=partial and not train)
     factors = {arch: s.best for arch, s in sweeps.items()} or None
     ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
@@ -144,12 +172,11 @@ def reproduce(
     claims_to_plan = _plannable(claims, ready, train)
     while True:
         runs = plan(claims_to_plan, scale, root, factors, seeds)
-        if train:
-            began = time.perf_counter()
-            for setting, configs in runs.items():
-                log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
-            train_all(unique_runs(runs), "claims")
-            # speed from interleaved rounds on this machine once training is over, not from the logs
+        began = time.perf_counter()
+        for setting, configs in runs.items() if train else ():
+            log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
+        train_all(unique_runs(runs), "claims")
+        if train:  # speed from interleaved rounds on this machine once training is over, not from the logs
             time_throughput(claims_to_plan, scale, root, runs, launches[-1].get("threads"), log)
         measured = Measurements(runs)
         results = judge_claims(claims, scale, measured, ready, partial and not train)

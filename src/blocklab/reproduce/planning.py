@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blocklab.compare import Entry, run_configs, slug
+from blocklab.model.config import ModelConfig
 from blocklab.reproduce.metrics import METRICS, run_summary
 from blocklab.reproduce.scales import Scale, run_group
 from blocklab.statistics.claims import Check, Claim
 from blocklab.training import TrainConfig
+from blocklab.training.config import DEFAULT_SIZE, flat
 from blocklab.util.errors import ConfigError
 
 
@@ -46,6 +48,45 @@ def _entry(arch: str, scale: Scale, factor: float | None) -> Entry:
     if factor is None:
         return Entry.parse(arch)
     return Entry(arch, arch, train={"optim": scaled_rates(arch, scale, factor)})
+
+
+def varied_fields(claims: list[Claim], scale: Scale) -> dict[str, str]:
+    """The fields (dotted; the model's as its preset builds it) whose values differ between the
+    architectures that one of the claims' measured checks compares, each with the first claim that
+    varies it: what the claim's experiment varies itself, so what no override may set."""
+    varied: dict[str, str] = {}
+    base = scale.base("steps")
+    for claim in claims:
+        for check in claim.checks:
+            if METRICS[check.metric].exact or len(check.archs) < 2:
+                continue
+            values = [_run_fields(arch, base) for arch in check.archs]
+            for key in sorted(set().union(*values)):
+                if len({repr(v.get(key)) for v in values}) > 1:
+                    varied.setdefault(key, claim.id)
+    return varied
+
+
+def _run_fields(arch: str, base: dict) -> dict:
+    """The dotted fields of `arch`'s run over `base`, the model's as built, but for its name and seed."""
+    cfg = run_configs([Entry.parse(arch)], 1, Path("unused"), base)[0][1]
+    model = ModelConfig.from_preset(arch, cfg.size or DEFAULT_SIZE, **cfg.model).to_dict()
+    own = {k: v for k, v in cfg.to_dict().items() if k not in ("arch", "seed", "out_dir", "model")}
+    return {**flat(own), **flat(model, "model.")}
+
+
+def refuse_varied(claims: list[Claim], scale: Scale, fields: dict) -> None:
+    """A ConfigError, one line, for the first of the TrainConfig `fields` (nested) that one of the
+    claims varies itself (`varied_fields`): an override would make its architectures the same there."""
+    if not fields:
+        return
+    varied = varied_fields(claims, scale)
+    for key in flat(fields):
+        for name, claim in varied.items():
+            if key == name or key.startswith(name + ".") or name.startswith(key + "."):
+                raise ConfigError(f"the override {key}=... is not allowed: claim {claim} varies {name} "
+                                  "itself (its architectures differ there); leave it out, or leave that "
+                                  "claim out (--claims).")
 
 
 SWEEP = "lr-sweep"  # the sweep's group: OUT/<size>-lr-sweep

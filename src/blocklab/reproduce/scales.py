@@ -9,6 +9,7 @@ from typing import Any
 
 from blocklab.compare import Entry, default_budget, merge
 from blocklab.data.config import PROSE
+from blocklab.training.config import BUDGET_FIELDS, flat
 from blocklab.util.errors import ConfigError
 
 
@@ -84,6 +85,39 @@ class Scale:
 
 
 SETTINGS = ("steps", "flops", "seq-long")
+
+
+# TrainConfig fields that a Scale holds itself: an override of one replaces the scale's value, so that
+# the settings built on it (seq-long: 4x the sequence at a quarter of the batch) and the folders named
+# after it (OUT/<scale>/<size>-<setting>) follow.
+SCALE_FIELDS = ("size", "batch_size", "seq_len", "eval_every")
+
+# What the runs of every claim set themselves, whatever the overrides: an override of one is refused,
+# naming what sets it.
+OWN_FIELDS = {"arch": "the claims' architectures", "seed": "the scale's seeds", "out_dir": "--out",
+              **dict.fromkeys(BUDGET_FIELDS, "the scale's budget")}
+
+
+def with_overrides(scale: Scale, fields: dict[str, Any] | None) -> Scale:
+    """`scale` with TrainConfig `fields` (nested, as a YAML config and key=value overrides give them) on
+    every run of every claim and of the learning-rate sweep, and named in its description (so in the
+    report). A ConfigError for a field the runs set themselves (OWN_FIELDS) or, at a scale with a sweep,
+    a peak learning rate (the sweep chooses it)."""
+    if not fields:
+        return scale
+    for key in fields:
+        if key in OWN_FIELDS:
+            raise ConfigError(f"the override {key}=... is not allowed: reproduce sets {key} of every run "
+                              f"itself ({OWN_FIELDS[key]}).")
+    chosen = sorted({"lr", "muon_lr"} & set(fields.get("optim") or {}))
+    if scale.lr_sweep and chosen:
+        raise ConfigError(f"the override optim.{chosen[0]}=... is not allowed at a scale with a "
+                          "learning-rate sweep: the sweep chooses each architecture's rate (see `blocklab "
+                          "reproduce --list`); leave it out, or choose a scale without a sweep.")
+    said = ", ".join(f"{k}={v}" for k, v in flat(fields).items())
+    return replace(scale, **{k: fields[k] for k in SCALE_FIELDS if k in fields},
+                   train=merge(scale.train, {k: v for k, v in fields.items() if k not in SCALE_FIELDS}),
+                   description=f"{scale.description}; every run with {said}")
 
 
 # The equal-FLOPs budget is what this architecture spends in the scale's steps, so its equal-FLOPs runs

@@ -108,16 +108,21 @@ def _check_pending(claim_id: str, r) -> Pending:
 
 
 def reproduce_rounds(claims, scale: str, out: str | Path, budget: Budget, launcher=None,
-                     tracking: dict[str, Any] | None = None, log=print):
+                     tracking: dict[str, Any] | None = None, log=print,
+                     overrides: dict[str, Any] | None = None):
     """Seeds of the selected claims' runs at `scale` added until no measured check is undecided;
-    returns the last Reproduction and the Outcome."""
+    returns the last Reproduction and the Outcome. `overrides`: TrainConfig fields of every run, as
+    `reproduce` takes them."""
     from blocklab.reproduce import SCALES, needed_archs, reproduce
     from blocklab.reproduce.orchestrate import scale_claims, starting_seeds
     from blocklab.util.errors import ConfigError
 
     if scale not in SCALES:
         raise ConfigError(f"scale {scale!r} is not allowed: choose one of {', '.join(SCALES)}.")
-    base = replace(SCALES[scale], max_seeds=None)  # the rounds add the seeds, one at a time
+    from blocklab.reproduce.scales import with_overrides
+
+    # the overrides on every run (once, here), and the rounds add the seeds, one at a time
+    base = replace(with_overrides(SCALES[scale], overrides), max_seeds=None)
     root = Path(out) / scale
     state: dict[str, Any] = {}
 
@@ -177,7 +182,8 @@ def compare_rounds(entries, out: str | Path, budget: Budget, seeds: int, log=pri
 
 
 # -- the commands' calls ---------------------------------------------------------------------------------
-def reproduce_command(args, claims, scales: list[str], launcher, tracked, budget: Budget) -> None:
+def reproduce_command(args, claims, scales: list[str], launcher, tracked, budget: Budget,
+                      overrides: dict[str, Any] | None = None) -> None:
     """`blocklab reproduce --until-decided`: one scale, its claims' seeds added in rounds, the report."""
     from blocklab.reproduce.page import scope, write_reproduction
     from blocklab.util.errors import ConfigError
@@ -185,7 +191,8 @@ def reproduce_command(args, claims, scales: list[str], launcher, tracked, budget
     if len(scales) != 1 or args.no_train or args.partial:
         raise ConfigError("--until-decided trains one scale's seeds in rounds: give one --scale, without "
                           "--no-train or --partial")
-    rep, outcome = reproduce_rounds(claims, scales[0], args.out, budget, launcher, tracked)
+    rep, outcome = reproduce_rounds(claims, scales[0], args.out, budget, launcher, tracked,
+                                    overrides=overrides)
     with sequential.in_use():
         path = write_reproduction(rep, args.report or args.out)
     note_in_report(path, outcome)

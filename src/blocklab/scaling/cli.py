@@ -6,7 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
-from blocklab.cli.args import config_and_overrides, positive_int
+from blocklab.cli.args import config_and_overrides, config_fields, positive_int
 from blocklab.launch import cli as launch_cli
 from blocklab.rounds import add_until_decided_arguments, budget_from_args
 from blocklab.util.errors import ConfigError
@@ -23,15 +23,14 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def user_fields(positionals: list[str] | None) -> dict:
-    """The TrainConfig fields of `[CONFIG.yaml] [key=value ...]` (as `blocklab train` reads them): the
-    file's, then the overrides."""
-    from blocklab.training.config import apply_overrides, read_yaml
+    """The TrainConfig fields of `[CONFIG.yaml] [key=value ...]`, read as every command that trains
+    several runs reads them (`cli.args.config_fields`); a ladder file given there is named."""
+    from blocklab.training.config import read_yaml
 
-    config, overrides = config_and_overrides(positionals or [])
-    fields = read_yaml(config) if config is not None else {}
-    if "rungs" in fields:
+    config, _ = config_and_overrides(positionals or [])
+    if config is not None and "rungs" in read_yaml(config):
         raise ConfigError(f"{config} is a ladder file, not a training config: pass it as --ladder {config}")
-    return apply_overrides(fields, overrides)
+    return config_fields(positionals or [])
 
 
 def cmd_scaling(args: argparse.Namespace) -> None:

@@ -29,9 +29,11 @@ FLOPs per token, cache bytes) have no interval: they are compared directly.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 MIN_SEEDS = 3
@@ -123,13 +125,33 @@ class Interval:
         return f"{self.mean:+.4f} [{self.low:+.4f}, {self.high:+.4f}]"
 
 
-def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Mean and the Student t-interval of `values` (assumed independent and normal); inside
-    `sequential.in_use()` (seeds added until decided) the confidence sequence instead."""
-    from blocklab.statistics import sequential
+# The interval every paired verdict reads in place of the t-interval inside `reading` (None: the t).
+_INSTEAD: contextvars.ContextVar[Callable[[Sequence[float], float], Interval] | None] = (
+    contextvars.ContextVar("paired_interval", default=None))
 
-    if sequential.active():
-        return sequential.interval(values, confidence)
+
+@contextlib.contextmanager
+def reading(method: Callable[[Sequence[float], float], Interval]) -> Iterator[None]:
+    """Within this block `t_interval` gives `method(values, confidence)` instead: how seeds added until
+    decided (`sequential.in_use`) make every judge read the confidence sequence, its rules unchanged."""
+    token = _INSTEAD.set(method)
+    try:
+        yield
+    finally:
+        _INSTEAD.reset(token)
+
+
+def read_instead() -> Callable[[Sequence[float], float], Interval] | None:
+    """The interval `t_interval` gives in place of the t-interval now (None: the t-interval itself)."""
+    return _INSTEAD.get()
+
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Mean and the Student t-interval of `values` (assumed independent and normal); inside `reading`
+    (`sequential.in_use()`: seeds added until decided) that method's interval instead."""
+    instead = _INSTEAD.get()
+    if instead is not None:
+        return instead(values, confidence)
     xs = tuple(float(v) for v in values)
     if not xs:
         raise ValueError("t_interval needs at least one value")

@@ -42,11 +42,10 @@ t-interval's half-width, and costs 1.9-2.1x from 4 to 20 seeds (the design note'
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import math
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from blocklab.statistics import evidence
 
@@ -57,7 +56,6 @@ NAME = (f"anytime-valid 95% confidence sequence (scale-invariant mixture t-test,
 # Beyond this many seeds "what more would tell" says "more than".
 MOST_SEEDS = 100
 
-_ACTIVE: contextvars.ContextVar[bool] = contextvars.ContextVar("sequential_intervals", default=False)
 
 
 def log_bayes_factor(values: Sequence[float], mean: float = 0.0, prior_scale: float = PRIOR_SCALE) -> float:
@@ -107,19 +105,14 @@ def interval(values: Sequence[float], confidence: float = evidence.CONFIDENCE) -
 
 def active() -> bool:
     """Whether the verdicts read confidence sequences now (inside `in_use`)."""
-    return _ACTIVE.get()
+    return evidence.read_instead() is interval
 
 
-@contextlib.contextmanager
-def in_use() -> Iterator[None]:
+def in_use() -> contextlib.AbstractContextManager[None]:
     """Within this block every paired interval a verdict reads (`evidence.t_interval`) is the confidence
     sequence instead: the judges of `scaling`, `reproduce` and `compare` read their evidence unchanged,
     and the verdict rules (interval excludes zero, lies within the equivalence margin) stay the same."""
-    token = _ACTIVE.set(True)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
+    return evidence.reading(interval)
 
 
 def decides(half: float, mean: float, equivalence: float | None) -> bool:
