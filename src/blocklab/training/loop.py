@@ -181,6 +181,7 @@ class Trainer:
                 cfg = self.cfg = init_from.resumed_tokenizer(cfg, self.run_dir)
             if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
                 rundir.check_resume_metrics(self.run_dir)
+                trackers.check_resume(self.run_dir, cfg)
         elif not resume:
             rundir.check_new_run_dir(self.run_dir, cfg.overwrite)
         torch.manual_seed(cfg.seed)
