@@ -86,7 +86,8 @@ class WandbTracker:
         self.record = {"id": self.run.id, "project": cfg.wandb_project, "logged": self.logged}
         metrics = Path(run_dir) / "metrics.jsonl"
         # the rows this wandb run lacks (metrics.jsonl is already cut back to the resumed step)
-        for row in read_metrics(metrics) if resume_step is not None and metrics.is_file() else []:
+        resumed = resume_step is not None and metrics.is_file()
+        for row in read_metrics(metrics, whole=False) if resumed else []:
             self.log(row, save=False)
         self._save()
 
