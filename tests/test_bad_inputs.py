@@ -225,7 +225,7 @@ def test_a_damaged_export_is_named_without_a_traceback(corpus, finished_run, tmp
     export = tmp_path / "export"
     assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
     config = json.loads((export / "config.json").read_text())
-    config.pop("blocklab_sha256")
+    config.pop("blocklab_sha256"), config.pop("blocklab_config_sha256")  # as an older export
     (export / "config.json").write_text(json.dumps(config))
     (export / "model.safetensors").write_text("not safetensors\n")
     capsys.readouterr()
@@ -251,6 +251,7 @@ def test_an_export_of_a_dtype_blocklab_cannot_compute_in_is_refused(dtype, corpu
     assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
     config = json.loads((export / "config.json").read_text())
     assert config["dtype"] == "float32"
+    config.pop("blocklab_config_sha256")  # an export written before config.json recorded its fields
     (export / "config.json").write_text(json.dumps({**config, "dtype": dtype}))
     capsys.readouterr()
     args = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
