@@ -23,6 +23,7 @@ from tqdm.std import tqdm as std_tqdm
 
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.data import Batches, bits_per_byte, prepare_data
+from blocklab.data.prepare import skipped_lines
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
@@ -204,12 +205,8 @@ class Trainer:
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
             self.data = prepare_data(cfg.data, progress=cfg.progress)
-            stats = self.data.stats  # a line with the counts; data_manifest.json lists the files
-            if stats["skipped_count"]:
-                say(f"skipped {stats['skipped_count']} files that are not UTF-8 text "
-                    "(see data_manifest.json)")
-            if stats["bad_records"]:  # how many records were read, how many skipped and why
-                say(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
+            for line in skipped_lines(self.data.stats, str(self.run_dir / "data_manifest.json")):
+                say(line)
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
