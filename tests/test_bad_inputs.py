@@ -323,5 +323,6 @@ def test_a_read_only_out_is_named_before_anything_is_written(tmp_path, capsys):
         subprocess.run(["umount", str(ro)], check=True) if root else ro.chmod(0o755)
     err = capsys.readouterr().err
     why = "the file system that holds it is read-only" if root else "this user has no permission there"
-    assert err == (f"blocklab: error: cannot write '{ro}/.run.lock': {why} ({os.strerror(30 if root else 13)})."
-                   " Give a path (such as --out) where this user can write.\n")
+    said = f"{why} ({os.strerror(30 if root else 13)})"
+    assert err == (f"blocklab: error: cannot write '{ro}/.run.lock': {said}. Give a path (such as --out) "
+                   "where this user can write.\n")
