@@ -18,7 +18,9 @@ claims' runs go to `--out` (default benchmarks/reproduction-data, the committed 
 small files are results). The MFU table goes to `--results` (default benchmarks/results/gpu.json).
 A piece that was cut off resumes where it stopped: finished runs are reused, unfinished ones resume
 from their last checkpoint. `--smoke` swaps in a 2-layer d-32 model, 3 steps, byte tokens and
-`bench_gpu.py --smoke`, and writes under `--out` only: the tests run it on the CPU.
+`bench_gpu.py --smoke`, and writes under `--out` only: the tests run it on the CPU. `--dry-run` prints
+what `mfu` or a piece would run (the bench_gpu.py command, the runs' folder) and runs, trains and writes
+nothing; `--budget-s` must be a positive number of seconds.
 
 The `gpu-mid` campaign (issue 41) is trained a piece at a time, one piece per GPU call, into the
 committed store (`blocklab.reproduce.pieces`):
@@ -109,7 +111,7 @@ def run_campaign(opts: argparse.Namespace) -> list[str]:
 
 def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
     """Train (or reuse) one piece's runs, write its report beside them, delete their weights; the
-    verdicts as lines."""
+    verdicts as lines. With --dry-run, only what it would do: nothing trained or written."""
     from blocklab.reproduce import SCALES, reproduce
     from blocklab.reproduce.page import write_reproduction
     from blocklab.statistics.claims import select
@@ -120,6 +122,9 @@ def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
         data = {"source": str(opts.data), "tokenizer": "byte"} if opts.data else {"tokenizer": "byte"}
         scale = replace(scale, steps=3, eval_every=3, batch_size=4, seq_len=32, model=SMOKE_MODEL,
                         train={**scale.train, "eval_batches": 1, "data": data})
+    if opts.dry_run:
+        return [f"{piece}: would train (or reuse) the runs of {name} for {', '.join(claims)} in "
+                f"{Path(opts.out) / name} (dry run: nothing trained or written)"]
     rep = reproduce(select(claims), scale, opts.out, log=print, name=name)
     report = write_reproduction(rep, Path(opts.out) / name)
     for checkpoints in (Path(opts.out) / name).rglob("checkpoints"):
@@ -129,12 +134,20 @@ def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
 
 
 def run_mfu(opts: argparse.Namespace) -> list[str]:
+    """bench_gpu.py's MFU table into `--results` (with --smoke, beside the runs); with --dry-run, only
+    the command it would run: nothing measured, nothing written."""
+    from blocklab.util.commands import pasteable
+
+    results = Path(opts.out) / "gpu-smoke.json" if opts.smoke else opts.results
+    args = ["--device", opts.device, "--smoke" if opts.smoke else "--quick", "--budget-s", str(opts.budget_s),
+            "--out", str(results)]
+    if opts.dry_run:
+        return [f"mfu: would run {pasteable('python', str(HERE / 'bench_gpu.py'), *args)} (dry run: nothing "
+                "measured or written)"]
     sys.path.insert(0, str(HERE))
     import bench_gpu
 
-    args = ["--device", opts.device, "--smoke" if opts.smoke else "--quick", "--budget-s", str(opts.budget_s)]
-    results = Path(opts.out) / "gpu-smoke.json" if opts.smoke else opts.results
-    bench_gpu.main([*args, "--out", str(results)])
+    bench_gpu.main(args)
     return [f"mfu: {results}"]
 
 
@@ -152,6 +165,9 @@ def check_options(opts: argparse.Namespace) -> None:
     from blocklab.statistics.claims import select
     from blocklab.util.errors import ConfigError
 
+    if not (math.isfinite(opts.budget_s) and opts.budget_s > 0):
+        raise usage_error(f"--budget-s {opts.budget_s:g} is not allowed: give bench_gpu.py's budget as a "
+                          "positive number of seconds, e.g. --budget-s 300")
     if opts.minutes is not None and not (math.isfinite(opts.minutes) and opts.minutes > 0):
         raise usage_error(f"--minutes {opts.minutes:g} is not allowed: give a positive number of minutes, "
                           "e.g. --minutes 7")
@@ -199,7 +215,8 @@ def main(argv: list[str] | None = None) -> list[str]:
                    help="next, status: comma-separated claim ids (default: all the scale judges)")
     p.add_argument("--export", type=Path, help="next: write the scale's small files to this tarball after "
                    "every run (for a GPU call's $OUT)")
-    p.add_argument("--dry-run", action="store_true", help="next: print what remains, train nothing")
+    p.add_argument("--dry-run", action="store_true", help="next: print what remains; mfu and the pieces: "
+                   "print what they would run; nothing trains and nothing is written")
     opts = p.parse_args(argv)
     check_options(opts)
     if opts.out is None:

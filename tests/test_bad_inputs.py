@@ -114,6 +114,28 @@ def test_bad_yaml_names_the_line(tmp_path, capsys):
     assert "mapping" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text, key, lines", [
+    ("arch: pre-ln\nmax_steps: 2\narch: sas\n", "arch", (1, 3)),
+    ("max_steps: 2\noptim:\n  lr: 1e-3\n  name: adamw\n  lr: 3e-3\n", "lr", (3, 5)),
+    ("max_steps: 2\nmodel: {value_path_options: {anchors: [1], anchors: [2]}}\n", "anchors", (2, 2)),
+])
+def test_a_key_given_twice_in_a_yaml_config_is_refused_with_both_lines(text, key, lines, tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys: `arch: pre-ln` then `arch: sas` trained SAS silently."""
+    (tmp_path / "twice.yaml").write_text(text)
+    assert main(["train", str(tmp_path / "twice.yaml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "twice.yaml" in err
+    assert f"gives {key!r} twice, at line {lines[0]} and line {lines[1]}" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_merge_key_is_no_repeat():
+    from blocklab.util import yamltext
+
+    text = "base: &b {lr: 1, name: adamw}\noptim:\n  <<: *b\n  lr: 2\n"
+    assert yamltext.load(text) == {"base": {"lr": 1, "name": "adamw"}, "optim": {"lr": 2, "name": "adamw"}}
+
+
 def test_resume_of_an_empty_or_missing_dir(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for d in ("empty", "missing"):
@@ -203,7 +225,7 @@ def test_a_damaged_export_is_named_without_a_traceback(corpus, finished_run, tmp
     export = tmp_path / "export"
     assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
     config = json.loads((export / "config.json").read_text())
-    config.pop("blocklab_sha256")
+    config.pop("blocklab_sha256"), config.pop("blocklab_config_sha256")  # as an older export
     (export / "config.json").write_text(json.dumps(config))
     (export / "model.safetensors").write_text("not safetensors\n")
     capsys.readouterr()
@@ -229,6 +251,7 @@ def test_an_export_of_a_dtype_blocklab_cannot_compute_in_is_refused(dtype, corpu
     assert main(["export", "--run", str(finished_run), "--out", str(export)]) == 0
     config = json.loads((export / "config.json").read_text())
     assert config["dtype"] == "float32"
+    config.pop("blocklab_config_sha256")  # an export written before config.json recorded its fields
     (export / "config.json").write_text(json.dumps({**config, "dtype": dtype}))
     capsys.readouterr()
     args = [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={tmp_path / 'cache'}",
@@ -254,15 +277,52 @@ def test_an_internal_error_shows_its_traceback_and_asks_for_a_report(monkeypatch
     assert "blocklab: internal error" in err and "Please report it" in err and "blocklab presets" in err
 
 
-def test_an_error_of_the_machine_is_one_line(monkeypatch, capsys):
-    import errno
-
+@pytest.mark.parametrize("error, code, line", [
+    ((30, "Read-only file system", "/ro/runs"), 2,
+     "cannot write '/ro/runs': the file system that holds it is read-only (Read-only file system). "
+     "Give a path (such as --out) where this user can write."),
+    ((13, "Permission denied", "/readonly/runs"), 2,
+     "cannot write '/readonly/runs': this user has no permission there (Permission denied). "
+     "Give a path (such as --out) where this user can write."),
+    ((5, "Input/output error", "/disk/runs"), 1, "[Errno 5] Input/output error: '/disk/runs'"),
+])
+def test_an_error_of_the_machine_is_one_line(error, code, line, monkeypatch, capsys):
+    """A read-only --out was a raw "[Errno 30] Read-only file system: ..." line, exit 1: now it names the
+    path, the problem and what to do, exit 2 (a path to change); other errors of the machine stay as
+    they were, exit 1."""
     import blocklab.cli as cli
 
-    def denied(_args):
-        raise PermissionError(errno.EACCES, "Permission denied", "/readonly/runs")
+    def refused(_args):
+        raise OSError(*error)
 
-    monkeypatch.setattr(cli, "cmd_presets", denied)
-    assert main(["presets"]) == 1
+    monkeypatch.setattr(cli, "cmd_presets", refused)
+    assert main(["presets"]) == code
+    assert capsys.readouterr().err == f"blocklab: error: {line}\n"
+
+
+def test_a_read_only_out_is_named_before_anything_is_written(tmp_path, capsys):
+    """A real read-only file system (a tmpfs mounted ro, as root) or a folder this user may not write
+    (as another user): the lock beside --out is the first thing written, and its OSError is said
+    plainly, exit 2."""
+    import os
+    import subprocess
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    root = os.geteuid() == 0
+    if root:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                                 capture_output=True)
+        if mounted.returncode:
+            pytest.skip("cannot mount a tmpfs here (a restricted container)")
+    else:
+        ro.chmod(0o555)
+    try:
+        assert main(["train", "--out", str(ro / "run"), "max_steps=1"]) == 2
+    finally:
+        subprocess.run(["umount", str(ro)], check=True) if root else ro.chmod(0o755)
     err = capsys.readouterr().err
-    assert err == "blocklab: error: [Errno 13] Permission denied: '/readonly/runs'\n"
+    why = "the file system that holds it is read-only" if root else "this user has no permission there"
+    said = f"{why} ({os.strerror(30 if root else 13)})"
+    assert err == (f"blocklab: error: cannot write '{ro}/.run.lock': {said}. Give a path (such as --out) "
+                   "where this user can write.\n")

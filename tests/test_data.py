@@ -189,7 +189,8 @@ def test_source_errors(tmp_path: Path, cache: Path):
     with pytest.raises(ConfigError, match="Did you mean 'python-stdlib'"):
         prepare_data(byte_cfg("python-stdlb", cache))
     only_bad = write_files(tmp_path / "bad", {"x.bin": b"\xff\xff"})
-    with pytest.raises(ConfigError, match="no training documents.*0 readable documents.*1 files were"):
+    with pytest.raises(ConfigError, match="no training documents.*0 readable documents.*skipped 1 file "
+                       "that is not UTF-8 text.*: x.bin"):
         prepare_data(byte_cfg(only_bad, cache, val_fraction=0.0))
     one = write_files(tmp_path / "one", {"a.txt": "only one document"})
     assert ref_split("a.txt", 0.05) == "train"

@@ -172,3 +172,19 @@ def test_a_file_whose_name_is_not_utf8_in_the_data_folder_is_named(source, corpu
     assert_one_error_line(code, err, f"DataConfig.source's file '{data}/bad\\xff.txt' is not valid UTF-8")
     assert code == 2 and "Rename the file" in err
     assert not (tmp_path / "run").exists() and not list(tmp_path.joinpath("cache").rglob("*.bin"))
+
+
+@pytest.mark.parametrize("kind", ["character device", "named pipe"])
+def test_a_source_that_is_no_file_nor_folder_says_what_it_is(kind, tmp_path, capsys):
+    """data.source=/dev/null said "no such file or directory", which it plainly is not."""
+    import os
+
+    if kind == "named pipe":
+        source = str(tmp_path / "pipe")
+        os.mkfifo(source)
+    else:
+        source = "/dev/null"
+    code, err = cli(["prepare", f"data.source={source}", f"data.cache_dir={tmp_path / 'cache'}"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"DataConfig.source = {source!r}: it is a {kind}, not a regular file or a directory." in err
+    assert "Accepted: 'python-stdlib'" in err and not (tmp_path / "cache").exists()

@@ -372,3 +372,40 @@ def test_next_refuses_a_bad_option_before_anything_trains(option, tmp_path, monk
     assert len(err.strip().splitlines()) == 1 and err.startswith("gpu_campaign.py: error: ")
     assert f"{option[-2]} " in err and "Traceback" not in err
     assert not (tmp_path / "store").exists()
+
+
+@pytest.fixture
+def no_bench(monkeypatch):
+    """bench_gpu as a module whose main fails the test: nothing may measure."""
+    import types
+
+    fake = types.ModuleType("bench_gpu")
+    fake.main = lambda *a, **k: pytest.fail("bench_gpu.py ran")
+    monkeypatch.setitem(sys.modules, "bench_gpu", fake)
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0", "-5"])
+def test_mfu_refuses_a_budget_that_is_not_a_positive_number(budget, no_bench, capsys):
+    """--budget-s nan ran the MFU table with no budget at all."""
+    with pytest.raises(SystemExit) as stop:
+        gpu_campaign.main(["mfu", "--budget-s", budget])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu_campaign.py: error: --budget-s {float(budget):g} is not allowed: ")
+    assert len(err.strip().splitlines()) == 1 and "positive number of seconds" in err
+
+
+@pytest.mark.parametrize("piece", ["mfu", "resformer", "all"])
+def test_a_dry_run_measures_trains_and_writes_nothing(piece, no_bench, tmp_path, monkeypatch, capsys):
+    """`mfu --dry-run` ran bench_gpu.py and, without --results, wrote the committed results/gpu.json."""
+    import blocklab.reproduce
+
+    monkeypatch.setattr(blocklab.reproduce, "reproduce", lambda *a, **k: pytest.fail("a piece trained"))
+    committed = ROOT / "benchmarks" / "results" / "gpu.json"
+    before = committed.read_bytes()
+    store = tmp_path / "store"
+    lines = gpu_campaign.main([piece, "--dry-run", "--device", "cpu", "--out", str(store)])
+    assert committed.read_bytes() == before and not store.exists()
+    assert lines and all("dry run: nothing" in line for line in lines)
+    if piece != "resformer":
+        assert f"--out {committed}" in lines[0] and lines[0].startswith("mfu: would run python ")

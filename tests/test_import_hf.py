@@ -96,6 +96,20 @@ def test_import_gives_the_hf_logits_and_carries_the_tokenizer(kind, shard, tmp_p
     assert load_tokenizer(tmp_path / "out").encode(TEXT).ids == reference.input_ids
 
 
+def test_the_printed_command_pastes_as_one_word_per_argument(tmp_path, capsys):
+    """import-hf's hint printed `init_from=exp/odd name ü 'q' $HOME;x/back` unquoted: pasted, the shell
+    split it at the spaces, expanded $HOME and ran what followed the `;`."""
+    import shlex
+
+    hf_folder("gpt2", tmp_path / "hf")
+    out = tmp_path / "odd name ü 'q' $HOME;x" / "back"
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [hint] = [line for line in lines if line.startswith("continue pretraining")]
+    words = shlex.split(hint.removeprefix("continue pretraining: "))
+    assert words == ["blocklab", "train", f"init_from={out}", "max_steps=...", "--out", "RUN"]
+
+
 def test_a_tokenizer_without_tokenizer_json_is_converted(tmp_path, capsys):
     """GPT-2's slow files (vocab.json, merges.txt) become a tokenizer.json that encodes alike."""
     hf = hf_folder("gpt2", tmp_path / "hf", tokenizer=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -99,7 +100,11 @@ def test_unrecorded_checkpoints_still_load_and_verify_false_escapes(run, tmp_pat
 def test_export_records_and_verifies(run, tmp_path):
     loaded = load_run(run)
     folder = save_pretrained(loaded.model, tmp_path / "export", tokenizer=run / "tokenizer.json")
-    sums = json.loads((folder / "config.json").read_text())["blocklab_sha256"]
+    config = json.loads((folder / "config.json").read_text())
+    sums = config["blocklab_sha256"]
+    recorded = config.pop("blocklab_config_sha256")
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))  # keys sorted, no spaces
+    assert recorded == hashlib.sha256(canonical.encode()).hexdigest()
     assert sums == {"model.safetensors": sha256(folder / "model.safetensors"),
                     "tokenizer.json": sha256(folder / "tokenizer.json")}
     load_pretrained(folder)
@@ -107,3 +112,34 @@ def test_export_records_and_verifies(run, tmp_path):
     with pytest.raises(IntegrityError, match="model.safetensors"):
         load_pretrained(folder)
     load_pretrained(folder, verify=False)
+
+
+def test_an_edited_export_config_is_refused_and_an_old_export_still_loads(run, tmp_path, capsys):
+    """config.json's n_heads edited 4 -> 2 (2 -> 1 here) loaded silently with its logits off, while an
+    edit of the weights was refused: the fields are covered now, and exports written before still load."""
+    import torch
+
+    from blocklab.interop.checkpoint import CONFIG_SHA_KEY
+
+    folder = save_pretrained(load_run(run).model, tmp_path / "export", tokenizer=run / "tokenizer.json")
+    config = json.loads((folder / "config.json").read_text())
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        reference = load_pretrained(folder)(ids)
+    assert config["n_heads"] == 2
+    (folder / "config.json").write_text(json.dumps({**config, "n_heads": 1}, indent=2))
+    with pytest.raises(IntegrityError, match="config.json has changed since it was saved"):
+        load_pretrained(folder)
+    capsys.readouterr()
+    assert main(["generate", "--run", str(folder), "--prompt", "x = 1"]) == 2
+    assert "config.json has changed since it was saved" in capsys.readouterr().err
+    with torch.no_grad():  # what the record guards against: same weights, other logits
+        assert not torch.allclose(load_pretrained(folder, verify=False)(ids), reference)
+    # the same fields in another layout (sorted keys, no indent) are the same config
+    (folder / "config.json").write_text(json.dumps(config, sort_keys=True))
+    load_pretrained(folder)
+    # as exports were written before the record: no blocklab_config_sha256, so no check of the fields
+    del config[CONFIG_SHA_KEY]
+    (folder / "config.json").write_text(json.dumps({**config, "n_heads": 2}, indent=2))
+    with torch.no_grad():
+        assert torch.equal(load_pretrained(folder)(ids), reference)

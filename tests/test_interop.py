@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blocklab.util.integrity import sha256
+from blocklab.util.integrity import fields_sha256, sha256
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -271,6 +271,7 @@ def test_export_round_trip(name, tmp_path):
     folder = save_pretrained(model, tmp_path / "run" / "export")
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     config = json.loads((folder / "config.json").read_text())
+    assert config.pop("blocklab_config_sha256") == fields_sha256(config)  # the fields as written
     assert config.pop("blocklab_format_version") == 1 and config.pop("dtype") == "float32"
     assert config.pop("blocklab_sha256") == {"model.safetensors": sha256(folder / "model.safetensors")}
     assert config == json.loads(json.dumps(model.cfg.to_dict()))

@@ -129,3 +129,28 @@ def test_an_error_on_the_worker_thread_leaves_no_entry(tmp_path: Path, monkeypat
         prepare_data(cfg)
     assert len(calls) in (2, 3)  # the failing chunk, and at most the one read ahead of it
     assert not any((tmp_path / "cache" / "shards").iterdir())  # no entry, no temporary folder
+
+
+@pytest.mark.parametrize("bad", [1, 7])
+def test_prepare_and_train_name_the_files_they_skip_alike(bad, tmp_path: Path, capsys):
+    """prepare dropped a Latin-1 file without a word ("13 documents"), train said "skipped 1 files":
+    both now say how many, which and why, in the same words, and where all are listed."""
+    (tmp_path / "code").mkdir()
+    corpus = write_code_corpus(tmp_path / "code")
+    names = [f"latin1-{i}.txt" for i in range(bad)]
+    for name in names:
+        (corpus / name).write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    args = [*small_run_args(corpus, tmp_path / "cache"), "data.val_fraction=0.3"]
+    assert main(["prepare", *args]) == 0
+    out, err = capsys.readouterr()
+    entry = Path(out.splitlines()[-1].removeprefix("cache entry: "))
+    files = "1 file that is" if bad == 1 else f"{bad} files that are"
+    shown = ", ".join(names) if bad == 1 else ", ".join(names[:5]) + f" and {bad - 5} more"
+    said = f"skipped {files} not UTF-8 text (binary or another encoding): {shown}; all are listed in "
+    assert err == f"blocklab: {said}{entry / 'manifest.json'}\n"
+    assert json.loads((entry / "manifest.json").read_text())["source"]["skipped_files"] == names
+    run = tmp_path / "run"
+    assert main(["train", *args, "max_steps=1", "--out", str(run)]) == 0
+    err = capsys.readouterr().err
+    assert f"blocklab: {said}{run / 'data_manifest.json'}\n" in err and err.count("blocklab: skipped") == 1
+    assert json.loads((run / "data_manifest.json").read_text())["source"]["skipped_files"] == names

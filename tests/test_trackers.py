@@ -204,3 +204,21 @@ def test_reproduce_gives_every_run_the_trackers_and_its_settings_group(tmp_path)
         fields(Namespace(logger=None, wandb_project="p"))
     with pytest.raises(ConfigError, match="--logger 'wandbb' is not allowed"):
         fields(Namespace(logger="wandbb", wandb_project=None))
+
+
+@needs_wandb
+@pytest.mark.parametrize("bad_id", ["bad id/x", "a;b", " "])
+def test_a_run_id_wandb_refuses_in_wandb_json_is_named_before_the_resume_changes_anything(bad_id, corpus,
+                                                                                          tmp_path, capsys):
+    """An edited wandb.json gave wandb's failure with advice to `wandb login`: now one line names the
+    file and the id, exit 2, and the run's files are as they were."""
+    run_dir = train(run_config(corpus, tmp_path, max_steps=4)).run_dir
+    record = json.loads((run_dir / "wandb.json").read_text())
+    (run_dir / "wandb.json").write_text(json.dumps({**record, "id": bad_id}))
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "wandb" not in p.parts}
+    capsys.readouterr()
+    assert main(["train", "--resume", "--out", str(run_dir), "max_steps=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "wandb login" not in err
+    assert f"{run_dir / 'wandb.json'} records the wandb run id {bad_id!r}, which wandb refuses" in err
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "wandb" not in p.parts} == before

@@ -632,7 +632,8 @@ def test_skipped_files_are_reported_once(corpus, tmp_path, capsys):
             "val_fraction": 0.2}
     train(config(docs, tmp_path, max_steps=1, data=data))
     err = capsys.readouterr().err
-    assert err.count("skipped") == 1 and "skipped 3 files that are not UTF-8" in err
+    assert err.count("blocklab: skipped") == 1  # named: which files, and where all are listed
+    assert "skipped 3 files that are not UTF-8 text (binary or another encoding): bad0.bin, bad1.bin, " in err
 
 
 def test_grad_accumulation_matches_one_big_batch(corpus, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import shlex
 import sys
 import traceback
 from importlib import metadata
@@ -20,7 +19,9 @@ from blocklab.finetune import cli as finetune_cli
 from blocklab.launch import cli as launch_cli
 from blocklab.rounds import add_until_decided_arguments, budget_from_args
 from blocklab.scaling import cli as scaling_cli
+from blocklab.util.commands import pasteable
 from blocklab.util.errors import ConfigError, DiskFullError
+from blocklab.util.pathtext import refused_path
 
 # torch and the model load inside the commands, so that --help and --version answer at once.
 
@@ -97,7 +98,7 @@ def _interrupted(out_dir: str) -> str:
     if last is None:
         return (f"{out_dir} has no checkpoint yet, so a rerun starts from step 0 (add overwrite=true, or "
                 "--resume, which says so and starts again)")
-    return f"`blocklab train --resume --out {out_dir}` continues from {last.name}"
+    return f"`{pasteable('blocklab', 'train', '--resume', '--out', out_dir)}` continues from {last.name}"
 
 
 THREADS_HELP = ("CPU threads for torch (torch.set_num_threads); default: torch's own, one per core or "
@@ -146,7 +147,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         run = functools.partial(compare_command, budget=rounds)
     try:
         report = run(entries, args.out, seeds=args.seeds, base=base, fresh=args.fresh, lr_sweep=sweep,
-                     sweep_steps=args.sweep_steps, command=shlex.join(["blocklab", *args.argv]),
+                     sweep_steps=args.sweep_steps, command=pasteable("blocklab", *args.argv),
                      timing_rounds=args.timing_rounds, launcher=launcher, add=args.add,
                      overwrite=args.overwrite)
     except RunsFailed as err:  # the report of the runs that finished, then the failures (exit status 1)
@@ -199,13 +200,11 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         written = [(rep.scale_name, write_reproduction(rep, Path(args.out) / rep.scale_name)) for rep in reps]
         tracking.send_figures(tracked, written, args.out)
         report = args.report or str(Path(args.out) / "REPRODUCTION.md")
-        command = (f"blocklab reproduce --scale {','.join(scales)} --no-train "
-                   f"{'--partial ' if args.partial else ''}--out {args.out} --report {report}")
-        if args.claims or args.paper or args.quick:
-            chosen = (("claims", args.claims), ("paper", args.paper))
-            command += "".join(f" --{k} {v}" for k, v in chosen if v)
-            command += " --quick" if args.quick else ""
-        command += "".join(f" {shlex.quote(o)}" for o in args.overrides)
+        words = ["blocklab", "reproduce", "--scale", ",".join(scales), "--no-train",
+                 *(["--partial"] if args.partial else []), "--out", args.out, "--report", report]
+        for option, value in (("--claims", args.claims), ("--paper", args.paper)):
+            words += [option, value] if value else []
+        command = pasteable(*words, *(["--quick"] if args.quick else []), *args.overrides)
         from blocklab.scaling.report import headline_section
 
         path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md",
@@ -418,11 +417,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except OSError as err:  # the machine's, not blocklab's: permissions, a full or read-only disk ...
-        print(f"blocklab: error: {err}", file=sys.stderr)
-        return 1
+        refused = refused_path(err)  # a path this user cannot write: one to change, like other bad input
+        print(f"blocklab: error: {refused or err}", file=sys.stderr)
+        return 1 if refused is None else 2
     except Exception:  # not a mistake in the input (those are named above): a bug, with its traceback
         traceback.print_exc()
-        print(f"blocklab: internal error (traceback above) in `blocklab {' '.join(argv)}`: this is a bug in "
+        command = pasteable("blocklab", *argv)
+        print(f"blocklab: internal error (traceback above) in `{command}`: this is a bug in "
               "blocklab, not in your input. Please report it with the command and the traceback.",
               file=sys.stderr)
         return 1

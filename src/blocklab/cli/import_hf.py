@@ -29,4 +29,7 @@ def cmd_import_hf(args: argparse.Namespace) -> None:
     dtype = str(next(done.model.parameters()).dtype).removeprefix("torch.")
     print(f"imported the {done.model_type} checkpoint {args.folder} to {done.folder} ({cfg.n_layers} layers, "
           f"d_model {cfg.d_model}, vocabulary {cfg.vocab_size}, {dtype}); {done.tokenizer}")
-    print(f"continue pretraining: blocklab train init_from={done.folder} max_steps=... --out RUN")
+    from blocklab.util.commands import pasteable
+
+    command = pasteable("blocklab", "train", f"init_from={done.folder}", "max_steps=...", "--out", "RUN")
+    print(f"continue pretraining: {command}")

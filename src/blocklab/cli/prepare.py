@@ -31,8 +31,10 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> None:
     from blocklab.data import prepare_data
+    from blocklab.data.prepare import skipped_lines
     from blocklab.training.config import resolve_config
     from blocklab.training.init_from import source_tokenizer, with_source_tokenizer
+    from blocklab.util.progress import say
 
     config, overrides = config_and_overrides(args.overrides)
     # a run needs a budget and prepare does not: a placeholder first, which any budget given replaces
@@ -40,6 +42,8 @@ def cmd_prepare(args: argparse.Namespace) -> None:
     if cfg.init_from:
         cfg = with_source_tokenizer(cfg, source_tokenizer(cfg.init_from))
     data = prepare_data(cfg.data, progress=cfg.progress)
+    for line in skipped_lines(data.stats, str(data.path / "manifest.json")):
+        say(line)
     print(summary(data.stats, str(data.path)))
 
 

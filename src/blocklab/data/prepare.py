@@ -131,7 +131,7 @@ def _key(obj: Any) -> str:
 
 def _no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
     """The error for a split left empty: what the source holds and where each document went."""
-    skipped = f"; {len(source.skipped)} files were skipped as not UTF-8" if source.skipped else ""
+    skipped = f"; {skipped_files(source.skipped)}" if source.skipped else ""
     found = f" ({split_census(source, cfg)}{skipped})"
     if split == "val":
         return ConfigError(
@@ -469,3 +469,22 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
         config=cfg, tokenizer=tokenizer, train=arrays["train"], val=arrays["val"],
         bytes_per_token={s: splits[s]["bytes_per_token"] or float("nan") for s in SPLITS},
         manifest=manifest, stats=stats, path=out_dir)
+
+
+def skipped_lines(stats: dict[str, Any], listed_in: str, shown: int = 5) -> list[str]:
+    """What the source's reading passed over, as lines for the user (none when nothing): the files that
+    are not UTF-8 text, named (the first `shown`, then how many more; all are in `listed_in`), and
+    the JSONL records without the text, counted. `blocklab prepare` and `train` say the same."""
+    lines = []
+    if stats["skipped_files"]:
+        lines.append(f"{skipped_files(stats['skipped_files'], shown)}; all are listed in {listed_in}")
+    if stats["bad_records"]:  # how many records were read, how many skipped and why
+        lines.append(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
+    return lines
+
+
+def skipped_files(names: list[str], shown: int = 5) -> str:
+    """"skipped N files that are not UTF-8 text ...: a, b, ..." for the files a source passed over."""
+    few = ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
+    files = "1 file that is" if len(names) == 1 else f"{len(names):,} files that are"
+    return f"skipped {files} not UTF-8 text (binary or another encoding): {few}"

@@ -31,7 +31,7 @@ from typing import Any
 from blocklab.data.config import EMBEDDED, EMBEDDED_CORPORA, PROSE, DataConfig
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
 from blocklab.util.errors import ConfigError
-from blocklab.util.pathtext import is_text, not_text
+from blocklab.util.pathtext import is_text, not_text, what_is_there
 
 Select = Callable[[str], bool]
 
@@ -333,7 +333,7 @@ def open_source(cfg: DataConfig) -> Source:
                           by_paragraph=path.suffix != ".jsonl")
     close = difflib.get_close_matches(spec, EMBEDDED_CORPORA, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(f"DataConfig.source = {spec!r}: no such file or directory.{hint} Accepted: {ACCEPTED}.")
+    raise ConfigError(f"DataConfig.source = {spec!r}: {what_is_there(path)}.{hint} Accepted: {ACCEPTED}.")
 
 
 def split_documents(source: Source, cfg: DataConfig, splits: tuple[str, ...] = ("train", "val"),

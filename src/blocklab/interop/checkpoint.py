@@ -51,6 +51,8 @@ from blocklab.util.filemodes import as_created
 FORMAT_VERSION = 1
 VERSION_KEY = "blocklab_format_version"
 SHA_KEY = "blocklab_sha256"  # in config.json: {file: sha256} of the weights and tokenizer
+# in config.json: the sha256 of its other fields (`integrity.fields_sha256`): a file cannot hold its own
+CONFIG_SHA_KEY = "blocklab_config_sha256"
 _EXPORT_FILES = {CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME, hf_export.TOKENIZER_CONFIG_NAME, *hf_remote.FILES}
 FORMATS = ("blocklab", "hf")
 
@@ -128,7 +130,9 @@ def _write_blocklab(model: LanguageModel, tmp: Path) -> None:
     save_model(model, str(tmp / WEIGHTS_NAME), metadata=export_metadata("blocklab"), force_contiguous=True)
     meta = {VERSION_KEY: FORMAT_VERSION, "dtype": str(_model_dtype(model)).removeprefix("torch."),
             SHA_KEY: integrity.record(tmp, (WEIGHTS_NAME, TOKENIZER_NAME))}
-    (tmp / CONFIG_NAME).write_text(json.dumps({**model.cfg.to_dict(), **meta}, indent=2) + "\n")
+    config = {**model.cfg.to_dict(), **meta}
+    config[CONFIG_SHA_KEY] = integrity.fields_sha256(config)
+    (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def save_pretrained(model: LanguageModel, folder: str | os.PathLike, tokenizer: Any = None,
@@ -187,13 +191,16 @@ def _write_folder(model: LanguageModel, folder: Path, tokenizer: Any, format: st
 def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu", verify: bool = True
                     ) -> LanguageModel:
     """The `Transformer` saved in `folder` by `save_pretrained`, in its saved dtype, on `device`. With
-    `verify`, the weights and tokenizer must match the sha256 recorded in config.json."""
+    `verify`, the weights and tokenizer must match the sha256 recorded in config.json, and config.json's
+    own fields the sha256 recorded beside them (an export written before that record passes)."""
     folder = Path(folder)
     try:
         data = json.loads((folder / CONFIG_NAME).read_text())
     except (ValueError, UnicodeDecodeError) as err:
         raise ConfigError(f"{folder / CONFIG_NAME} is not valid JSON ({err}): the export is damaged; export "
                           "it again (blocklab export --run DIR --out FOLDER).") from None
+    fields = data.pop(CONFIG_SHA_KEY, None)
+    written = dict(data)  # the fields the record covers
     sums = data.pop(SHA_KEY, None)
     if verify:
         integrity.verify(folder, sums, str(folder / CONFIG_NAME))
@@ -206,6 +213,8 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     if version > FORMAT_VERSION:
         raise ConfigError(f"{folder} has {VERSION_KEY} = {version}; this blocklab reads versions up to "
                           f"{FORMAT_VERSION}: upgrade blocklab.")
+    if verify:  # after the version: a later format may record its fields otherwise
+        integrity.verify_fields(folder / CONFIG_NAME, written, fields)
     dtype = getattr(torch, check_dtype(data.pop("dtype", "float32"), f"{folder / CONFIG_NAME} has dtype"))
     cfg = ModelConfig.from_dict(data)
     with torch.device(device):

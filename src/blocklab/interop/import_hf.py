@@ -24,6 +24,7 @@ from typing import Any
 
 from blocklab.interop import hf_files
 from blocklab.runtime import LanguageModel
+from blocklab.util.commands import pasteable
 from blocklab.util.errors import ConfigError
 
 MODEL_TYPES = ("gpt2", "llama", "blocklab")  # config.json's model_type values blocklab imports
@@ -71,8 +72,9 @@ def check_checkpoint(folder: Path) -> str:
     if data is None:
         raise ConfigError(f"{folder / 'config.json'} is not a JSON object: the checkpoint is damaged.")
     if "blocklab_format_version" in data:
-        raise ConfigError(f"{str(folder)!r} is already a blocklab export: use it as it is "
-                          f"(blocklab train init_from={folder}, or blocklab.interop.load_pretrained).")
+        command = pasteable("blocklab", "train", f"init_from={folder}")
+        raise ConfigError(f"{str(folder)!r} is already a blocklab export: use it as it is ({command}, or "
+                          "blocklab.interop.load_pretrained).")
     model_type = data.get("model_type")
     if model_type not in MODEL_TYPES:
         what = "has no model_type" if model_type is None else f"has model_type = {model_type!r}"

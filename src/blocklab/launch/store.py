@@ -20,6 +20,7 @@ from typing import Any
 
 from blocklab.training.checkpoint import latest_checkpoint
 from blocklab.training.config import NOT_RESULTS, TrainConfig, check_saved_config
+from blocklab.training.metrics import check_finished_curve
 from blocklab.util import locks
 
 REMEDY = "use another --out, or --fresh to retrain it."
@@ -47,6 +48,8 @@ def check_reusable(cfg: TrainConfig) -> str:
     if finished or resume:
         check_saved_config(run, cfg, NOT_RESULTS,
                            f"{run} holds {'a finished' if finished else 'an unfinished'} run", REMEDY)
+    if finished:  # reused as it is: its curve must be whole, as reports and fits read it
+        check_finished_curve(run)
     return "finished" if finished else "resume" if resume else "new"
 
 

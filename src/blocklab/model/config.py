@@ -246,9 +246,9 @@ class ModelConfig(ConfigBase):
         """Read a config written as JSON or YAML (by extension)."""
         text = Path(path).read_text()
         if str(path).endswith((".yaml", ".yml")):
-            import yaml
+            from blocklab.util import yamltext
 
-            return cls.from_dict(yaml.safe_load(text) or {})
+            return cls.from_dict(yamltext.load(text) or {})
         return cls.from_dict(json.loads(text))
 
 

@@ -298,6 +298,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
 
     from blocklab.scaling.judge import judge_ladder, read_ladder
     from blocklab.scaling.ladders import LADDERS
+    from blocklab.util.commands import pasteable
 
     md = ["## The papers' headline numbers", "", HEADLINE_TEXT]
     for key, ladder in LADDERS.items():
@@ -314,7 +315,8 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
                 md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
             continue
         result = judge_ladder(data)
-        command = f"blocklab scaling --ladder {key} --archs {','.join(archs)} --out {store} --no-train"
+        command = pasteable("blocklab", "scaling", "--ladder", key, "--archs", ",".join(archs),
+                            "--out", store, "--no-train")
         write_scaling_report(result, root, command)
         done = sum(len(seeds) for seeds in data.points.values())
         total = len(archs) * len(ladder.rungs) * ladder.seeds

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from blocklab.util import diskfull, integrity
+from blocklab.util.commands import pasteable
 from blocklab.util.errors import ConfigError
 from blocklab.util.filemodes import as_created
 
@@ -204,7 +204,7 @@ def _size(run_dir: str | Path, tensors: Any) -> int:
 
 def resume_hint(run_dir: str | Path) -> str:
     """What to do once a full disk has room again: the command that resumes the run, and from where."""
-    command = f"`blocklab train --resume --out {shlex.quote(str(run_dir))}`"
+    command = f"`{pasteable('blocklab', 'train', '--resume', '--out', run_dir)}`"
     last = latest_checkpoint(run_dir)
     if last is None:
         return f"No checkpoint was saved yet: free some space, then {command} starts again from step 0."

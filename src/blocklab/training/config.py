@@ -27,6 +27,7 @@ import blocklab.presets  # noqa: F401 (registers the named presets that ModelCon
 from blocklab.data import DataConfig
 from blocklab.model.config import ModelConfig
 from blocklab.training.optim import OptimConfig
+from blocklab.util import yamltext
 from blocklab.util.configbase import ConfigBase, config_dataclass, is_count
 from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import require_text
@@ -158,7 +159,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"training config {str(path)!r} does not exist: give a YAML file or a "
                           f"recipe ({', '.join(list_recipes())}).")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yamltext.load(path.read_text(encoding="utf-8")) or {}
+    except yamltext.DuplicateKey as err:
+        raise ConfigError(f"training config {str(path)!r} gives {err.key!r} twice, at line {err.first} and "
+                          f"line {err.second} (in the same section): YAML would keep the last silently. "
+                          "Keep one of them.") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"training config {str(path)!r} is not UTF-8 text (byte {err.start}: "
                           f"{err.object[err.start:err.start + 1]!r}); save it as UTF-8.") from None
@@ -300,7 +305,7 @@ def _split_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r} is not allowed: write key=value, e.g. optim.lr=3e-4.")
     require_text([("the key of an override", key), (key.strip(), raw)])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yamltext.load(raw) if raw.strip() else None
     except RecursionError:  # PyYAML recurses once per level: thousands of nested [ or {
         raise ConfigError(f"override {key.strip()} is not allowed: its value is nested too deeply for YAML "
                           "to read; give a value a few levels deep, e.g. [1, 2] or {a: 1}.") from None

@@ -23,6 +23,7 @@ from tqdm.std import tqdm as std_tqdm
 
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.data import Batches, bits_per_byte, prepare_data
+from blocklab.data.prepare import skipped_lines
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
@@ -180,7 +181,8 @@ class Trainer:
             if cfg.init_from:  # its source may be gone: the run's own tokenizer.json serves
                 cfg = self.cfg = init_from.resumed_tokenizer(cfg, self.run_dir)
             if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
-                rundir.check_resume_metrics(self.run_dir)
+                rundir.check_resume_metrics(self.run_dir, self.checkpoint)
+                trackers.check_resume(self.run_dir, cfg)
         elif not resume:
             rundir.check_new_run_dir(self.run_dir, cfg.overwrite)
         torch.manual_seed(cfg.seed)
@@ -203,12 +205,8 @@ class Trainer:
         # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
         if self.env.is_main:
             self.data = prepare_data(cfg.data, progress=cfg.progress)
-            stats = self.data.stats  # a line with the counts; data_manifest.json lists the files
-            if stats["skipped_count"]:
-                say(f"skipped {stats['skipped_count']} files that are not UTF-8 text "
-                    "(see data_manifest.json)")
-            if stats["bad_records"]:  # how many records were read, how many skipped and why
-                say(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
+            for line in skipped_lines(self.data.stats, str(self.run_dir / "data_manifest.json")):
+                say(line)
         distributed.barrier(self.env)
         if not self.env.is_main:
             self.data = prepare_data(cfg.data)
@@ -273,12 +271,13 @@ class Trainer:
         except Exception as err:  # any unreadable or mismatched checkpoint: a message, not a traceback
             raise TrainingError(f"cannot resume from {str(path)!r}: {err}") from err
 
-    def _save(self) -> None:
+    def _save(self, logger: MetricsLogger | None) -> None:
         weights, optim_states = distributed.full_states(self.wrapped, self.optimizers)
         if self.env.is_main:
-            # the config these steps were taken with: a resume checks config.yaml against it
+            # the config these steps were taken with: a resume checks config.yaml against it; the rows
+            # metrics.jsonl holds: a resume checks that none was lost since
             meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash,
-                    "train_config": self.cfg.to_dict()}
+                    "train_config": self.cfg.to_dict(), "metrics_rows": dict(logger.rows) if logger else None}
             ckpt.save_checkpoint(self.run_dir, weights, optim_states, self.state, meta,
                                  self.cfg.keep_checkpoints)
         distributed.barrier(self.env)
@@ -332,7 +331,7 @@ class Trainer:
     def _logged_val(self, step: int) -> dict[str, Any] | None:
         """The validation row already logged at `step` (a finished run resumed), if any."""
         path = self.run_dir / "metrics.jsonl"
-        rows = read_metrics(path, "val") if path.is_file() else []
+        rows = read_metrics(path, "val", whole=False) if path.is_file() else []
         return next((r for r in reversed(rows) if r["step"] == step), None)
 
     def run(self) -> RunResult:
@@ -446,7 +445,7 @@ class Trainer:
                 val = self._validate(logger)
                 window_start = time.perf_counter()  # keep evaluation out of tokens/s
             if cfg.ckpt_every and state.step % cfg.ckpt_every == 0 and not done:
-                self._save()
+                self._save(logger)
         bar.close()
         trained = state.step > first_step
         if not trained and resumed:  # a finished run resumed: its final row and checkpoint exist
@@ -454,7 +453,7 @@ class Trainer:
         if val is None or val["step"] != state.step:
             val = self._validate(logger)
         if trained or not resumed:
-            self._save()
+            self._save(logger)
         return val
 
     def _done(self) -> bool:

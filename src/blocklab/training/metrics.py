@@ -36,13 +36,47 @@ def learned_scalars(model: nn.Module) -> dict[str, list[float]]:
     return out
 
 
-def read_metrics(path: str | Path, kind: str | None = None) -> list[dict[str, Any]]:
+def read_metrics(path: str | Path, kind: str | None = None, whole: bool = True) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl file, one JSON object a line (blank lines are skipped), only those
     of `kind` ("train", "val") if given. A last line that is not valid JSON is the torn end of an
     interrupted write (a full disk, a power cut) and is passed over: no record was ever whole there. A
-    missing file is a FileNotFoundError, any other damaged line a ConfigError naming the file and line."""
-    rows, _ = read_rows(Path(path))
+    missing file is a FileNotFoundError, any other damaged line a ConfigError naming the file and line.
+    With `whole`, the curve of a finished run must reach the step its summary.json names (`check_whole`);
+    the trainer, which cuts the file back itself on resume, reads it with whole=False."""
+    path = Path(path)
+    rows, _ = read_rows(path)
+    if whole:
+        check_whole(path, rows)
     return [r for r in rows if kind is None or r.get("kind") == kind]
+
+
+def check_whole(path: Path, rows: list[dict[str, Any]]) -> None:
+    """A ConfigError naming the run when its metrics.jsonl (`path`, read as `rows`) lacks the validation
+    row at the step where summary.json, beside it, says the run finished: the trainer writes that row
+    before the summary, so lines were lost afterwards (a file cut short, a copy that stopped early),
+    and a report, fit or plot read from the curve would be silently wrong. Nothing is checked for a run
+    without a summary (still training or cut off: its curve simply ends earlier)."""
+    try:
+        summary = json.loads((path.parent / "summary.json").read_text())
+        final = summary["step"]
+    except (OSError, ValueError, TypeError, KeyError):  # no summary (or one too damaged to say)
+        return
+    if not isinstance(final, int) or any(r.get("kind") == "val" and r.get("step") == final for r in rows):
+        return
+    steps = [r["step"] for r in rows if isinstance(r.get("step"), int)]
+    ends = f"ends at step {max(steps)}" if steps else "holds no row"
+    raise ConfigError(f"{path} {ends}, without the validation at step {final} where the run's "
+                      "summary.json says it finished: lines were lost after the run wrote them, and the "
+                      "curve would be read as shorter than trained. Restore metrics.jsonl from a copy, or "
+                      f"remove {path.parent} and rerun the command that made it (compare, reproduce and "
+                      "scaling retrain it without --no-train).")
+
+
+def check_finished_curve(run_dir: str | Path) -> None:
+    """`check_whole` on a run folder, before a launcher reuses it as finished: a metrics.jsonl that is
+    missing altogether lost every line."""
+    path = Path(run_dir) / "metrics.jsonl"
+    check_whole(path, read_rows(path)[0] if path.is_file() else [])
 
 
 def read_rows(path: Path) -> tuple[list[dict[str, Any]], bytes | None]:
@@ -98,6 +132,14 @@ def resume_rows(path: str | Path) -> tuple[list[dict[str, Any]], bytes | None]:
     return [row for _, row in numbered], torn
 
 
+KINDS = ("train", "val")
+
+
+def row_counts(rows: list[dict[str, Any]], step: int) -> dict[str, int]:
+    """How many of `rows` of each kind lie at or before `step`."""
+    return {kind: sum(r["kind"] == kind and r["step"] <= step for r in rows) for kind in KINDS}
+
+
 def resume_gap(row: dict[str, Any]) -> str:
     """What a metrics row lacks that a resume reads, in words ("" when nothing): on every row its `kind`
     ("train" or "val") and `step` (an integer >= 0), which place it on the curve and decide whether it
@@ -139,20 +181,24 @@ class MetricsLogger:
     """Appends to metrics.jsonl; on resume, drops lines past the resumed step so the log stays one curve,
     and a torn last line (`torn`, its size in bytes, tells; None when there was none). With
     `open_trackers` ((run folder, resume step) -> trackers, called once the file is cut back), each row
-    also goes to the run's trackers."""
+    also goes to the run's trackers. `rows` counts the file's rows by kind, which each checkpoint records
+    (`metrics_rows`), so that a resume can tell rows lost since (`rundir.check_resume_metrics`)."""
 
     def __init__(self, run_dir: Path, resume_step: int | None = None,
                  open_trackers: Callable[[Path, int | None], list[Tracker]] | None = None):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.run_dir = Path(run_dir)
         self.torn: int | None = None
+        self.rows = dict.fromkeys(KINDS, 0)
         if resume_step is None:
             with self._writing(0):
                 self.path.write_text("")
         elif self.path.exists():
             rows, torn = resume_rows(self.path)  # checked: the trainer checks before it writes anything
             self.torn = None if torn is None else len(torn)
-            text = "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= resume_step)
+            kept = [r for r in rows if r["step"] <= resume_step]
+            self.rows = row_counts(kept, resume_step)
+            text = "".join(json.dumps(r) + "\n" for r in kept)
             with self._writing(len(text)):  # whole or not at all: a failure keeps the file as it was
                 atomic_write_text(self.path, text)
         self.trackers: list[Tracker] = [] if open_trackers is None else open_trackers(self.run_dir,
@@ -166,6 +212,7 @@ class MetricsLogger:
         line = json.dumps(row) + "\n"
         with self._writing(len(line)), self.path.open("a") as f:  # one write: only it can be torn
             f.write(line)
+        self.rows[row["kind"]] += 1
         for tracker in self.trackers:
             tracker.log(row)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from blocklab.training.checkpoint import read_state
 from blocklab.training.config import TrainConfig, check_resumable, check_trained_config
-from blocklab.training.metrics import resume_rows
+from blocklab.training.metrics import resume_rows, row_counts
 from blocklab.util.errors import ConfigError
 
 
@@ -64,9 +64,27 @@ def check_resume_config(run_dir: Path, cfg: TrainConfig, checkpoint: Path) -> No
     check_resumable(cfg, run_dir)
 
 
-def check_resume_metrics(run_dir: Path) -> None:
-    """Every line of the run's metrics.jsonl holds what a resume reads of it (`metrics.resume_rows`),
-    checked before the resume writes anything: a refused resume leaves the run's files as they were."""
+def check_resume_metrics(run_dir: Path, checkpoint: Path) -> None:
+    """Every line of the run's metrics.jsonl holds what a resume reads of it (`metrics.resume_rows`), and
+    the file holds every row the checkpoint recorded (its state.json's `metrics_rows`, by kind; a
+    checkpoint saved before that record passes): checked before the resume writes anything, so that a
+    refused resume leaves the run's files as they were. Lost rows cannot be made again (a validation
+    row scores the weights of its step, which are gone), and a resume would keep the hole for good."""
     path = run_dir / "metrics.jsonl"
-    if path.is_file():
-        resume_rows(path)
+    rows = resume_rows(path)[0] if path.is_file() else []
+    state, meta = read_state(checkpoint)
+    recorded = meta.get("metrics_rows")
+    if not isinstance(recorded, dict):
+        return
+    found = row_counts(rows, state.step)
+    lost = {kind: n - found[kind] for kind, n in recorded.items() if kind in found and n > found[kind]}
+    if not lost:
+        return
+    names = {"train": "training", "val": "validation"}
+    missing = " and ".join(f"{n} of its {recorded[k]} {names[k]} rows" for k, n in lost.items())
+    steps = [r["step"] for r in rows]
+    ends = f"it ends at step {max(steps)}" if steps else "it holds no row" if path.is_file() else "it is gone"
+    raise ConfigError(f"{path} lacks {missing} up to step {state.step}, which {checkpoint / 'state.json'} "
+                      f"recorded ({ends}): lines were lost after the run wrote them, and a resume would "
+                      "leave the gap in its curve for good. Restore metrics.jsonl from a copy, or train the "
+                      "run again from the start (overwrite=true).")

@@ -15,6 +15,7 @@ from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.config import TrainConfig
+from blocklab.util.commands import pasteable
 from blocklab.util.errors import ConfigError
 
 
@@ -129,8 +130,9 @@ def _not_a_model_folder(folder: Path) -> str:
         return f"{str(folder)!r} is not a blocklab run directory ({what}): {allowed}"
     if is_hf_checkpoint(folder):
         model_type = json.loads((folder / "config.json").read_text())["model_type"]
+        command = pasteable("blocklab", "import-hf", folder, "--out", "OUT")
         return (f"{str(folder)!r} is a Hugging Face {model_type} checkpoint, not a blocklab run directory or "
-                f"export: import it first (blocklab import-hf {folder} --out OUT), then give OUT.")
+                f"export: import it first ({command}), then give OUT.")
     return (f"{str(folder)!r} is not a blocklab run directory (no model_config.json) nor a blocklab export "
             f"(no config.json with blocklab_format_version): {allowed}")
 

@@ -45,6 +45,8 @@ class TrackerKind:
     figures: FigureSender | None = None  # None: the tracker shows no report figures
     # gives a finished run that compare or reproduce reuses the rows its tracker run lacks; None: cannot
     catch_up: Callable[[Path, TrainConfig], None] | None = None
+    # checks what a resume reads of the tracker's own record, before the run changes any file; None: nothing
+    check_resume: Callable[[Path, TrainConfig], None] | None = None
 
 
 def _tensorboard(run_dir: Path, cfg: TrainConfig, resume_step: int | None) -> Tracker:  # noqa: ARG001
@@ -69,9 +71,15 @@ def _wandb_catch_up(run_dir: Path, cfg: TrainConfig) -> None:
     catch_up(run_dir, cfg)
 
 
+def _wandb_check(run_dir: Path, cfg: TrainConfig) -> None:
+    from blocklab.training.wandb_tracker import check_record
+
+    check_record(run_dir, cfg)
+
+
 TRACKERS: dict[str, TrackerKind] = {
     "tensorboard": TrackerKind("tensorboard", "tensorboard", _tensorboard),
-    "wandb": TrackerKind("wandb", "wandb", _wandb, _wandb_figures, _wandb_catch_up),
+    "wandb": TrackerKind("wandb", "wandb", _wandb, _wandb_figures, _wandb_catch_up, _wandb_check),
 }
 assert tuple(TRACKERS) == TRACKER_NAMES, "training/tracking.py lists the same trackers"
 
@@ -99,6 +107,14 @@ def require_installed(names: Sequence[str]) -> None:
         if not found:
             raise ConfigError(f"logger {name!r} needs the {kind.module} package, which is not installed: "
                               f"pip install 'blocklab[{kind.extra}]', or drop {name} from logger.")
+
+
+def check_resume(run_dir: Path, cfg: TrainConfig) -> None:
+    """Each tracker's record of a run about to resume, checked (`TrackerKind.check_resume`)."""
+    for name in tracker_names(cfg):
+        check = TRACKERS[name].check_resume
+        if check is not None:
+            check(Path(run_dir), cfg)
 
 
 def open_trackers(run_dir: Path, cfg: TrainConfig, resume_step: int | None) -> list[Tracker]:

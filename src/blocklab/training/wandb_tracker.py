@@ -43,6 +43,24 @@ def read_record(run_dir: Path) -> dict[str, Any] | None:
     return record if ok else None
 
 
+def check_record(run_dir: Path, cfg: TrainConfig) -> None:
+    """The record a resume goes on with, checked before the run changes any file: a run id that wandb
+    refuses (the file edited by hand) is a ConfigError naming the file, rather than wandb's failure
+    later, which reads as a login problem."""
+    import wandb
+
+    saved = read_record(run_dir)
+    if saved is None or saved.get("project") != cfg.wandb_project:  # not resumed: a new wandb run
+        return
+    try:
+        wandb.Settings(run_id=saved["id"])  # wandb's own rule for a run id
+    except Exception as err:  # noqa: BLE001 - wandb's UsageError, pydantic's ValidationError
+        path = Path(run_dir) / RECORD
+        raise ConfigError(f"{path} records the wandb run id {saved['id']!r}, which wandb refuses ({err}): "
+                          "the file was changed after the run wrote it. Put the run's id back, or delete "
+                          f"{path} to send the whole curve to a new wandb run.") from None
+
+
 def _init(**kwargs: Any) -> Any:
     """wandb.init, its failures (not logged in, no network) said as what to do."""
     import wandb
@@ -68,7 +86,8 @@ class WandbTracker:
         self.record = {"id": self.run.id, "project": cfg.wandb_project, "logged": self.logged}
         metrics = Path(run_dir) / "metrics.jsonl"
         # the rows this wandb run lacks (metrics.jsonl is already cut back to the resumed step)
-        for row in read_metrics(metrics) if resume_step is not None and metrics.is_file() else []:
+        resumed = resume_step is not None and metrics.is_file()
+        for row in read_metrics(metrics, whole=False) if resumed else []:
             self.log(row, save=False)
         self._save()
 
@@ -103,6 +122,7 @@ def send_figures(paths: list[Path], folder: Path, name: str, where: TrackTo) -> 
 def catch_up(run_dir: Path, cfg: TrainConfig) -> None:
     """A finished run (reused by compare or reproduce): its rows that its wandb run lacks, sent; nothing
     (no wandb run opened) when it holds them all."""
+    check_record(run_dir, cfg)
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
     saved = read_record(run_dir)
     if saved is not None and saved.get("project") == cfg.wandb_project and all(

@@ -1,4 +1,5 @@
-"""Paths and values that are not valid text: refused up front, naming the argument.
+"""Paths and values that are not valid text: refused up front, naming the argument; and paths that
+are not what a command needs (`refused_path`, `what_is_there`), said in words.
 
 On Linux a file name is bytes, and Python hands a name that is not valid UTF-8 (a Latin-1 ``é``, the
 byte 0xe9) over as a str with a lone surrogate in it (``'\\udce9'``, PEP 383). Such a str opens the
@@ -9,7 +10,9 @@ refuses one before it reads or writes anything, with the argument's name and the
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterable
 from typing import Any
 
@@ -48,3 +51,32 @@ def require_text(pairs: Iterable[tuple[str, Any]]) -> None:
             text = os.fspath(item) if isinstance(item, os.PathLike) else item
             if isinstance(text, str) and not is_text(text):
                 raise not_text(name, text)
+
+
+# a path the user chose that this user cannot write: input to change (exit 2), not the machine failing
+NO_PERMISSION = "this user has no permission there"
+REFUSED_PATH = {errno.EROFS: "the file system that holds it is read-only", errno.EACCES: NO_PERMISSION,
+                errno.EPERM: NO_PERMISSION}
+
+
+def refused_path(err: OSError) -> str | None:
+    """An OSError on a path the user can change (a read-only disk, no permission) as one line naming the
+    path, the problem and what to do; None for any other OSError."""
+    if err.errno not in REFUSED_PATH or err.filename is None:
+        return None
+    path = os.fsdecode(err.filename)
+    why = f"{REFUSED_PATH[err.errno]} ({os.strerror(err.errno)})"
+    return f"cannot write {shown(path)!r}: {why}. Give a path (such as --out) where this user can write."
+
+
+def what_is_there(path: str | os.PathLike[str]) -> str:
+    """Why `path` is neither a regular file nor a folder, in words: "no such file or directory", or what
+    it is instead ("a character device", "a named pipe", "a socket", "a block device")."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "no such file or directory"
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"it is {kind}, not a regular file or a directory"
