@@ -24,7 +24,7 @@ def cmd_scaling(args: argparse.Namespace) -> None:
     from blocklab.scaling.judge import judge_ladder, read_ladder
     from blocklab.scaling.ladders import LADDERS, check_archs, get_ladder
     from blocklab.scaling.orchestrate import train_ladder, train_piece
-    from blocklab.scaling.report import write_scaling_report
+    from blocklab.scaling.report import check_report_folder, write_scaling_report
     from blocklab.statistics.claims import HEADLINES, PAPERS
 
     if args.list:
@@ -48,6 +48,8 @@ def cmd_scaling(args: argparse.Namespace) -> None:
         raise ConfigError(f"--seeds {args.seeds} is not allowed: give 1 or more")
     name = f"ladder-{args.ladder}"
     root = Path(args.out) / name
+    report, flag = (Path(args.report), "--report") if args.report else (root, "the ladder's folder")
+    check_report_folder(report, args.overwrite, flag)  # before anything trains
     if args.minutes is not None:
         if args.no_train:
             raise ConfigError("--minutes trains a piece of the ladder: leave out --no-train")
@@ -85,7 +87,7 @@ def cmd_scaling(args: argparse.Namespace) -> None:
             "--no-train",
         ]
     )
-    path = write_scaling_report(result, Path(args.report) if args.report else root, command)
+    path = write_scaling_report(result, report, command, args.overwrite, flag)
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
     for h in result.headlines:
         print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
@@ -117,6 +119,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--seeds", type=int, help="seeds per architecture and rung (default: the ladder's, 3)")
     p.add_argument("--out", default="runs/scaling", help="the run store (default runs/scaling)")
     p.add_argument("--report", help="write the report here instead of OUT/ladder-<name>/")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a scaling.md, .html, .json or figure in the report's folder that blocklab did not "
+        "write (by default such files are refused by name; blocklab's own are rewritten)",
+    )
     p.add_argument(
         "--no-train",
         action="store_true",

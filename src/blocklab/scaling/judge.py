@@ -37,6 +37,7 @@ from blocklab.scaling.fit import (
 from blocklab.scaling.ladders import Ladder
 from blocklab.statistics import evidence
 from blocklab.statistics.claims import HEADLINES, Headline
+from blocklab.util.errors import ConfigError
 
 READINGS = {
     "all": "every parameter (embeddings and value tables included), as the papers count",
@@ -71,8 +72,16 @@ def _read_point(run: Path) -> Point | None:
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
+    loss = float(summary["val_loss"]) if isinstance(summary.get("val_loss"), int | float) else math.nan
+    if not math.isfinite(loss):
+        raise ConfigError(f"{path} gives val_loss {summary.get('val_loss')!r}, not a finite loss: the run "
+                          f"{run} cannot enter a fit; train it again (delete {run}) or leave its seed out")
     val = [r for r in read_metrics(run / "metrics.jsonl", "val") if r.get("val_loss") is not None]
-    return Point(summary["params"], float(summary["val_loss"]), [float(r["tokens"]) for r in val],
+    if not val:
+        raise ConfigError(f"{run}/metrics.jsonl has no validation row, yet {path} says the run finished: "
+                          f"its curve is lost, so the data equivalence cannot read it; train it again "
+                          f"(delete {run})")
+    return Point(summary["params"], loss, [float(r["tokens"]) for r in val],
                  [float(r["val_loss"]) for r in val])
 
 

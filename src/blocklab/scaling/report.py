@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 from blocklab.report import md_table, render_html, render_markdown
+from blocklab.report.owned import check_owned, record_written
 from blocklab.scaling.fit import fit
 from blocklab.scaling.judge import (
     READINGS,
@@ -241,10 +242,30 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
     ]
 
 
-def write_scaling_report(result: ScalingResult, out: Path, command: str = "") -> Path:
-    """OUT/scaling.md, scaling.html and scaling.json, the figures beside them."""
+REPORT_TITLE = "Scaling ladder"
+# the files write_scaling_report writes into a folder, and how each shows that blocklab scaling wrote it
+# (None: a figure, blocklab's when the report beside it is and links it); `report.owned`
+REPORT_FILES: dict[str, str | None] = {
+    "scaling.md": f"# {REPORT_TITLE} ",
+    "scaling.html": f"<h1>{REPORT_TITLE} ",
+    "scaling.json": '{\n  "ladder": ',
+    **{figure_path(Path(), reading).name: None for reading in READINGS},
+}
+
+
+def check_report_folder(out: Path, overwrite: bool = False, flag: str = "--report") -> None:
+    """Refuse a report folder that is a file, or that holds a scaling.md, .html, .json or figure blocklab
+    scaling did not write (unless `overwrite`): checked before anything trains."""
+    check_owned(out, REPORT_FILES, "scaling.md", overwrite, flag, "scaling")
+
+
+def write_scaling_report(result: ScalingResult, out: Path, command: str = "", overwrite: bool = False,
+                         flag: str = "--report") -> Path:
+    """OUT/scaling.md, scaling.html and scaling.json, the figures beside them; refuses files there that
+    blocklab did not write (`check_report_folder`) and records those it wrote."""
+    check_report_folder(out, overwrite, flag)
     out.mkdir(parents=True, exist_ok=True)
-    title = f"Scaling ladder {result.data.name}: {', '.join(result.data.archs)}"
+    title = f"{REPORT_TITLE} {result.data.name}: {', '.join(result.data.archs)}"
     blocks = ladder_blocks(result, out)
     if command:
         blocks.append(("p", f"Rebuild this report from the runs: `{command}`"))
@@ -252,6 +273,7 @@ def write_scaling_report(result: ScalingResult, out: Path, command: str = "") ->
     md.write_text(render_markdown(title, blocks))
     (out / "scaling.html").write_text(render_html(title, blocks))
     (out / "scaling.json").write_text(json.dumps(result_record(result), indent=2) + "\n")
+    record_written(out, [out / name for name in REPORT_FILES])
     return md
 
 
@@ -315,7 +337,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
             continue
         result = judge_ladder(data)
         command = f"blocklab scaling --ladder {key} --archs {','.join(archs)} --out {store} --no-train"
-        write_scaling_report(result, root, command)
+        write_scaling_report(result, root, command, flag="the ladder's folder")
         done = sum(len(seeds) for seeds in data.points.values())
         total = len(archs) * len(ladder.rungs) * ladder.seeds
         link = os.path.relpath(root / "scaling.md", page_dir)
