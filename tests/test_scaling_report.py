@@ -225,8 +225,9 @@ def test_the_method_states_what_ran_from_the_runs_records(tmp_path):
     result = judge_ladder(data)
     report = write_scaling_report(result, tmp_path / "rep").read_text()
     method = report.split("## Method")[1]
-    assert "Corpus: `my-corpus/` (folder my-corpus/ (3 files), sha256 abababababababab...)" in method
-    assert "Tokenizer: `bpe`, vocabulary 512, sha256 cdcdcdcdcdcdcdcd..." in method
+    assert ("Corpus: `my-corpus/` (folder my-corpus/ (3 files), sha256 abababababababab (first 16 hex "
+            "digits))") in method
+    assert "Tokenizer: `bpe`, vocabulary 512, sha256 cdcdcdcdcdcdcdcd (first 16 hex digits)" in method
     assert "30 runs used: seeds 0, 1, 2 of each of 2 architectures at each of 5 rungs" in method
     assert "left out, their seed unfinished elsewhere: r0/pre-ln-seed3." in method
     assert f"{30 * 60 / 60:.0f} minutes summed over the runs used" in method

@@ -63,6 +63,8 @@ def method_facts(result: ScalingResult) -> dict[str, Any]:
 
 
 def _hours(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} seconds"
     return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:.1f} hours"
 
 
@@ -72,10 +74,10 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
     corpus = (f"`{f['data_source']}`" if f["data_source"] else "not recorded in the runs")
     if f["corpus"]:
         corpus += f" ({f['corpus']}"
-        corpus += f", sha256 {f['fingerprint'][:16]}...)" if f["fingerprint"] else ")"
+        corpus += f", sha256 {f['fingerprint'][:16]} (first 16 hex digits))" if f["fingerprint"] else ")"
     tokenizer = "not recorded in the runs" if not f["tokenizer"] else (
         f"`{f['tokenizer']}`" + (f", vocabulary {f['vocab_size']:,}" if f["vocab_size"] else "")
-        + (f", sha256 {f['tokenizer_sha256'][:16]}..." if f["tokenizer_sha256"] else ""))
+        + (f", sha256 {f['tokenizer_sha256'][:16]} (first 16 hex digits)" if f["tokenizer_sha256"] else ""))
     seeds = ", ".join(map(str, f["seeds_used"]))
     runs = (f"{f['runs_used']} runs used: seeds {seeds} of each of {len(archs)} architectures at each of "
             f"{len(rungs)} rungs ({len(f['seeds_used'])} per rung and architecture)")
