@@ -369,7 +369,7 @@ def judge_headline(claim: Headline, result: ScalingResult, confidence: float = e
             claim, "inconclusive", None,
             f"{claim.arch}'s saving at the middle of the ladder (N = {eq.at:,.0f}) needs {claim.baseline}'s "
             f"{eq.law} {beyond_text(eq.outside)}, more than the {READ_BEYOND:g}x this report reads a law "
-            "past its rungs", f"rungs of {claim.baseline} that reach the loss read")
+            "past its rungs", f"rungs of {claim.baseline} up to the size the reading needs")
     iv = eq.interval
     if confidence != evidence.CONFIDENCE:
         iv = (hull(eq.by_law, confidence) if claim.measure == "parameters"

@@ -173,7 +173,8 @@ def figure_blocks(result: ScalingResult, figures: Path) -> list[tuple]:
             f"loss against parameters ({reading})",
             f"final validation loss against parameters counted as {READINGS[reading]}: the mean over seeds "
             "at each rung (bars: one seed standard deviation) and the law fitted to the means (solid: the "
-            "law the equivalences read; dotted: the power law, which does not describe the points); the "
+            "law the equivalences read, the power law where both laws are read; dotted: the power law, "
+            "which does not describe the points); the "
             f"legend gives each architecture's saving against {result.baseline} at the middle of the ladder, "
             "with its 95% interval.",
         )
