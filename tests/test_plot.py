@@ -136,3 +136,31 @@ def test_compare_add_joins_a_seed_and_adds_a_longer_run_after_checking_the_data(
                 add=[windows])
     with pytest.raises(ConfigError, match="not a finished run"):
         compare(["pre-ln", "sas"], out, seeds=1, base=base, log=lambda *_: None, add=[tmp_path / "nothing"])
+
+
+def test_plot_replaces_only_its_own_files_and_refuses_the_users_by_name(corpus, tmp_path, capsys):
+    """issue 57 item 11: a plot.md, plot.html or loss_vs_*.png of the user's in --out is refused by name
+    with nothing written; blocklab's own are rewritten; --overwrite replaces the named files."""
+    run = train(corpus, tmp_path / "cache", tmp_path / "a", "arch=pre-ln")
+    out = tmp_path / "plot"
+    out.mkdir()
+    (out / "plot.md").write_text("my notes\n")
+    (out / "loss_vs_step.png").write_bytes(b"my figure")
+    assert main(["plot", str(run), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "plot.md, loss_vs_step.png, not blocklab plot's own" in err and "--overwrite" in err
+    assert (out / "plot.md").read_text() == "my notes\n" and sorted(p.name for p in out.iterdir()) == [
+        "loss_vs_step.png", "plot.md"]
+    assert main(["plot", str(run), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "loss_vs_step.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert main(["plot", str(run), "--out", str(out)]) == 0  # its own files: rewritten
+    (out / "loss_vs_tokens.png").write_bytes(b"the user's, in place of blocklab's")
+    assert main(["plot", str(run), "--out", str(out)]) == 2
+    assert "loss_vs_tokens.png (changed since blocklab wrote it)" in capsys.readouterr().err
+    (out / "plot.md").unlink()  # a folder from before the record: the marks tell blocklab's files
+    (out / ".blocklab-wrote.json").unlink()
+    (out / "loss_vs_tokens.png").unlink()
+    assert main(["plot", str(run), "--out", str(out)]) == 2  # loss_vs_*.png no longer linked from a report
+    assert main(["plot", str(run), "--out", str(out), "--overwrite"]) == 0
+    (out / ".blocklab-wrote.json").unlink()
+    assert main(["plot", str(run), "--out", str(out)]) == 0  # plot.md marked, its figures linked from it

@@ -18,6 +18,10 @@ from blocklab.util.figures import agg_figure
 
 AXES = (("step", "step"), ("tokens", "tokens"), ("flops", "training FLOPs"),
         ("wall_time", "training wall-clock from the run's log (s)"))
+TITLE = "blocklab plot"
+# the files plot_runs writes, and how each shows that blocklab plot wrote it (`blocklab.report.owned`)
+PLOT_FILES: dict[str, str | None] = {"plot.md": f"# {TITLE}\n", "plot.html": f"<h1>{TITLE}</h1>",
+                                     **{f"loss_vs_{key}.png": None for key, _ in AXES}}
 
 
 def _flops_per_token(run: Path) -> float:
@@ -74,13 +78,16 @@ def labels(runs: list[dict[str, Any]]) -> list[str]:
         depth += 1
 
 
-def plot_runs(paths: list[str | Path], out: str | Path) -> Path:
+def plot_runs(paths: list[str | Path], out: str | Path, overwrite: bool = False) -> Path:
     """Overlay the runs' curves; writes OUT/loss_vs_<axis>.png, OUT/plot.md and OUT/plot.html and
-    returns plot.md."""
+    returns plot.md. Files of those names in OUT that blocklab did not write are refused by name unless
+    `overwrite` (`blocklab.report.owned`)."""
     from blocklab.report import render_html, render_markdown
+    from blocklab.report.owned import check_owned, record_written
 
     if not paths:
         raise ConfigError("blocklab plot needs at least one run directory.")
+    check_owned(Path(out), PLOT_FILES, "plot.md", overwrite, "--out", "plot")
     runs = [load_run(p) for p in paths]
     names = labels(runs)
     out = Path(out)
@@ -125,7 +132,7 @@ def plot_runs(paths: list[str | Path], out: str | Path) -> Path:
         fig.savefig(path, dpi=110)
         blocks.append(("figure", path, f"validation loss against {axis}",
                        f"Validation loss (top) and bits per byte (bottom) against {axis}; lower is better."))
-    title = "blocklab plot"
-    (out / "plot.md").write_text(render_markdown(title, blocks))
-    (out / "plot.html").write_text(render_html(title, blocks))
+    (out / "plot.md").write_text(render_markdown(TITLE, blocks))
+    (out / "plot.html").write_text(render_html(TITLE, blocks))
+    record_written(out, [out / name for name in PLOT_FILES])
     return out / "plot.md"

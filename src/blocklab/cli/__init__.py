@@ -218,7 +218,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
 def cmd_plot(args: argparse.Namespace) -> None:
     from blocklab.plot import plot_runs
 
-    path = plot_runs(args.runs, args.out)
+    path = plot_runs(args.runs, args.out, args.overwrite)
     print(f"plot: {path} (and {path.with_suffix('.html')}, PNGs beside them)")
 
 
@@ -362,6 +362,8 @@ def _add_plot(sub) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (blocklab train's --out, a "
                    "compare's runs/<arch>-seed<k>); finished or still training")
     p.add_argument("--out", default="runs/plot", help="where the figures and pages go (default runs/plot)")
+    p.add_argument("--overwrite", action="store_true", help="replace a plot.md, plot.html or loss_vs_*.png "
+                   "in --out that blocklab did not write (by default refused by name)")
     p.set_defaults(func=cmd_plot)
 
 

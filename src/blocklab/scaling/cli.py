@@ -36,6 +36,7 @@ def user_fields(positionals: list[str] | None) -> dict:
 def cmd_scaling(args: argparse.Namespace) -> None:
     from blocklab.scaling.orchestrate import check_store
     from blocklab.scaling.outputs import check_outputs
+    from blocklab.scaling.report import check_report_folder
 
     if args.list:
         _list()
@@ -44,6 +45,8 @@ def cmd_scaling(args: argparse.Namespace) -> None:
     root = Path(args.out) / name
     _check_flags(args)
     check_outputs(args, root)
+    report, flag = _report_folder(args, root)
+    check_report_folder(report, args.overwrite, flag)  # the user's files in it refused before anything trains
     check_store(archs, ladder, root, args.seeds, args.fresh, args.no_train)
     budget = budget_from_args(args)
     if budget is not None:
@@ -114,11 +117,17 @@ def _train(args: argparse.Namespace, ladder, name: str, archs: list[str]) -> boo
     return True
 
 
+def _report_folder(args: argparse.Namespace, root: Path) -> tuple[Path, str]:
+    """Where the report goes (--report, else the store's ladder folder) and how its refusals name it."""
+    return (Path(args.report), "--report") if args.report else (root, "the ladder's folder")
+
+
 def _report(args: argparse.Namespace, ladder, name: str, archs: list[str], root: Path) -> None:
     """Fit the whole seeds, write the report (and say where), and print the verdicts."""
     from blocklab.scaling.judge import judge_ladder, read_ladder
     from blocklab.scaling.report import write_scaling_report
 
+    report, flag = _report_folder(args, root)
     data = read_ladder(root, ladder, archs, name)
     if not data.seeds():
         raise ConfigError(
@@ -130,7 +139,7 @@ def _report(args: argparse.Namespace, ladder, name: str, archs: list[str], root:
         ["blocklab", "scaling", "--ladder", args.ladder, "--archs", ",".join(archs), "--out", str(args.out),
          "--no-train", *(args.overrides or [])]
     )
-    path = write_scaling_report(result, Path(args.report) if args.report else root, command)
+    path = write_scaling_report(result, report, command, args.overwrite, flag)
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
     for h in result.headlines:
         print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
@@ -155,8 +164,8 @@ def _until_decided(args: argparse.Namespace, ladder, archs: list[str], name: str
                                      _names(args.claims))
     command = shlex.join(["blocklab", *getattr(args, "argv", ["scaling"])])  # rerun: every run reused
     with sequential.in_use():
-        path = write_scaling_report(result, Path(args.report) if args.report else Path(args.out) / name,
-                                    command)
+        report, flag = _report_folder(args, Path(args.out) / name)
+        path = write_scaling_report(result, report, command, args.overwrite, flag)
     note_in_report(path, outcome)
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
     for h in result.headlines:
@@ -201,6 +210,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", default="runs/scaling", help="the run store (default runs/scaling)")
     p.add_argument("--report", help="write the report here instead of OUT/ladder-<name>/")
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a scaling.md, .html, .json or figure in the report's folder, or an --export file, that "
+        "blocklab did not write (by default such files are refused by name; blocklab's own are rewritten)",
+    )
+    p.add_argument(
         "--no-train",
         action="store_true",
         help="only read finished runs: fit and report on the seeds that finished every rung",
@@ -222,12 +237,6 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="retrain the runs in the store whose config differs from this ladder's (refused without it); "
         "the others are reused",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="let --export replace a file that blocklab did not write as this store's export (refused "
-        "without it)",
     )
     p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
     p.add_argument("--claims", help="with --until-decided: the headline claims (comma-separated ids, see "

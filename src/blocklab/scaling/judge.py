@@ -5,9 +5,12 @@ Runs that differ only in architecture share a seed's data order and held-out win
 own: the baseline's law and X's law are fitted to that seed's rungs, and the equivalence is read off
 the two. Its interval is the t-interval over seeds, as for the claims of `blocklab reproduce`
 (tests/test_scaling.py draws ladders from a known law plus noise and checks that it covers the true
-equivalence in about 95% of draws). The law is the power law where it describes the points of both
-architectures (`fit.check_fit` on the means over seeds), else the saturating law where that does,
-else none: the claim is inconclusive and the report says what more would tell.
+equivalence in about 95% of draws). It is read under every law that describes the points of both
+architectures (`fit.check_fit` on the means over seeds), the interval being the hull of the laws'
+intervals (`scaling.laws`: the choice of law is made on the same data), else under none: the claim is
+inconclusive and the report says what more would tell (with one seed: that no law could be tested).
+A reading that needs the baseline's law far past the ladder is named, not given as a number
+(`laws.READ_BEYOND`). `family_verdicts` reads the claims again at a family-wise 95% (Bonferroni).
 
 Parameters are counted two ways: "all" (every parameter, as the papers' model sizes count them:
 embeddings and Bank of Values' tables included) and "non-embedding" (the parameters that cost FLOPs:
@@ -21,7 +24,6 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from blocklab.compare import slug
 from blocklab.scaling.fit import (
@@ -35,8 +37,10 @@ from blocklab.scaling.fit import (
     saving,
 )
 from blocklab.scaling.ladders import Ladder
+from blocklab.scaling.laws import READ_BEYOND, beyond_ladder, beyond_text, hull
 from blocklab.statistics import evidence
 from blocklab.statistics.claims import HEADLINES, Headline
+from blocklab.util.errors import ConfigError
 
 READINGS = {
     "all": "every parameter (embeddings and value tables included), as the papers count",
@@ -47,6 +51,8 @@ VERDICT_READING = "all"
 # +-0.03) is "no effect": it rules out the papers' 10-15%.
 NO_EFFECT_LOG = 0.03
 FORMS = (PowerLaw.name, Saturating.name)
+ONE_SEED = ("one seed: the laws could not be tested (a lack-of-fit test weighs the residuals against the "
+            "seed-to-seed noise, which one seed does not show) and the saving has no interval")
 
 
 @dataclass
@@ -57,6 +63,8 @@ class Point:
     val_loss: float
     tokens: list[float]  # the validation curve
     losses: list[float]
+    run: Path | None = None  # its folder (config.yaml, data_manifest.json, summary.json)
+    train_time: float | None = None  # seconds of training, from summary.json
 
     def size(self, reading: str) -> float:
         p = self.params
@@ -71,9 +79,19 @@ def _read_point(run: Path) -> Point | None:
     if not path.is_file():
         return None
     summary = json.loads(path.read_text())
+    loss = float(summary["val_loss"]) if isinstance(summary.get("val_loss"), int | float) else math.nan
+    if not math.isfinite(loss):
+        raise ConfigError(f"{path} gives val_loss {summary.get('val_loss')!r}, not a finite loss: the run "
+                          f"{run} cannot enter a fit; train it again (delete {run}) or leave its seed out")
     val = [r for r in read_metrics(run / "metrics.jsonl", "val") if r.get("val_loss") is not None]
-    return Point(summary["params"], float(summary["val_loss"]), [float(r["tokens"]) for r in val],
-                 [float(r["val_loss"]) for r in val])
+    if not val:
+        raise ConfigError(f"{run}/metrics.jsonl has no validation row, yet {path} says the run finished: "
+                          f"its curve is lost, so the data equivalence cannot read it; train it again "
+                          f"(delete {run})")
+    train_time = summary.get("train_time")
+    return Point(summary["params"], loss, [float(r["tokens"]) for r in val],
+                 [float(r["val_loss"]) for r in val], run,
+                 float(train_time) if isinstance(train_time, int | float) else None)
 
 
 @dataclass
@@ -159,6 +177,10 @@ class Equivalence:
     interval: evidence.Interval | None
     per_rung: dict[str, evidence.Interval | None] = field(default_factory=dict)  # None: beyond reach
     why: str = ""
+    untestable: bool = False  # one seed: no noise to test a law against
+    by_law: dict[str, list[float]] = field(default_factory=dict)  # each admissible law's per-seed values
+    outside: float | None = None  # how far past the ladder the verdict's reading needs the baseline's law
+    outside_per_rung: dict[str, float | None] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,9 +220,15 @@ def arch_fit(data: LadderData, arch: str, reading: str, seeds: list[int]) -> Arc
 
 def shared_law(fits: list[ArchFit]) -> tuple[str | None, str]:
     """The first law (power law, then saturating) that describes every fit, or None and why not."""
-    for form in FORMS:
-        if all(form in f.checks and f.checks[form].describes for f in fits):
-            return form, ""
+    laws, why = admissible_laws(fits)
+    return (laws[0] if laws else None), why
+
+
+def admissible_laws(fits: list[ArchFit]) -> tuple[list[str], str]:
+    """The laws that describe every fit (`laws` reads the equivalences under each), or none and why."""
+    laws = [form for form in FORMS if all(form in f.checks and f.checks[form].describes for f in fits)]
+    if laws:
+        return laws, ""
     parts = []
     for f in fits:
         for form in FORMS:
@@ -213,7 +241,7 @@ def shared_law(fits: list[ArchFit]) -> tuple[str | None, str]:
                 parts.append(
                     f"{f.arch}'s {form} leaves residuals beyond the seed noise (F = {c.f:.1f}, p = {c.p:.2g})"
                 )
-    return None, "; ".join(parts)
+    return [], "; ".join(parts)
 
 
 def parameter_equivalences(
@@ -224,39 +252,45 @@ def parameter_equivalences(
     seeds: list[int],
     fits: dict[tuple[str, str], ArchFit],
 ) -> Equivalence:
-    law, why = shared_law([fits[(baseline, reading)], fits[(arch, reading)]])
-    if law is None:
+    """X's saving against the baseline under every admissible law (`laws.hull`), at each rung and at the
+    middle of the ladder, where the verdict reads it."""
+    if len(seeds) < 2:
+        return Equivalence(arch, "parameters", reading, None, None, None, why=ONE_SEED, untestable=True)
+    laws, why = admissible_laws([fits[(baseline, reading)], fits[(arch, reading)]])
+    if not laws:
         return Equivalence(arch, "parameters", reading, None, None, None, why=why)
     base_sizes, sizes = data.sizes(baseline, reading), data.sizes(arch, reading)
     mid = math.exp(statistics.fmean(math.log(n) for n in base_sizes))
-    per_seed: dict[str, list[float]] = {r: [] for r in data.rungs}
-    at_mid = []
-    for s in seeds:
-        base_law, own = fit(law, base_sizes, data.losses(baseline, s)), fit(law, sizes, data.losses(arch, s))
-        at_mid.append(math.log(parameter_ratio(base_law, own, mid)))
-        for r, n in zip(data.rungs, sizes, strict=True):
-            per_seed[r].append(math.log(parameter_ratio(base_law, own, n)))
+    per_seed: dict[str, dict[str, list[float]]] = {r: {law: [] for law in laws} for r in data.rungs}
+    at_mid: dict[str, list[float]] = {law: [] for law in laws}
+    for law in laws:
+        for s in seeds:
+            base_law = fit(law, base_sizes, data.losses(baseline, s))
+            own = fit(law, sizes, data.losses(arch, s))
+            at_mid[law].append(math.log(parameter_ratio(base_law, own, mid)))
+            for r, n in zip(data.rungs, sizes, strict=True):
+                per_seed[r][law].append(math.log(parameter_ratio(base_law, own, n)))
     reach = ""
-    if not all(map(math.isfinite, at_mid)):
-        beyond = sum(not math.isfinite(v) for v in at_mid)
-        reach = (f"in {beyond} of {len(at_mid)} seeds {arch}'s loss at the "
-                 f"middle of the ladder lies below the floor E of {baseline}'s {law}: no size of {baseline} "
-                 "reaches it, so the saving has no finite value there")
+    values = [v for vs in at_mid.values() for v in vs]
+    if not all(map(math.isfinite, values)):
+        beyond = sum(not all(map(math.isfinite, col)) for col in zip(*at_mid.values(), strict=True))
+        reach = (f"in {beyond} of {len(seeds)} seeds {arch}'s loss at the "
+                 f"middle of the ladder lies below the floor E of {baseline}'s {' and '.join(laws)}: no size "
+                 f"of {baseline} reaches it, so the saving has no finite value there")
     return Equivalence(
         arch,
         "parameters",
         reading,
-        law,
+        " and ".join(laws),
         mid,
-        _finite_interval(at_mid),
-        {r: _finite_interval(v) for r, v in per_seed.items()},
+        hull(at_mid),
+        {r: hull(v) for r, v in per_seed.items()},
         why=reach,
+        by_law=at_mid,
+        outside=beyond_ladder(mid, at_mid, base_sizes),
+        outside_per_rung={r: beyond_ladder(n, per_seed[r], base_sizes)
+                          for r, n in zip(data.rungs, sizes, strict=True)},
     )
-
-
-def _finite_interval(values: list[float]) -> evidence.Interval | None:
-    """The t-interval of `values`; None where one is infinite (beyond the baseline's reach)."""
-    return evidence.t_interval(values) if all(map(math.isfinite, values)) else None
 
 
 def data_equivalences(data: LadderData, arch: str, baseline: str, seeds: list[int]) -> Equivalence:
@@ -304,31 +338,21 @@ def interval_pct(iv: evidence.Interval | None) -> str:
     return f"{_pct(iv.mean)} [{_pct(iv.low)}, {_pct(iv.high)}]"
 
 
-def judge_headline(claim: Headline, result: ScalingResult) -> HeadlineResult:
+def judge_headline(claim: Headline, result: ScalingResult, confidence: float = evidence.CONFIDENCE
+                   ) -> HeadlineResult:
+    """The claim's verdict from its intervals at `confidence` (the report's 95%, or the family-wise
+    reading's higher level: `family_verdicts`)."""
     relation = {"fewer": "higher", "more": "lower", "lower": "lower"}[claim.direction]
     if claim.measure == "gain across sizes":
-        gains = result.gains[claim.arch]
-        ends = [result.data.rungs[0], result.data.rungs[-1]]
-        verdicts = [evidence.verdict(gains[r], relation, equivalence=evidence.NO_EFFECT_NATS) for r in ends]
-        text = "; ".join(f"{r}: {gains[r]} nats" for r in ends)
-        verdict = evidence.combine(verdicts)
-        more = (
-            ""
-            if verdict != "inconclusive"
-            else "; ".join(
-                f"{r}: {_more_text(gains[r])}"
-                for r, v in zip(ends, verdicts, strict=True)
-                if v == "inconclusive"
-            )
-        )
-        return HeadlineResult(
-            claim, verdict, None, f"paired loss difference to {claim.baseline}, {text}", more
-        )
+        return _judge_gain(claim, result, relation, confidence)
     eq = (
         result.data_eq[claim.arch]
         if claim.measure == "data"
         else result.parameters[(claim.arch, VERDICT_READING)]
     )
+    if eq.untestable:
+        return HeadlineResult(claim, "inconclusive", None, eq.why,
+                              f"2 or more seeds test the laws; {evidence.MIN_SEEDS} or more give a verdict")
     if eq.interval is None and eq.law is not None:  # beyond the baseline's reach in some seed
         return HeadlineResult(claim, "inconclusive", None, eq.why,
                               "a ladder whose baseline reaches the loss: more tokens a run, or larger rungs")
@@ -340,7 +364,16 @@ def judge_headline(claim: Headline, result: ScalingResult) -> HeadlineResult:
             f"no law describes the ladder: {eq.why}",
             "more rungs (sizes), or more seeds if the noise estimate is what is missing",
         )
+    if eq.outside is not None:
+        return HeadlineResult(
+            claim, "inconclusive", None,
+            f"{claim.arch}'s saving at the middle of the ladder (N = {eq.at:,.0f}) needs {claim.baseline}'s "
+            f"{eq.law} {beyond_text(eq.outside)}, more than the {READ_BEYOND:g}x this report reads a law "
+            "past its rungs", f"rungs of {claim.baseline} up to the size the reading needs")
     iv = eq.interval
+    if confidence != evidence.CONFIDENCE:
+        iv = (hull(eq.by_law, confidence) if claim.measure == "parameters"
+              else evidence.t_interval(iv.values, confidence)) or iv
     verdict = evidence.verdict(iv, relation, equivalence=NO_EFFECT_LOG)
     if claim.measure == "data":
         text = (
@@ -357,6 +390,38 @@ def judge_headline(claim: Headline, result: ScalingResult) -> HeadlineResult:
     return HeadlineResult(
         claim, verdict, iv, text, _more_text(iv) if verdict == "inconclusive" else "", inside
     )
+
+
+def _judge_gain(claim: Headline, result: ScalingResult, relation: str, confidence: float) -> HeadlineResult:
+    """A gain at both ends of the ladder: two paired loss differences, each judged as a loss check."""
+    gains = result.gains[claim.arch]
+    ends = [result.data.rungs[0], result.data.rungs[-1]]
+    ivs = {r: gains[r] if confidence == evidence.CONFIDENCE
+           else evidence.t_interval(gains[r].values, confidence) for r in ends}
+    verdicts = [evidence.verdict(ivs[r], relation, equivalence=evidence.NO_EFFECT_NATS) for r in ends]
+    text = "; ".join(f"{r}: {ivs[r]} nats" for r in ends)
+    verdict = evidence.combine(verdicts)
+    more = (
+        ""
+        if verdict != "inconclusive"
+        else "; ".join(
+            f"{r}: {_more_text(ivs[r])}" for r, v in zip(ends, verdicts, strict=True) if v == "inconclusive"
+        )
+    )
+    return HeadlineResult(claim, verdict, None, f"paired loss difference to {claim.baseline}, {text}", more)
+
+
+def family_level(result: ScalingResult) -> float:
+    """The confidence each claim's interval needs for a family-wise 95% over the report's claims
+    (Bonferroni: 1 - 0.05 / claims)."""
+    return 1 - (1 - evidence.CONFIDENCE) / max(len(result.headlines), 1)
+
+
+def family_verdicts(result: ScalingResult) -> dict[str, str]:
+    """Each claim's verdict with every interval at `family_level`: the verdicts that hold together, with
+    at most a 5% chance that any one of them rests on an interval that misses its truth."""
+    level = family_level(result)
+    return {h.claim.id: judge_headline(h.claim, result, level).verdict for h in result.headlines}
 
 
 def judge_ladder(data: LadderData, baseline: str | None = None) -> ScalingResult:
@@ -380,62 +445,3 @@ def judge_ladder(data: LadderData, baseline: str | None = None) -> ScalingResult
         judge_headline(h, result) for h in HEADLINES if h.baseline == baseline and h.arch in others
     ]
     return result
-
-
-def result_record(result: ScalingResult) -> dict[str, Any]:
-    """The numbers of a judged ladder as JSON."""
-
-    def iv(i: evidence.Interval | None) -> dict[str, Any] | None:
-        return None if i is None else {"values": list(i.values), "mean": i.mean, "low": i.low, "high": i.high}
-
-    return {
-        "ladder": result.data.name,
-        "baseline": result.baseline,
-        "seeds": result.seeds,
-        "rungs": result.data.rungs,
-        "fits": [
-            {
-                "arch": f.arch,
-                "reading": f.reading,
-                "sizes": f.sizes,
-                "means": f.means,
-                "laws": {
-                    form: {
-                        "formula": c.law.formula(),
-                        "residuals": list(c.residuals),
-                        "f": c.f,
-                        "p": c.p,
-                        "describes": c.describes,
-                    }
-                    for form, c in f.checks.items()
-                },
-            }
-            for f in result.fits.values()
-        ],
-        "parameters": [
-            {
-                "arch": e.arch,
-                "reading": e.reading,
-                "law": e.law,
-                "at": e.at,
-                "interval": iv(e.interval),
-                "per_rung": {r: iv(v) for r, v in e.per_rung.items()},
-                "why": e.why,
-            }
-            for e in result.parameters.values()
-        ],
-        "data": [{"arch": e.arch, "interval": iv(e.interval)} for e in result.data_eq.values()],
-        "gains": {a: {r: iv(v) for r, v in g.items()} for a, g in result.gains.items()},
-        "headlines": [
-            {
-                "id": h.claim.id,
-                "verdict": h.verdict,
-                "interval": iv(h.interval),
-                "text": h.text,
-                "more": h.more,
-                "paper_value": h.claim.paper_value,
-                "paper_inside": h.paper_inside,
-            }
-            for h in result.headlines
-        ],
-    }

@@ -23,9 +23,6 @@ def check_outputs(args: argparse.Namespace, root: Path) -> None:
             raise ConfigError("--export writes the tarball of a piece: give --minutes M too (the piece's "
                               "budget), or leave out --export")
         check_export(Path(args.export), root, args.overwrite)
-    elif args.overwrite:
-        raise ConfigError("--overwrite replaces an --export file that blocklab did not write for this store: "
-                          "give --export too, or leave out --overwrite")
     if args.report is not None:
         check_folder("--report", Path(args.report))
     if not args.no_train or args.report is None:

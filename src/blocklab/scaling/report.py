@@ -10,15 +10,21 @@ import statistics
 from pathlib import Path
 
 from blocklab.report import md_table, render_html, render_markdown
+from blocklab.report.owned import check_owned, record_written
 from blocklab.scaling.fit import fit
 from blocklab.scaling.judge import (
     READINGS,
     VERDICT_READING,
     ScalingResult,
+    family_level,
+    family_verdicts,
     interval_pct,
-    result_record,
     shared_law,
 )
+from blocklab.scaling.laws import READ_BEYOND, beyond_text
+from blocklab.scaling.method import method_facts, method_text
+from blocklab.scaling.record import result_record
+from blocklab.statistics import evidence
 from blocklab.statistics.claims import PAPERS
 from blocklab.util.figures import agg_figure
 
@@ -44,6 +50,8 @@ def plot_ladder(result: ScalingResult, reading: str, path: Path) -> Path:
         label = (
             arch
             if eq is None
+            else f"{arch}: read {beyond_text(eq.outside)}"
+            if eq.outside is not None
             else f"{arch}: {interval_pct(eq.interval)} parameters saved"
             if eq.interval
             else f"{arch}: no law describes it"
@@ -123,7 +131,38 @@ def verdict_blocks(result: ScalingResult, level: str) -> list[tuple]:
             "t-intervals over seeds, each seed's ladder fitted on its own.",
         )
     )
+    blocks.append(("p", statistics_text(result)))
     return blocks
+
+
+def statistics_text(result: ScalingResult) -> str:
+    """What the intervals do about the choice of law, readings past the ladder, few seeds and the number
+    of claims: the family-wise reading (Bonferroni) with the verdicts that hold at it."""
+    text = (
+        "The law is chosen on the same points it is read on, so a saving is read under every law that "
+        "describes both architectures and its interval is the hull of their intervals: it decides only "
+        f"where every admissible law agrees. A reading that needs {result.baseline}'s law more than "
+        f"{READ_BEYOND:g}x past its largest rung (or below its smallest) is reported as beyond the ladder, "
+        f"not as a number. A verdict needs {evidence.MIN_SEEDS} or more seeds"
+        + (f" (these {len(result.seeds)} give intervals, not verdicts)"
+           if 1 < len(result.seeds) < evidence.MIN_SEEDS else
+           " (one seed tests no law and gives no interval)" if len(result.seeds) == 1 else "")
+        + "."
+    )
+    k = len(result.headlines)
+    if k < 2:
+        return text
+    level = family_level(result)
+    family = family_verdicts(result)
+    decided = [h.claim.id for h in result.headlines if h.verdict != "inconclusive"]
+    holding = [f"{i} {family[i]}" for i in decided if family[i] != "inconclusive"]
+    return text + (
+        f" Multiplicity: each verdict's interval is 95% on its own; over these {k} claims the chance that "
+        f"one or more intervals misses its truth can reach {k} x 5% = {k * 5}%, so the family-wise level is "
+        f"not 95%. Read at a family-wise 95% (Bonferroni: every interval at {100 * level:.0f}%), "
+        + (f"{len(holding)} of the {len(decided)} decided verdicts hold: {', '.join(holding) or 'none'}."
+           if decided else "no verdict is decided either.")
+    )
 
 
 def figure_blocks(result: ScalingResult, figures: Path) -> list[tuple]:
@@ -134,7 +173,8 @@ def figure_blocks(result: ScalingResult, figures: Path) -> list[tuple]:
             f"loss against parameters ({reading})",
             f"final validation loss against parameters counted as {READINGS[reading]}: the mean over seeds "
             "at each rung (bars: one seed standard deviation) and the law fitted to the means (solid: the "
-            "law the equivalences read; dotted: the power law, which does not describe the points); the "
+            "law the equivalences read, the power law where both laws are read; dotted: the power law, "
+            "which does not describe the points); the "
             f"legend gives each architecture's saving against {result.baseline} at the middle of the ladder, "
             "with its 95% interval.",
         )
@@ -144,9 +184,17 @@ def figure_blocks(result: ScalingResult, figures: Path) -> list[tuple]:
 
 def _equivalence_row(eq, rungs: list[str]) -> list[str]:
     if eq.law is None:
-        return [eq.arch, "refused", *["-"] * len(rungs), eq.why]
-    cells = [interval_pct(eq.per_rung[g]) if eq.per_rung[g] else "beyond the baseline's reach" for g in rungs]
-    mid = f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}" if eq.interval else eq.why
+        return [eq.arch, "untestable" if eq.untestable else "refused", *["-"] * len(rungs), eq.why]
+
+    def cell(g: str) -> str:
+        if not eq.per_rung[g]:
+            return "beyond the baseline's reach"
+        factor = eq.outside_per_rung.get(g)
+        return beyond_text(factor) if factor is not None else interval_pct(eq.per_rung[g])
+
+    cells = [cell(g) for g in rungs]
+    mid = (eq.why if not eq.interval else beyond_text(eq.outside) if eq.outside is not None
+           else f"{interval_pct(eq.interval)} at N = {_fmt_n(eq.at or 0)}")
     return [eq.arch, eq.law, *cells, mid]
 
 
@@ -165,6 +213,7 @@ def equivalence_blocks(result: ScalingResult, level: str) -> list[tuple]:
         )
         blocks.append(("table", ["architecture", "law", *data.rungs, "middle of the ladder"], rows))
     blocks.append((level, "Data equivalence on the largest rung"))
+    blocks.append(("p", data_caveat(result)))
     blocks.append(
         (
             "table",
@@ -226,7 +275,8 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
         (
             "p",
             f"Ladder `{result.data.name}`: {ladder.description}. {ladder.tokens_line()}. "
-            f"Learning rate: {ladder.lr_rule}. {ladder.notes + '.' if ladder.notes else ''}",
+            f"Learning rate: {ladder.lr_rule}. "
+            + method_text(method_facts(result), result.data.archs, result.data.rungs),
         ),
         ("table", ["rung", "shape", *[f"{a} (all)" for a in result.data.archs]], rows),
         (
@@ -241,10 +291,45 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
     ]
 
 
-def write_scaling_report(result: ScalingResult, out: Path, command: str = "") -> Path:
-    """OUT/scaling.md, scaling.html and scaling.json, the figures beside them."""
+REPORT_TITLE = "Scaling ladder"
+# the files write_scaling_report writes into a folder, and how each shows that blocklab scaling wrote it
+# (None: a figure, blocklab's when the report beside it is and links it); `report.owned`
+REPORT_FILES: dict[str, str | None] = {
+    "scaling.md": f"# {REPORT_TITLE} ",
+    "scaling.html": f"<h1>{REPORT_TITLE} ",
+    "scaling.json": '{\n  "ladder": ',
+    **{figure_path(Path(), reading).name: None for reading in READINGS},
+}
+
+
+def check_report_folder(out: Path, overwrite: bool = False, flag: str = "--report") -> None:
+    """Refuse a report folder that is a file, or that holds a scaling.md, .html, .json or figure blocklab
+    scaling did not write (unless `overwrite`): checked before anything trains."""
+    check_owned(out, REPORT_FILES, "scaling.md", overwrite, flag, "scaling")
+
+
+def data_caveat(result: ScalingResult) -> str:
+    """The data equivalence reads a run's mid-run evaluations as if they were shorter runs: say what they
+    are under the runs' schedule, and how to get the losses of shorter runs."""
+    schedule = method_facts(result)["schedule"]
+    under = f"the runs' `{schedule}` schedule" if schedule else "the runs' schedule (not recorded)"
+    return (
+        f"The tokens to reach a loss are read off one run's evaluations on the way, under {under}: a "
+        "mid-run loss is taken while the learning rate is still high and decaying, not the loss of a "
+        "run trained for that many tokens with its own decay, which is lower. So this reads how fast X "
+        "gets there within the baseline's run, not Fig. 6 right's shorter runs. True shorter-run losses "
+        "take shorter runs, or a warmup-stable-decay schedule (`optim.schedule=wsd`) with a cooldown "
+        "branched from each intermediate checkpoint; this command trains neither yet."
+    )
+
+
+def write_scaling_report(result: ScalingResult, out: Path, command: str = "", overwrite: bool = False,
+                         flag: str = "--report") -> Path:
+    """OUT/scaling.md, scaling.html and scaling.json, the figures beside them; refuses files there that
+    blocklab did not write (`check_report_folder`) and records those it wrote."""
+    check_report_folder(out, overwrite, flag)
     out.mkdir(parents=True, exist_ok=True)
-    title = f"Scaling ladder {result.data.name}: {', '.join(result.data.archs)}"
+    title = f"{REPORT_TITLE} {result.data.name}: {', '.join(result.data.archs)}"
     blocks = ladder_blocks(result, out)
     if command:
         blocks.append(("p", f"Rebuild this report from the runs: `{command}`"))
@@ -252,6 +337,7 @@ def write_scaling_report(result: ScalingResult, out: Path, command: str = "") ->
     md.write_text(render_markdown(title, blocks))
     (out / "scaling.html").write_text(render_html(title, blocks))
     (out / "scaling.json").write_text(json.dumps(result_record(result), indent=2) + "\n")
+    record_written(out, [out / name for name in REPORT_FILES])
     return md
 
 
@@ -317,7 +403,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
         result = judge_ladder(data)
         command = pasteable("blocklab", "scaling", "--ladder", key, "--archs", ",".join(archs),
                             "--out", store, "--no-train")
-        write_scaling_report(result, root, command)
+        write_scaling_report(result, root, command, flag="the ladder's folder")
         done = sum(len(seeds) for seeds in data.points.values())
         total = len(archs) * len(ladder.rungs) * ladder.seeds
         link = os.path.relpath(root / "scaling.md", page_dir)

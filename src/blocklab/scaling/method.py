@@ -1,0 +1,94 @@
+"""What a ladder's report was made from, read from the runs it used: the corpus (data.source and the
+fingerprint of its snapshot), the tokenizer, the schedule, the runs used at every rung and the finished
+runs left out (of seeds that did not finish every rung), and the training time the runs recorded.
+Nothing here is fixed text: a ladder run on another corpus, or a piece of one, says so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from blocklab.scaling.judge import ScalingResult
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _run_config(run: Path | None) -> dict[str, Any]:
+    from blocklab.training.config import read_yaml
+
+    if run is None or not (run / "config.yaml").is_file():
+        return {}
+    try:
+        return read_yaml(run / "config.yaml")
+    except Exception:  # a config this blocklab cannot read: the method says it was not recorded
+        return {}
+
+
+def method_facts(result: ScalingResult) -> dict[str, Any]:
+    """The measured facts of the report's Method, as plain data (scaling.json's "method")."""
+    data = result.data
+    used = [(a, r, s) for a in data.archs for r in data.rungs for s in result.seeds]
+    left_out = sorted(f"{r}/{a}-seed{s}" for (a, r), found in data.points.items() for s in found
+                      if s not in result.seeds)
+    first = data.points[(result.baseline, data.rungs[-1])][result.seeds[0]]
+    config = _run_config(first.run)
+    manifest = _read_json(first.run / "data_manifest.json") if first.run else {}
+    source = manifest.get("source") or {}
+    tokenizer = manifest.get("tokenizer") or {}
+    cfg_data, optim = config.get("data") or {}, config.get("optim") or {}
+    times = [data.points[(a, r)][s].train_time for a, r, s in used]
+    return {
+        "data_source": cfg_data.get("source"),
+        "corpus": source.get("description"),
+        "fingerprint": (source.get("fingerprint") or {}).get("sha256"),
+        "tokenizer": cfg_data.get("tokenizer"),
+        "vocab_size": tokenizer.get("vocab_size") or cfg_data.get("vocab_size"),
+        "tokenizer_sha256": tokenizer.get("hash") or manifest.get("tokenizer_hash"),
+        "schedule": optim.get("schedule"),
+        "seeds_used": list(result.seeds),
+        "runs_used": len(used),
+        "runs_per_rung": {r: {a: len(result.seeds) for a in data.archs} for r in data.rungs},
+        "left_out": left_out,
+        "training_seconds": sum(t for t in times if t is not None) if any(t is not None for t in times)
+        else None,
+        "training_recorded": sum(t is not None for t in times),
+    }
+
+
+def _hours(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} seconds"
+    return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:.1f} hours"
+
+
+def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> str:
+    """The measured facts in words, for the Method section."""
+    f = facts
+    corpus = (f"`{f['data_source']}`" if f["data_source"] else "not recorded in the runs")
+    if f["corpus"]:
+        corpus += f" ({f['corpus']}"
+        corpus += f", sha256 {f['fingerprint'][:16]} (first 16 hex digits))" if f["fingerprint"] else ")"
+    tokenizer = "not recorded in the runs" if not f["tokenizer"] else (
+        f"`{f['tokenizer']}`" + (f", vocabulary {f['vocab_size']:,}" if f["vocab_size"] else "")
+        + (f", sha256 {f['tokenizer_sha256'][:16]} (first 16 hex digits)" if f["tokenizer_sha256"] else ""))
+    seeds = ", ".join(map(str, f["seeds_used"]))
+    runs = (f"{f['runs_used']} runs used: seeds {seeds} of each of {len(archs)} architectures at each of "
+            f"{len(rungs)} rungs ({len(f['seeds_used'])} per rung and architecture)")
+    left = (f"Finished runs left out, their seed unfinished elsewhere: {', '.join(f['left_out'])}."
+            if f["left_out"] else "No finished run was left out.")
+    if f["training_seconds"] is None:
+        time = "Training time: not recorded in the runs."
+    else:
+        part = ("" if f["training_recorded"] == f["runs_used"]
+                else f" ({f['training_recorded']} of the {f['runs_used']} runs recorded it)")
+        time = (f"Training time, from the runs' summary.json: {_hours(f['training_seconds'])} summed over "
+                f"the runs used{part}; the wall clock depends on how many ran at once, which the runs do not "
+                "record.")
+    return f"Corpus: {corpus}. Tokenizer: {tokenizer}. {runs}. {left} {time}"
