@@ -2,8 +2,9 @@
 
 The token cache is keyed by the bytes of every file of a file source (`sources.FileSource.fingerprint`):
 a copy made with `cp -p`, `rsync -a` or `tar` keeps a file's name, size and modification time, so only
-the bytes tell an edited file. Reading them all at every start costs a read of the corpus (about 0.7 s
-a cached gigabyte, benchmarks/RESULTS.md). A `DigestRecord` keeps each file's sha256 beside its size,
+the bytes tell an edited file. Reading them all at every start costs a read of the corpus (0.7 s a
+cached gigabyte with about one core free, 49 s for 10 GB under load; benchmarks/RESULTS.md, "The token
+cache's key at stat cost"). A `DigestRecord` keeps each file's sha256 beside its size,
 modification time, change time and inode, in ``<cache>/digests/<key>.json`` (the key: the source's
 absolute path or glob), written once the cache entry is in place; a later start trusts a
 recorded sha256 when all four still match, and reads the file again when any differs.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ FORMAT = 1
 FOLDER = "digests"  # under the token cache's root
 RACY_NS = 2 * 10**9  # a file changed this recently may change again within the clock's tick: not recorded
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
 Stat = tuple[int, int, int, int]
 Known = tuple[Stat, str]
 
@@ -63,7 +66,7 @@ def _entry(value: Any) -> Known | None:
     stat, digest = value[:4], value[4]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in stat):
         return None
-    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not SHA256.fullmatch(digest):
         return None
     return (stat[0], stat[1], stat[2], stat[3]), digest
 

@@ -82,11 +82,6 @@ class Source:
         raise NotImplementedError
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read once per process while its stat is unchanged (`digests`)."""
-    return DigestRecord(None).sha256(path)
-
-
 class SnapshotSource(Source):
     def __init__(self) -> None:
         info = snapshot_info()
