@@ -4,7 +4,8 @@
 #   floors  the lowest versions the requirements allow together (uv's lowest-direct resolution of the
 #           dev extra, numpy held to its declared 1.24.x, which uv's resolution would lift to 2.0 for
 #           newer transitive packages), so a floor that no longer works fails here;
-#   hf4     the newest versions with transformers < 5 (the last 4.x).
+#   hf4     the newest versions the dev and hf4 extras allow together: transformers < 5 (the last 4.x) with
+#           the datasets and huggingface-hub releases that go with it (pyproject.toml, docs/setup.md).
 # torch stays at the CPU build 2.13.0 that pip takes from this machine's disk in both: PyPI's Linux
 # x86_64 wheels of torch 2.9 (the declared floor) are CUDA builds of several GB (docs/setup.md).
 # Usage: bash .ci/floors.sh [floors|hf4 ...] (default both); FLOORS_DIR keeps the venvs (default: a
@@ -41,17 +42,18 @@ for config in "$@"; do
     case $config in
         # pyarrow 26 (datasets') needs NumPy 2 at import and does not say so: older ones serve numpy 1.24
         floors) printf 'torch==%s\nnumpy<1.25\npyarrow<26\n' "$TORCH" > "$work/$config.constraints"
-                resolution=lowest-direct ;;
-        hf4) printf 'torch==%s\ntransformers<5\n' "$TORCH" > "$work/$config.constraints"
-             resolution=highest ;;
+                resolution=lowest-direct extras=(--extra dev) ;;
+        hf4) printf 'torch==%s\n' "$TORCH" > "$work/$config.constraints"
+             resolution=highest extras=(--extra dev --extra hf4) ;;
         *) echo "floors tier: unknown configuration $config (floors, hf4)" >&2; exit 2 ;;
     esac
-    "$uv" pip compile --quiet pyproject.toml --extra dev --resolution "$resolution" \
+    "$uv" pip compile --quiet pyproject.toml "${extras[@]}" --resolution "$resolution" \
         --python-version "$(python -c 'import sys; print("%d.%d" % sys.version_info[:2])')" \
         --find-links "$wheels" -c "$work/$config.constraints" -o "$work/$config.txt"
     rm -rf "$venv" && python -m venv "$venv"
     "$uv" pip sync --quiet --python "$venv/bin/python" --find-links "$wheels" "$work/$config.txt"
     "$uv" pip install --quiet --python "$venv/bin/python" --no-deps -e .
+    "$uv" pip check --python "$venv/bin/python"  # the set installed is consistent, as pip check sees it
     "$venv/bin/python" .ci/floors_versions.py
     installed=$((SECONDS - start))
     "$venv/bin/python" -m pytest -q -p no:cacheprovider "${TESTS[@]}"

@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from timeouts import patient
+
 DAEMONS = ("munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd")  # the order they start in
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scancel", "scontrol")
 ACCOUNTING = ("mariadb-install-db", "mariadbd", "mariadb", "slurmdbd", "sacct")
@@ -147,7 +149,7 @@ class SlurmCluster:
         db_socket = self.root / "db.sock"
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={db}", "--user=root",
                         "--auth-root-authentication-method=normal", "--skip-test-db"],
-                       check=True, capture_output=True, timeout=120)
+                       check=True, capture_output=True, timeout=patient(120))
         self._spawn("mariadbd", ["mariadbd", "--no-defaults", f"--datadir={db}", "--user=root",
                                  f"--socket={db_socket}", f"--port={port}", "--bind-address=127.0.0.1",
                                  f"--pid-file={self.root / 'mariadbd.pid'}", "--skip-log-bin"])
@@ -174,12 +176,13 @@ class SlurmCluster:
         log.close()
 
     def _wait(self, ready, name: str) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = time.monotonic() + patient(self.start_timeout_s)
         while not ready():
             proc = self._procs[name]
             if proc.poll() is not None or time.monotonic() > deadline:
                 state = f"exited with {proc.returncode}" if proc.poll() is not None else "is not ready"
-                raise RuntimeError(f"{name} {state} after {self.start_timeout_s:.0f} s:\n{self.logs(name)}")
+                waited = patient(self.start_timeout_s)
+                raise RuntimeError(f"{name} {state} after {waited:.0f} s:\n{self.logs(name)}")
             time.sleep(0.2)
 
     def _ok(self, argv: list[str], needle: str) -> bool:
@@ -191,10 +194,12 @@ class SlurmCluster:
         return done.returncode == 0 and done.stdout.strip() == "idle"
 
     # -- use ---------------------------------------------------------------------------------------------
-    def run(self, argv: list[str], check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        """A Slurm client command against this cluster, its output as text."""
+    def run(self, argv: list[str], check: bool = True,
+            timeout: float | None = None) -> subprocess.CompletedProcess:
+        """A Slurm client command against this cluster, its output as text (time limit: `timeout`,
+        else patient(30))."""
         return subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, text=True,
-                              check=check, timeout=timeout)
+                              check=check, timeout=patient(30) if timeout is None else timeout)
 
     def queue(self) -> list[str]:
         """`JOBID STATE` of every job squeue still lists."""
@@ -214,7 +219,7 @@ class SlurmCluster:
         """Cancel every job, wait for them to leave the node, then stop slurmd, slurmctld and munged."""
         if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
             self.run(["scancel", "--full", "--user=root"], check=False)
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + patient(20)
             while time.monotonic() < deadline and self.run(["squeue", "-h"], check=False).stdout.strip():
                 time.sleep(0.5)
         for name in reversed(DAEMONS):
@@ -223,7 +228,7 @@ class SlurmCluster:
                 continue
             proc.terminate()
             try:
-                proc.wait(timeout=15)
+                proc.wait(timeout=patient(15))
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5)
+                proc.wait(timeout=patient(5))

@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))  # the scripts import their neighbours (_measure,
 import bench_decode  # noqa: E402
 import bench_gpu  # noqa: E402
 import bench_prepare  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 
 def perturbed(model: torch.nn.Module, seed: int = 1) -> torch.nn.Module:
@@ -36,7 +37,7 @@ def test_bench_gpu_cpu_smoke_prints_the_table_and_writes_the_json(tmp_path):
     out = tmp_path / "gpu-smoke.json"
     cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln,bov",
            "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=patient(120), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     header = "| arch | mode | batch | params | tokens/s (min-max) | x hand, same mode | step ms |"
     assert header in run.stdout
@@ -105,7 +106,7 @@ def test_bench_gpu_smoke_decodes_with_frozen_weights(tmp_path):
     out = tmp_path / "gpu-frozen.json"
     cmd = [sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu", "--smoke", "--archs", "pre-ln",
            "--decode-batches", "1", "--decode-freeze", "--hand", "none", "--out", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=patient(300), cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["options"]["decode_freeze"] is True
@@ -407,7 +408,7 @@ def test_bench_loss_smoke_agrees_with_the_reference(tmp_path):
     check of loss and gradients, read back from its JSON)."""
     out = tmp_path / "loss.json"
     done = subprocess.run([sys.executable, str(BENCH / "bench_loss.py"), "--smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=patient(300))
     assert done.returncode == 0, done.stderr
     assert "| chunked |" in done.stdout
     result = json.loads(out.read_text())
@@ -422,7 +423,7 @@ def test_bench_loss_smoke_agrees_with_the_reference(tmp_path):
 def test_bench_fused_projections_quick_run_times_both_modes(tmp_path):
     out = tmp_path / "fused.json"
     done = subprocess.run([sys.executable, str(BENCH / "bench_fused_projections.py"), "--quick", "--shapes",
-                           "small", "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "small", "--out", str(out)], capture_output=True, text=True, timeout=patient(300))
     assert done.returncode == 0, done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert rows and all(r["speedup_paired"] > 0 and r["fused_ms"] > 0 for r in rows), rows

@@ -16,6 +16,7 @@ from blocklab import ConfigError, ModelConfig
 from blocklab.cli import main
 from blocklab.training.config import TrainConfig, apply_overrides
 from helpers import small_run_args
+from timeouts import patient
 
 
 def test_version_and_help_answer_without_importing_torch():
@@ -24,7 +25,8 @@ def test_version_and_help_answer_without_importing_torch():
             "    try: main(argv)\n"
             "    except SystemExit: pass\n"
             "print('torch loaded:', 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=patient(120)).stdout
     assert f"blocklab {blocklab.__version__} (torch " in out
     assert "examples:" in out and "blocklab compare --archs" in out
     assert "usage: blocklab import-hf [-h] --out OUT [--overwrite] DIR" in out

@@ -30,6 +30,7 @@ from blocklab.interop.model_card import BANK_OF_VALUES, SIMPLIFYING, VALUE_RESID
 from blocklab.presets import BLOCK_PRESETS  # noqa: E402
 from helpers import SMALL  # noqa: E402
 from reference import perturb  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 CORPUS = ["def value(self):\n    return self.value + 1\n", "for i in range(10):\n    print(i)\n",
           "class Point:\n    x = 0\n    y = 0\n"] * 20
@@ -178,8 +179,8 @@ def test_remote_code_tokenizer_and_native_export_load_without_blocklab(tokenizer
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_MODULES_CACHE": str(tmp_path / "mods"),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     run = subprocess.run([sys.executable, "-c", LOAD_WITHOUT_BLOCKLAB, str(native), str(remote), text],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=env,
-                         cwd=tmp_path)
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=patient(120),
+                         env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     ours = tok.encode(text)
@@ -190,6 +191,29 @@ def test_remote_code_tokenizer_and_native_export_load_without_blocklab(tokenizer
     assert out["bare"]["ids"] == ours
     if int(transformers.__version__.split(".")[0]) == 5:
         assert out["bare"]["asked"] == 1
+
+
+def test_text_generation_pipeline_loads_a_remote_code_export_with_its_tokenizer(tokenizers, tmp_path,
+                                                                                monkeypatch):
+    """`pipeline("text-generation", model=FOLDER, trust_remote_code=True)` as a user calls it: in
+    transformers 4.x it loads a tokenizer only when config.json names its class (the model type
+    "blocklab" is in no tokenizer mapping), and failed without one. Reference: blocklab's greedy
+    `generate` on the prompt's ids from the model exported, and the text blocklab's tokenizer decodes."""
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "mods"))
+    tok = tokenizers["bpe"]
+    model = model_of("sas-p+svformer", tok.vocab_size)
+    folder = save_pretrained(model, tmp_path / "remote", tokenizer=tok, format="hf")
+    assert json.loads((folder / "config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    generator = transformers.pipeline("text-generation", model=str(folder), trust_remote_code=True)
+    prompt = "def value(self):"
+    ids = tok.encode(prompt)
+    expected = model.generate(torch.tensor([ids]), 6, stop_tokens=[tok.eos_id])[0].tolist()
+    got = generator(prompt, max_new_tokens=6, do_sample=False, return_tensors=True)[0]["generated_token_ids"]
+    assert list(got) == expected
+    text = generator(prompt, max_new_tokens=6, do_sample=False)[0]["generated_text"]
+    assert text == prompt + tok.decode([i for i in expected[len(ids):] if i != tok.eos_id])
+    plain = save_pretrained(model, tmp_path / "no-tokenizer", format="hf")  # no tokenizer: none named
+    assert json.loads((plain / "config.json").read_text()).get("tokenizer_class") is None
 
 
 # -- 3. the card names the preset and its paper ---------------------------------------------------

@@ -36,6 +36,7 @@ from blocklab.training import TrainConfig
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_campaign  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 CLAIMS = "resformer-beats-pre-ln,resformer-deep-entropy"  # two archs: a sweep of 6 runs, 6 claim runs
 
@@ -329,7 +330,7 @@ def test_gpu_session_runs_a_campaign_step(tmp_path):
            "CAMPAIGN_OUT": str(tmp_path / "store"), "COMMIT": "abc1234", "LOGS": str(tmp_path / "logs"),
            "PYTHON": sys.executable}
     done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=patient(300))
     assert done.returncode == 0, done.stderr
     with tarfile.open(out / "logs.tgz") as packed:  # what the device tool brings back
         log = packed.extractfile("./campaign.log").read().decode()

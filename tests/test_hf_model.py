@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 from blocklab import LanguageModel, ModelConfig  # noqa: E402
 from blocklab.data.tokenizer import train_bpe  # noqa: E402
 from blocklab.interop import from_hf, load_pretrained, save_pretrained  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 ARCHS = ("pre-ln", "sas-p+resformer-learnable", "svformer", "bov")
 TEXT = ["def value(self):\n    return self.value + 1\n", "for i in range(10):\n    print(i)\n",
@@ -87,7 +88,7 @@ def test_exports_load_in_a_fresh_process_and_match_blocklab(exports, tokenizer, 
     blocklab's own."""
     folders = [str(exports[a][0]) for a in ARCHS]
     done = subprocess.run([sys.executable, "-c", FRESH, str(NEW_TOKENS), *folders], capture_output=True,
-                          text=True, env=_fresh_env(tmp_path), timeout=600)
+                          text=True, env=_fresh_env(tmp_path), timeout=patient(600))
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout.strip().splitlines()[-1])
     cache_bytes = {}
@@ -282,7 +283,7 @@ def test_peft_lora_trains_saves_and_reloads(exports, tmp_path):
             "m = A.from_pretrained(sys.argv[1], trust_remote_code=True).eval(); "
             "print(m(torch.tensor([list(map(int, sys.argv[2:]))])).logits[0].tolist())")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "merged"), *map(str, ids[0].tolist())],
-                          capture_output=True, text=True, env=_fresh_env(tmp_path), timeout=300)
+                          capture_output=True, text=True, env=_fresh_env(tmp_path), timeout=patient(300))
     assert done.returncode == 0, done.stderr[-2000:]
     fresh_logits = torch.tensor(json.loads(done.stdout.splitlines()[-1]))
     torch.testing.assert_close(fresh_logits, after[0], atol=1e-5, rtol=0)
@@ -466,7 +467,7 @@ def test_bench_hf_generate_quick_run_checks_tokens_and_cache(tmp_path):
     out = tmp_path / "hf-generate.json"
     cmd = [sys.executable, str(bench / "bench_hf_generate.py"), "--quick", "--archs", "svformer",
            "--batches", "2", "--out", str(out)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_fresh_env(tmp_path))
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=patient(300), env=_fresh_env(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     cell = json.loads(out.read_text())["cells"][0]
     assert "| svformer | 2 |" in done.stdout and cell["cache_bytes"] == 2 * 327_680  # 0.625x of pre-ln's

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from blocklab.training.metrics import read_metrics
+from timeouts import patient
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +64,7 @@ def test_random_kills_resume_bit_for_bit(tmp_path):
             cmd = args[:-2] + (["--resume"] if resume else ["overwrite=true"]) + args[-2:]
             steps_before = _last_step(out)
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + patient(120)
             while proc.poll() is None and _last_step(out) <= steps_before and time.monotonic() < deadline:
                 time.sleep(0.02)  # wait for a step past the resume point, so every attempt makes progress
             try:  # then a random moment: inside a step, a log write or a checkpoint write
@@ -98,7 +99,7 @@ def test_kill_during_tokenisation_leaves_a_cache_that_trains(tmp_path):
             "progress=false", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patient(120)
     while proc.poll() is None and time.monotonic() < deadline and not list(cache.glob("shards/.tmp-*")):
         time.sleep(0.005)
     time.sleep(0.2)  # into the tokenising

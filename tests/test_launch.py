@@ -156,7 +156,7 @@ def _workers_of(out: Path) -> list[int]:
 
 
 def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + patient(timeout)
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -200,10 +200,10 @@ def test_ctrl_c_and_kill_9_leave_no_worker_and_the_rerun_completes_the_report(co
     second.kill()  # kill -9: no cleanup in the compare; its workers see their stdin close
     second.wait()
     _wait_for(lambda: not _workers_of(out), 90, "the orphaned workers to stop")
-    assert subprocess.run(command(out, "2"), **quiet, timeout=300).returncode == 0
+    assert subprocess.run(command(out, "2"), **quiet, timeout=patient(300)).returncode == 0
     assert (out / "report.md").is_file()
     reference = tmp_path / "reference"
-    assert subprocess.run(command(reference, "1"), **quiet, timeout=300).returncode == 0
+    assert subprocess.run(command(reference, "1"), **quiet, timeout=patient(300)).returncode == 0
     for arch in ("pre-ln", "sas"):
         assert curve(out / "runs" / f"{arch}-seed0") == curve(reference / "runs" / f"{arch}-seed0")
 
@@ -317,6 +317,7 @@ def test_launch_flags_need_their_launcher_and_name_what_is_allowed(capsys):
 # -- submitit --------------------------------------------------------------------------------------------
 submitit = pytest.importorskip("submitit")
 from blocklab.launch.slurm import SlurmLauncher, SlurmSettings, parse_time  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 
 @pytest.mark.slow  # 12-20 s of training in subprocesses: CI's slow tier runs it
@@ -453,14 +454,14 @@ def test_sigterm_stops_a_job_at_its_next_step_and_the_rerun_resumes_its_run(corp
     with pytest.raises(RunsPending):
         compare(["pre-ln"], out, base=cfg, launcher=SlurmLauncher(settings, wait=False), timing_rounds=0)
     (pid,) = (int(job_id) for job_id in json.loads((tmp_path / "slurm" / "jobs.json").read_text()).values())
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + patient(120)
     while not (run / "checkpoints").is_dir() or not any((run / "checkpoints").iterdir()):
         assert time.monotonic() < deadline, "the job never checkpointed"
         time.sleep(0.1)
     os.kill(pid, signal.SIGTERM)  # submitit's local controller passes it on to the job, as Slurm does
     start = time.monotonic()
     while os.waitpid(pid, os.WNOHANG) == (0, 0):
-        assert time.monotonic() - start < 8, "the job trained on after SIGTERM"
+        assert time.monotonic() - start < patient(8), "the job trained on after SIGTERM"
         time.sleep(0.1)
     assert not (run / "summary.json").exists() and any((run / "checkpoints").iterdir())
     logs = "".join(path.read_text() for path in (tmp_path / "slurm").rglob("*_log.*"))

@@ -19,6 +19,7 @@ from blocklab.compare import compare
 from blocklab.training.metrics import read_metrics
 from blocklab.util import locks
 from helpers import compare_base, write_code_corpus
+from timeouts import patient
 
 HOLD = textwrap.dedent("""
     import sys, time
@@ -50,7 +51,7 @@ def test_a_second_train_into_a_running_folder_is_refused_and_the_first_curve_sta
     args = [sys.executable, "-m", "blocklab.cli", *_train_args(corpus, tmp_path / "c1", out, 60)]
     first = subprocess.Popen(args, env=env, stderr=subprocess.DEVNULL)
     lock = locks.lock_path(out)
-    deadline = time.time() + 60
+    deadline = time.time() + patient(60)
     while not (lock.is_file() and str(first.pid) in lock.read_text()):  # the first holds it from the start
         assert first.poll() is None and time.time() < deadline
         time.sleep(0.05)
@@ -59,7 +60,7 @@ def test_a_second_train_into_a_running_folder_is_refused_and_the_first_curve_sta
     err = capsys.readouterr().err
     assert code == 2
     assert f"is in use by process {first.pid}" in err and "train" in err and "Traceback" not in err
-    assert first.wait(timeout=300) == 0
+    assert first.wait(timeout=patient(300)) == 0
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl", "train")]
     assert steps == list(range(61))  # one curve, not two interleaved
     assert json.loads((out / "summary.json").read_text())["step"] == 60

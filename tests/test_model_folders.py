@@ -26,6 +26,7 @@ from blocklab.cli import main  # noqa: E402
 from blocklab.interop import load_pretrained, save_pretrained  # noqa: E402
 from blocklab.training.runs import load_model_folder  # noqa: E402
 from test_import_hf import SPECIALS, VOCAB, assert_same_logits, hf_model, word_tokenizer  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 PROMPT = "w3 w14 w1"
 
@@ -204,7 +205,7 @@ def test_folders_that_are_no_model_folder_are_named(imported, tmp_path, capsys):
 def test_python_m_blocklab_runs_the_command_line():
     def run(*argv):
         return subprocess.run([sys.executable, "-m", "blocklab", *argv], capture_output=True, text=True,
-                              timeout=120)
+                              timeout=patient(120))
 
     helped = run("--help")
     assert helped.returncode == 0 and helped.stdout.startswith("usage: blocklab")

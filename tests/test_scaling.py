@@ -32,6 +32,7 @@ from blocklab.scaling.ladders import LADDERS, Ladder, Rung, plan
 from blocklab.scaling.orchestrate import train_ladder, train_piece
 from blocklab.statistics import evidence
 from blocklab.statistics.claims import HEADLINES
+from timeouts import patient
 
 # Value Residual Learning, Table 5: the validation loss averaged over SlimPajama's domains (last column).
 SIZES = [82e6, 180e6, 468e6]
@@ -345,7 +346,7 @@ def test_gpu_session_trains_a_piece_of_a_ladder(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patient(300),
     )
     assert done.returncode == 0, done.stderr
     assert "== ladder: exit 0" in done.stdout, done.stdout

@@ -19,6 +19,7 @@ from blocklab import cli  # noqa: E402
 from blocklab.training.metrics import read_metrics  # noqa: E402
 from helpers import write_code_corpus  # noqa: E402
 from slurm_cluster import PARTITION, SlurmCluster, why_not  # noqa: E402
+from timeouts import patient  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(why_not() is not None, reason=str(why_not()))]
 ARCHS = ("pre-ln", "sas")
@@ -62,7 +63,7 @@ def test_the_cluster_runs_a_batch_job_and_sacct_knows_it_only_with_accounting(on
     it is disabled (what the launcher must live with on small clusters), with it sacct lists the job."""
     out = tmp_path / "hello.out"
     job = on_cluster.run(["sbatch", "--parsable", "--wait", "-p", PARTITION, "-o", str(out), "--wrap",
-                          "echo hello from $SLURM_JOB_ID"], timeout=60).stdout.strip()
+                          "echo hello from $SLURM_JOB_ID"], timeout=patient(60)).stdout.strip()
     assert out.read_text() == f"hello from {job}\n"
     sacct = on_cluster.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], check=False)
     if on_cluster.accounting:
@@ -114,15 +115,15 @@ def test_a_cancelled_job_is_reported_at_once_and_a_rerun_resumes_it_to_the_unint
                *args]
     victim = out / "runs" / f"{ARCHS[0]}-seed0"
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as first:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + patient(90)
         while _last_step(victim) < 100:  # past its second checkpoint: the rerun has one to resume from
             assert time.monotonic() < deadline and first.poll() is None, on_cluster.logs()
             time.sleep(0.2)
         job = json.loads((out / "slurm" / "jobs.json").read_text())[str(victim)]
         on_cluster.run(["scancel", job])
         cancelled = time.monotonic()
-        printed, _ = first.communicate(timeout=60)
-        assert first.returncode != 0 and time.monotonic() - cancelled < 60
+        printed, _ = first.communicate(timeout=patient(60))
+        assert first.returncode != 0 and time.monotonic() - cancelled < patient(60)
     assert f"job {job} was cancelled" in printed, printed
     assert _last_step(victim) < 400  # it did stop early
     capsys.readouterr()
@@ -184,7 +185,7 @@ def test_a_job_whose_python_is_killed_is_named_killed_with_its_exit_code(on_clus
                *args]
     victim = out / "runs" / f"{ARCHS[0]}-seed0"
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as first:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + patient(90)
         while _last_step(victim) < 100:  # past a checkpoint: the rerun resumes
             assert time.monotonic() < deadline and first.poll() is None, on_cluster.logs()
             time.sleep(0.2)
@@ -193,7 +194,7 @@ def test_a_job_whose_python_is_killed_is_named_killed_with_its_exit_code(on_clus
         assert pids, f"no Python of job {job} found"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
-        printed, _ = first.communicate(timeout=90)
+        printed, _ = first.communicate(timeout=patient(90))
         assert first.returncode != 0
     # the batch script's 137:0 from scontrol; with accounting, sacct's step 0:9 (its job line says 9:0)
     code = "Slurm exit code 0:9" if on_cluster.accounting else "exit code 137"

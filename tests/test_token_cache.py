@@ -10,18 +10,21 @@ otherwise keep the time this process saw.
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from blocklab.data import DataConfig, cache_entry, prepare_data
+from blocklab.data import DataConfig, cache_entry, digests, open_source, prepare_data
 from blocklab.data import prepare as prepare_module
 
 
@@ -326,3 +329,137 @@ def test_a_cached_bpe_edited_into_another_valid_one_is_named_and_trained_again(c
 def test_a_cached_bpe_without_its_record_is_trained_again(corpus, tmp_path, capsys, damage, reason):
     _, _, entry, said = retrained(bpe_config(corpus, tmp_path / "c"), capsys, damage)
     assert len(said) == 1 and f"cached tokenizer {entry}: {reason}" in said[0], said
+
+
+# -- the corpus's fingerprint at stat cost (digests.DigestRecord) ------------------------------------
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """A record made now trusts files written now (RACY_NS 0: the racy rule has its own test), and a
+    fresh process's memo: what a later start finds is only the record on disk."""
+    monkeypatch.setattr(digests, "RACY_NS", 0)
+    digests._SEEN.clear()
+    yield
+    digests._SEEN.clear()
+
+
+def opened_under(monkeypatch, root: Path) -> list[str]:
+    """The files under `root` that this process opens from now on (builtins.open and io.open: every
+    Python read of a file), relative to `root`."""
+    seen: list[str] = []
+    for owner in (builtins, io):
+        real = owner.open
+
+        def spy(file, *args, _real=real, **kwargs):
+            if isinstance(file, (str, os.PathLike)) and Path(file).is_relative_to(root):
+                seen.append(Path(file).relative_to(root).as_posix())
+            return _real(file, *args, **kwargs)
+
+        monkeypatch.setattr(owner, "open", spy)
+    return seen
+
+
+def next_start(config: DataConfig):
+    """prepare_data as a new process would run it: nothing memoised but what is on disk."""
+    digests._SEEN.clear()
+    return prepare_data(config)
+
+
+def rchar() -> int:
+    """The bytes this process has read through read(2) so far (Linux's /proc/self/io)."""
+    text = Path("/proc/self/io").read_text()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("rchar:")))
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux's /proc/self/io")
+def test_an_unchanged_folder_is_keyed_at_a_second_start_without_reading_it(corpus, tmp_path, recorded):
+    (corpus / "big.txt").write_bytes(b"x = 1\n" * (1 << 20))  # 6 MiB: its read is plain in rchar
+    source = open_source(cfg(corpus, tmp_path / "c"))
+    before = rchar()
+    first = source.fingerprint(record := digests.DigestRecord.for_source(tmp_path / "c", str(corpus)))
+    first_read = rchar() - before
+    record.save()
+    digests._SEEN.clear()
+    before = rchar()
+    second = source.fingerprint(digests.DigestRecord.for_source(tmp_path / "c", str(corpus)))
+    second_read = rchar() - before
+    assert second == first and source.digests_read == 0
+    assert first_read >= 6 << 20 and second_read < 256 << 10, (first_read, second_read)  # the record only
+
+
+def test_a_second_start_reuses_the_entry_without_opening_a_corpus_file(corpus, tmp_path, recorded,
+                                                                       monkeypatch):
+    config = cfg(corpus, tmp_path / "c")
+    first = prepare_data(config)
+    opened = opened_under(monkeypatch, corpus)
+    again = next_start(config)
+    assert opened == [] and again.path == first.path and not again.stats["tokenised"]
+
+
+def test_a_touched_file_is_read_again_and_the_entry_reused(corpus, tmp_path, recorded, monkeypatch):
+    config = cfg(corpus, tmp_path / "c")
+    first = prepare_data(config)
+    later(corpus / "pkg1" / "mod_04.py")  # touch: a new modification time, the same bytes
+    opened = opened_under(monkeypatch, corpus)
+    again = next_start(config)
+    assert opened == ["pkg1/mod_04.py"] and again.path == first.path and not again.stats["tokenised"]
+    opened.clear()
+    assert next_start(config).path == first.path and opened == []  # its new stat recorded
+
+
+def test_an_edit_with_size_and_modification_time_restored_is_caught_by_the_change_time(corpus, tmp_path,
+                                                                                       recorded):
+    config = cfg(corpus, tmp_path / "c")
+    first = prepare_data(config)
+    path = corpus / "pkg1" / "mod_04.py"
+    [record] = (tmp_path / "c" / digests.FOLDER).iterdir()
+    assert str(path.absolute()) in json.loads(record.read_text())["files"]  # trusted at the next start ...
+    st = path.stat()
+    time.sleep(0.05)  # past the clock's tick (a few ms), as any edit after a start is
+    path.write_bytes(path.read_bytes().upper())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = path.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert now.st_ctime_ns != st.st_ctime_ns  # ... but for the change time, which no user call sets
+    again = next_start(config)
+    assert again.stats["tokenised"] and again.path != first.path
+    tokens = [np.concatenate([data.train, data.val]) for data in (first, again)]
+    assert not np.array_equal(*tokens)
+
+
+@pytest.mark.parametrize("record", [
+    "not json", "[]", '{"format": 99, "files": {}}', '{"format": 1, "files": []}',
+    '{"format": 1, "files": {"PATH": [1, 2, 3, 4, "beef"]}}',
+    '{"format": 1, "files": {"PATH": [-1, 0, 0, 0, "' + "0" * 64 + '"]}}',
+    "directory",  # a record that cannot be read, nor written
+])
+def test_a_damaged_or_foreign_record_is_passed_over(corpus, tmp_path, recorded, monkeypatch, record):
+    config = cfg(corpus, tmp_path / "c")
+    first = prepare_data(config)
+    [path] = (tmp_path / "c" / digests.FOLDER).iterdir()
+    path.unlink()
+    if record == "directory":
+        path.mkdir()
+    else:
+        path.write_text(record.replace("PATH", str((corpus / "pkg0" / "mod_00.py").absolute())))
+    opened = opened_under(monkeypatch, corpus)
+    again = next_start(config)
+    assert again.path == first.path and not again.stats["tokenised"] and len(opened) == 20  # all read again
+    if record != "directory":  # written afresh: the next start reads nothing
+        opened.clear()
+        assert next_start(config).path == first.path and opened == []
+
+
+def test_a_file_changed_just_now_is_not_recorded(corpus, tmp_path, monkeypatch):
+    """A record taken within RACY_NS of a file's change could miss a second change in the same clock
+    tick: the file is read again at the next start instead. (RACY_NS raised to 1,000 s, so that the
+    corpus written just now counts as recent however slowly a loaded machine gets here.)"""
+    monkeypatch.setattr(digests, "RACY_NS", 10**12)
+    digests._SEEN.clear()
+    config = cfg(corpus, tmp_path / "c")
+    prepare_data(config)  # the corpus was written just now: nothing recorded
+    opened = opened_under(monkeypatch, corpus)
+    next_start(config)
+    assert len(opened) == 20
+    digests._SEEN.clear()

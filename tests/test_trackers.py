@@ -21,6 +21,7 @@ from blocklab.training import TrainConfig, train
 from blocklab.training.metrics import read_metrics
 from blocklab.util.errors import ConfigError
 from helpers import compare_base
+from timeouts import patient
 from wandb_records import WandbRun, scalar_rows, wandb_runs
 
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
@@ -176,7 +177,7 @@ def test_only_rank_0_logs_to_wandb_under_torchrun(corpus, tmp_path):
     src = str(Path(blocklab.__file__).resolve().parents[1])  # the blocklab under test, in the subprocesses
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
         [src, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=patient(300))
     assert proc.returncode == 0, proc.stderr[-3000:]
     [run] = wandb_runs(tmp_path / "two" / "wandb")
     assert logged([run]) == expected(tmp_path / "two")

@@ -28,6 +28,7 @@ from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
 from blocklab.util import progress
 from blocklab.util.errors import ConfigError
+from timeouts import patient
 
 TINY_MODEL = {"d_model": 32, "n_layers": 2, "n_heads": 2}
 
@@ -677,7 +678,7 @@ def _torchrun(n: int, args: list[str], cwd: Path, stderr: bool = False) -> str:
            "-m", "blocklab.cli", "train", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:  # a collective entered by one rank only hangs: fail the test instead of stalling CI
-        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=patient(180))
     except subprocess.TimeoutExpired as err:
         raise AssertionError(f"torchrun with {n} processes hung: {(err.stderr or b'')[-2000:]!r}") from None
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from timeouts import patient
+
 BLOCK = 32768
 HEADER = 7
 
@@ -93,7 +95,7 @@ def wandb_runs(folder: Path, wait_s: float = 60.0) -> list[WandbRun]:
     after `run.finish()` returned (seen on a loaded machine), so a file without one is read again."""
     runs = []
     for path in sorted(Path(folder).rglob("run-*.wandb"), key=lambda p: p.parent.name):
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + patient(wait_s)
         run = read_wandb_file(path)
         while run.exit_code is None and time.monotonic() < deadline:
             time.sleep(0.2)

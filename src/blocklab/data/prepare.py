@@ -61,7 +61,16 @@ from blocklab.data.cache_entry import (
     tokenizer_manifest,
 )
 from blocklab.data.config import DataConfig
-from blocklab.data.sources import Source, open_source, split_budgets, split_census, split_documents, utf8_size
+from blocklab.data.digests import DigestRecord
+from blocklab.data.sources import (
+    FileSource,
+    Source,
+    open_source,
+    split_budgets,
+    split_census,
+    split_documents,
+    utf8_size,
+)
 from blocklab.data.tokenise import write_documents
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
 from blocklab.util import diskfull
@@ -440,13 +449,16 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
     (the slow parts, done once) say so on stderr, before and after."""
     start = time.perf_counter()
     root = cache_root(cfg)
-    source = open_source(cfg)
-    corpus = {"source": cfg.source, "kind": source.kind, "fingerprint": source.fingerprint(),
+    source = open_source(cfg)  # a file source reads only the files changed since it recorded their sha256
+    record = DigestRecord.for_source(root, cfg.source)
+    fingerprint = source.fingerprint(record) if isinstance(source, FileSource) else source.fingerprint()
+    corpus = {"source": cfg.source, "kind": source.kind, "fingerprint": fingerprint,
               "val_fraction": cfg.val_fraction, "max_chars": cfg.max_chars}
     tokenizer, trained = get_tokenizer(cfg, source, corpus, root, progress)
     tokenizer_done = time.perf_counter()
     out_dir = root / "shards" / _key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
     manifest, tokenised = _checked_entry(cfg, source, tokenizer, corpus, out_dir, progress)
+    record.save()  # once the entry is in place: a write refused above leaves no record either
     end = time.perf_counter()
     dtype = np.dtype(manifest["dtype"])
     splits = manifest["splits"]

@@ -5,8 +5,9 @@ path), the files of a directory or glob (sorted by path; ``.jsonl`` files give o
 record), one text or JSONL file, or a Hugging Face `datasets` data set (row order). Each source
 has a `fingerprint` of its content that keys the caches: the sha256 of every file's bytes (a copy made
 with `cp -p`, `rsync -a` or `tar` keeps a file's name, size and modification time, so only the bytes
-tell an edited file; hashing costs one read of the corpus, measured in benchmarks/RESULTS.md), the
-snapshot's sha256, the data set's own fingerprint.
+tell an edited file; each file's sha256 is recorded with its stat, `digests`, so that a start reads
+only the files changed since, measured in benchmarks/RESULTS.md), the snapshot's sha256, the data
+set's own fingerprint.
 
 The train/validation split is by document: a document is held out when the sha256 of its name,
 read as a number in [0, 1), is below `val_fraction`. The split of a file therefore never depends
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.data.config import EMBEDDED, EMBEDDED_CORPORA, PROSE, DataConfig
+from blocklab.data.digests import DigestRecord
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
 from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import is_text, not_text, what_is_there
@@ -79,25 +81,6 @@ class Source:
     def documents(self, select: Select | None = None) -> Iterator[tuple[str, str]]:
         """Yield (name, text); documents whose name `select` rejects are passed over unread."""
         raise NotImplementedError
-
-
-# (path, inode, size, mtime_ns, ctime_ns) -> sha256: a file is read once per process. The change time
-# is in the key because no copying tool can set it: a file rewritten in place with its old size and
-# modification time still gets a new one.
-_DIGESTS: dict[tuple, str] = {}
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes."""
-    st = path.stat()
-    key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 20):
-                h.update(chunk)
-        _DIGESTS[key] = h.hexdigest()
-    return _DIGESTS[key]
 
 
 class SnapshotSource(Source):
@@ -165,6 +148,7 @@ class FileSource(Source):
         self.files, self.base, self.text_field, self.by_paragraph = files, base, text_field, by_paragraph
         self.records = self.bad_records = self.missing_field = 0  # JSONL: read, unreadable, of them no field
         self.fields_seen: list[str] = []  # the fields of the first record without `text_field`
+        self.digests_read = 0  # files the last `fingerprint` read (the others' sha256 were recorded)
 
     @property
     def file_count(self) -> int:
@@ -173,8 +157,13 @@ class FileSource(Source):
     def _name(self, path: Path) -> str:
         return path.relative_to(self.base).as_posix()
 
-    def fingerprint(self) -> dict[str, Any]:
-        entries = [[self._name(p), file_sha256(p)] for p in self.files]
+    def fingerprint(self, record: DigestRecord | None = None) -> dict[str, Any]:
+        """The sha256 of every file's bytes, with the files' count and the reading settings. A file
+        whose size, times and inode match `record` (`digests.DigestRecord`, kept in the token cache)
+        is not read; `digests_read` counts the files read."""
+        record = record or DigestRecord(None)
+        entries = [[self._name(p), record.sha256(p)] for p in self.files]
+        self.digests_read = record.read
         digest = hashlib.sha256(json.dumps(entries).encode("utf-8")).hexdigest()
         return {"files": len(self.files), "content_sha256": digest, "text_field": self.text_field,
                 **({"documents": "paragraphs"} if self.by_paragraph else {})}

@@ -9,6 +9,9 @@ from pathlib import Path
 from blocklab.util.errors import ConfigError
 
 CONFIG_NAME, WEIGHTS_NAME, TOKENIZER_NAME = "config.json", "model.safetensors", "tokenizer.json"
+# the tokenizer class an export names (tokenizer_config.json, and a remote-code export's config.json):
+# transformers' generic fast tokenizer, in every version blocklab allows: loading it runs no code of ours
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # the model card and generation defaults, in both kinds of Hugging Face export
 CARD_NAME, GENERATION_CONFIG_NAME = "README.md", "generation_config.json"
 MARKER_KEY = "blocklab_export"  # in model.safetensors' metadata: the format that wrote it

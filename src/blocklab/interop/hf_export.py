@@ -36,6 +36,7 @@ from torch import Tensor
 from blocklab.interop.export_files import (
     CARD_NAME,
     CONFIG_NAME,
+    TOKENIZER_CLASS,
     TOKENIZER_NAME,
     WEIGHTS_NAME,
     SpecialTokens,
@@ -271,7 +272,7 @@ def write_tokenizer_config(folder: Path, context_length: int, causal: bool = Tru
         return SpecialTokens()
     specials = special_tokens(tokenizer_file)
     # without tokenizer_class, AutoTokenizer would pick a tokenizer class from config.json's model_type
-    tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+    tok_config: dict[str, Any] = {"tokenizer_class": TOKENIZER_CLASS,
                                   "model_input_names": list(MODEL_INPUTS),
                                   "model_max_length": context_length,
                                   "padding_side": "left" if causal else "right",

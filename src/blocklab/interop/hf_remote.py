@@ -4,7 +4,9 @@ The folder holds what `transformers` needs to load a model of its own kind throu
 classes (``trust_remote_code=True``):
 
     config.json                 `BlocklabConfig`: model_type "blocklab", the ModelConfig under
-                                "blocklab", and an auto_map naming the two modules below
+                                "blocklab", an auto_map naming the two modules below and, with a
+                                tokenizer, its class (`pipeline` in transformers 4.x loads a
+                                tokenizer only for a model type it knows or a config that names one)
     configuration_blocklab.py   one import: blocklab.interop.hf_model.BlocklabConfig
     modeling_blocklab.py        one import: the causal-LM and masked-LM classes
     model.safetensors           the Transformer's weights under ``model.`` + their export names
@@ -36,6 +38,8 @@ from blocklab.interop.export_files import (
     CONFIG_NAME,
     GENERATION_CONFIG_NAME,
     MODEL_MODULE,
+    TOKENIZER_CLASS,
+    TOKENIZER_NAME,
     WEIGHTS_NAME,
     SpecialTokens,
     auto_map,
@@ -57,9 +61,10 @@ def write_remote_code(model: LanguageModel, folder: Path, dtype: torch.dtype, sp
     from blocklab.interop.hf_model import BlocklabConfig, hf_model
 
     hf = hf_model(model)
+    tokenizer = {"tokenizer_class": TOKENIZER_CLASS} if (folder / TOKENIZER_NAME).is_file() else {}
     config = BlocklabConfig(
         blocklab=model.cfg.to_dict(), architectures=[type(hf).__name__], auto_map=auto_map(model.cfg.causal),
-        torch_dtype=str(dtype).removeprefix("torch."), **specials.ids())
+        torch_dtype=str(dtype).removeprefix("torch."), **specials.ids(), **tokenizer)
     (folder / CONFIG_NAME).write_text(config.to_json_string(use_diff=False))
     if model.cfg.causal:
         write_generation_config(folder, specials)
