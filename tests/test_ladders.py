@@ -296,7 +296,6 @@ def test_fresh_removes_only_the_runs_whose_config_differs(tmp_path):
     (["--archs", " "], "no architecture given"),
     (["--export", "x.tgz"], "--export writes the tarball of a piece: give --minutes M too"),
     (["--export", ""], "--export '' is not allowed: give the path of a .tgz"),
-    (["--overwrite"], "--overwrite replaces an --export file"),
 ])
 def test_flags_that_would_be_ignored_are_refused(tmp_path, capsys, monkeypatch, extra, message):
     monkeypatch.chdir(tmp_path)

@@ -30,9 +30,10 @@ READ_BEYOND = 2.0
 
 def hull(by_law: Mapping[str, Sequence[float]], confidence: float = evidence.CONFIDENCE
          ) -> evidence.Interval | None:
-    """The hull of the t-intervals of each law's per-seed values (None where any value is infinite: beyond
-    the baseline's reach). Its mean is the middle of the laws' means and its values those of the law whose
-    values spread most (what more seeds would tell is read from them)."""
+    """The hull of the intervals (t, or the confidence sequence inside `sequential.in_use`) of each law's
+    per-seed values (None where any value is infinite: beyond the baseline's reach). Its mean is the
+    middle of the laws' means and its values those of the law whose values spread most (what more seeds
+    would tell is read from them)."""
     if not by_law or not all(math.isfinite(v) for vs in by_law.values() for v in vs):
         return None
     intervals = [evidence.t_interval(vs, confidence) for vs in by_law.values()]
@@ -41,10 +42,12 @@ def hull(by_law: Mapping[str, Sequence[float]], confidence: float = evidence.CON
     means = [iv.mean for iv in intervals]
     widest = max(intervals, key=lambda iv: iv.half_width or 0.0)
     if any(iv.low is None or iv.high is None for iv in intervals):
-        return evidence.Interval(widest.values, (min(means) + max(means)) / 2, None, None, confidence)
+        return evidence.Interval(widest.values, (min(means) + max(means)) / 2, None, None, confidence,
+                                 widest.method)
     return evidence.Interval(widest.values, (min(means) + max(means)) / 2,
                              min(iv.low for iv in intervals if iv.low is not None),
-                             max(iv.high for iv in intervals if iv.high is not None), confidence)
+                             max(iv.high for iv in intervals if iv.high is not None), confidence,
+                             widest.method)
 
 
 def beyond_ladder(n: float, log_ratios: Mapping[str, Sequence[float]], sizes: Sequence[float]

@@ -152,16 +152,25 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Inter
     instead = _INSTEAD.get()
     if instead is not None:
         return instead(values, confidence)
+    return mean_interval(values, confidence, lambda n: t_quantile(0.5 + confidence / 2, n - 1), "t")
+
+
+def mean_interval(values: Sequence[float], confidence: float, quantile: Callable[[int], float],
+                  method: str) -> Interval:
+    """mean(values) -/+ quantile(n) * s / sqrt(n): the shape of the t-interval and of the confidence
+    sequence (`sequential.interval`), which differ only in their quantile; no bounds below 2 values,
+    infinite ones where the quantile is."""
     xs = tuple(float(v) for v in values)
     if not xs:
-        raise ValueError("t_interval needs at least one value")
+        raise ValueError(f"a {method} interval needs at least one value")
     if any(math.isnan(x) for x in xs):
-        raise ValueError(f"t_interval got a NaN among {xs}")
+        raise ValueError(f"a {method} interval got a NaN among {xs}")
     mean = statistics.fmean(xs)
     if len(xs) < 2:
-        return Interval(xs, mean, None, None, confidence)
-    half = t_quantile(0.5 + confidence / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return Interval(xs, mean, mean - half, mean + half, confidence)
+        return Interval(xs, mean, None, None, confidence, method)
+    q = quantile(len(xs))
+    half = math.inf if math.isinf(q) else q * statistics.stdev(xs) / math.sqrt(len(xs))
+    return Interval(xs, mean, mean - half, mean + half, confidence, method)
 
 
 def welch_interval(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE

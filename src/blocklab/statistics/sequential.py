@@ -89,18 +89,7 @@ def quantile(n: int, confidence: float = evidence.CONFIDENCE, prior_scale: float
 def interval(values: Sequence[float], confidence: float = evidence.CONFIDENCE) -> evidence.Interval:
     """The mean of `values` and CS_n around it, as an `evidence.Interval` whose method says so (bounds
     None below 2 values, infinite while the sequence rejects nothing)."""
-    xs = tuple(float(v) for v in values)
-    if not xs:
-        raise ValueError("a confidence sequence needs at least one value")
-    if any(math.isnan(x) for x in xs):
-        raise ValueError(f"a confidence sequence got a NaN among {xs}")
-    mean = statistics.fmean(xs)
-    if len(xs) < 2:
-        return evidence.Interval(xs, mean, None, None, confidence, METHOD)
-    q = quantile(len(xs), confidence)
-    sd = statistics.stdev(xs)
-    half = math.inf if math.isinf(q) else q * sd / math.sqrt(len(xs))
-    return evidence.Interval(xs, mean, mean - half, mean + half, confidence, METHOD)
+    return evidence.mean_interval(values, confidence, lambda n: quantile(n, confidence), METHOD)
 
 
 def active() -> bool:
