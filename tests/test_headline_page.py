@@ -103,7 +103,11 @@ def test_an_until_decided_call_has_its_own_folder_and_its_claims_reach_the_page(
     assert record["stopped"] == stopped
     assert record["archs"] == ["pre-ln", "resformer"] and record["claims"] == ["resformer-fewer-parameters"]
     assert {p.name for p in folder.iterdir()} >= {"scaling.md", "scaling.html", "scaling.json"}
-    assert "confidence sequences" in (folder / "scaling.md").read_text()
+    report = (folder / "scaling.md").read_text()
+    assert "confidence sequences" in report
+    assert cli(args) == 0  # again: its own report, noted, is rewritten (not refused as the user's), the same
+    capsys.readouterr()
+    assert (folder / "scaling.md").read_text() == report
     # the fixed-seed report was not touched, and the page's fixed-seed part is as it was
     assert all((root / name).read_bytes() == data for name, data in fixed.items())
     after = headline_section(store, page)
@@ -138,6 +142,21 @@ def test_an_until_decided_call_has_its_own_folder_and_its_claims_reach_the_page(
     (root / "r0" / "runs" / f"resformer-seed{n - 1}" / "summary.json").unlink()
     quoted = headline_section(store, page)[len(before):]
     assert record["headline"] in quoted[1] and "not rebuilt here" in quoted[1]
+
+
+def test_an_until_decided_call_on_an_empty_store_reaches_the_page_before_the_whole_ladder(
+        ladder, tmp_path, monkeypatch, capsys):
+    import blocklab.scaling.orchestrate as orchestrate
+
+    store = tmp_path / "data"
+    monkeypatch.setattr(orchestrate, "train_ladder", fake_runs({"resformer": 0.2}, 0.01, random.Random(8)))
+    assert cli(["scaling", "--ladder", "cpu", "--archs", "pre-ln,resformer", "--out", str(store),
+                "--until-decided", "--max-seeds", "4"]) == 0
+    capsys.readouterr()
+    lines = headline_section(store, tmp_path)
+    assert "**`ladder-cpu`: under way**, no seed has finished every rung yet." in lines  # sas-p never ran
+    rows = table(lines, "| claim | verdict | ours | seeds |")
+    assert set(rows) == {"resformer-fewer-parameters", "resformer-less-data"}
 
 
 def test_without_a_record_the_page_has_no_until_decided_block(ladder, tmp_path):

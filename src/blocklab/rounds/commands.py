@@ -38,6 +38,8 @@ def note_in_report(report: Path, outcome: Outcome, about: dict[str, Any] | None 
     """The rounds' outcome as the report's first paragraph, under its title, in report.md and the .html
     beside it, and as until_decided.json in its folder (with `about`: what the call judged, for a reader
     that rebuilds its last look, as the reproduction page does for `scaling`)."""
+    from blocklab.report import owned
+
     text = outcome.text()
     lines = report.read_text().split("\n")
     at = next((k for k, line in enumerate(lines) if line.startswith("# ")), -1) + 1
@@ -50,6 +52,8 @@ def note_in_report(report: Path, outcome: Outcome, about: dict[str, Any] | None 
             end += len("</h1>")
             page.write_text(body[:end] + f"<p><strong>{html.escape(text)}</strong></p>" + body[end:])
     (report.parent / RECORD).write_text(json.dumps({**outcome.record(), **(about or {})}, indent=2) + "\n")
+    if (report.parent / owned.RECORD).is_file():  # still blocklab's own: a rerun rewrites them, not refuses
+        owned.record_written(report.parent, [p for p in (report, page) if p.is_file()])
 
 
 # -- scaling ---------------------------------------------------------------------------------------------

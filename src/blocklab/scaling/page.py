@@ -78,6 +78,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
                 md += ["", ladder_plan_line(root, ladder, archs)]
             else:
                 md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
+            md += rounds_lines(root, ladder, page_dir)  # an until-decided call on some of its architectures
             continue
         result = judge_ladder(data)
         command = pasteable("blocklab", "scaling", "--ladder", key, "--archs", ",".join(archs),
