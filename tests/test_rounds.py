@@ -257,13 +257,15 @@ def test_a_real_toy_ladder_until_decided(tmp_path, monkeypatch, capsys):
     assert cli(args) == 0
     printed = capsys.readouterr().out
     root = out / "ladder-toy"
-    record = json.loads((root / "until_decided.json").read_text())
+    folder = root / "until-decided"  # its own folder: the fixed-seed report in root is another's
+    record = json.loads((folder / "until_decided.json").read_text())
     assert record["looks"][0]["seeds"] == 3 and record["seeds"] in (3, 4)
     assert len(list(root.glob("*/runs/*/summary.json"))) == 2 * 3 * record["seeds"]
-    md = (root / "scaling.md").read_text()
+    md = (folder / "scaling.md").read_text()
     assert record["headline"] in md and "confidence sequence" in md and "until decided: " in printed
+    assert not (root / "scaling.md").exists()
     assert cli(args) == 0  # again: every run reused, the same looks and report
-    assert (root / "scaling.md").read_text() == md
+    assert (folder / "scaling.md").read_text() == md
 
 
 # -- reproduce's and compare's rounds with fake runs ------------------------------------------------------

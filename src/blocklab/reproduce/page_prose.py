@@ -18,6 +18,7 @@ from pathlib import Path
 from blocklab.reproduce.judge import PENDING, CheckResult, ClaimResult, Reproduction
 from blocklab.reproduce.orchestrate import reproduce
 from blocklab.reproduce.page_scales import NOT_YET_RUN, status
+from blocklab.statistics.evidence import Interval
 
 CODE_SCALE, PROSE_SCALE = "cpu", "cpu-prose"
 COLUMN = "on prose"
@@ -40,14 +41,19 @@ def read_prose_store(reps: list[Reproduction]) -> Reproduction | None:
                      log=lambda *_: None)
 
 
+def interval_side(iv: Interval) -> str | None:
+    """'+', '-' or '0': where a 95% interval lies against zero ('0': it holds zero); None: no interval
+    (one seed)."""
+    if iv.low is None or iv.high is None:
+        return None
+    return "+" if iv.low > 0 else "-" if iv.high < 0 else "0"
+
+
 def side(result: CheckResult) -> str | None:
     """'+', '-' or '0': where a check's difference lies against zero ('0': its interval holds zero, or an
     exact value equals its reference); None: nothing to read (pending, or an interval of one seed)."""
-    iv = result.interval
-    if iv is not None:
-        if iv.low is None or iv.high is None:
-            return None
-        return "+" if iv.low > 0 else "-" if iv.high < 0 else "0"
+    if result.interval is not None:
+        return interval_side(result.interval)
     if result.value is None or result.reference is None:
         return None
     if math.isclose(result.value, result.reference, rel_tol=1e-9, abs_tol=1e-12):
@@ -58,7 +64,12 @@ def side(result: CheckResult) -> str | None:
 def agreement(code: ClaimResult, prose: ClaimResult) -> str:
     """Whether every check's difference lies on the same side of zero on both corpora (SAME), some on
     opposite sides (OPPOSITE), or some off zero on one corpus and holding it on the other (ONE_SIDED)."""
-    pairs = [(side(a), side(b)) for a, b in zip(code.checks, prose.checks, strict=True)]
+    return sign_agreement([(side(a), side(b)) for a, b in zip(code.checks, prose.checks, strict=True)])
+
+
+def sign_agreement(pairs: list[tuple[str | None, str | None]]) -> str:
+    """The agreement of (code, prose) sides ('+', '-', '0'; None: not measured): SAME, OPPOSITE or
+    ONE_SIDED as `agreement` reads them; the headline numbers' column (`scaling.page_prose`) reads it too."""
     if any(a is None or b is None for a, b in pairs):
         return "sign not measured"
     if any({a, b} == {"+", "-"} for a, b in pairs):

@@ -122,16 +122,22 @@ class Outcome:
     def seeds(self) -> int:
         return self.looks[-1].seeds
 
-    def headline(self) -> str:
+    def ending(self) -> str:
+        """How the rounds stopped, the claims left out: "decided at n seeds", or "budget ended at n seeds"
+        and which budget, in words."""
         n = self.seeds
         if self.stopped == "decided":
             return f"decided at {n} seeds"
-        undecided = self.looks[-1].undecided
         why = (f"--max-seeds {self.budget.max_seeds} reached" if self.stopped == "max seeds" else
                f"--max-hours {self.budget.max_hours:g}: the next round, about {_minutes(self.next_round)}, "
                f"does not fit in the {_minutes(self.left)} left")
-        return (f"budget ended at {n} seeds ({why}): inconclusive; "
-                + "; ".join(p.text(n) for p in undecided))
+        return f"budget ended at {n} seeds ({why})"
+
+    def headline(self) -> str:
+        if self.stopped == "decided":
+            return self.ending()
+        undecided = self.looks[-1].undecided
+        return f"{self.ending()}: inconclusive; " + "; ".join(p.text(self.seeds) for p in undecided)
 
     def lines(self) -> list[str]:
         rounds = ", ".join(f"{look.seeds} ({len(look.undecided)} undecided)" for look in self.looks)
@@ -150,6 +156,7 @@ class Outcome:
         return {"method": sequential.NAME, "budget": {"max_seeds": self.budget.max_seeds,
                                                        "max_hours": self.budget.max_hours},
                 "stopped": self.stopped, "seeds": self.seeds, "headline": self.headline(),
+                "ended": self.ending(),
                 "looks": [{"seeds": look.seeds, "seconds": look.seconds, "trained": look.trained,
                            "undecided": [p.text(look.seeds) for p in look.undecided]} for look in self.looks]}
 

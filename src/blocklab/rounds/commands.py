@@ -24,6 +24,9 @@ from blocklab.rounds import Budget, Outcome, Pending, pending, until_decided
 from blocklab.statistics import evidence, sequential
 
 RECORD = "until_decided.json"
+# where `scaling --until-decided` writes its report unless --report says: OUT/ladder-<name>/until-decided/,
+# apart from the fixed-seed report in OUT/ladder-<name>/ (which reads t-intervals and the page rewrites)
+SCALING_FOLDER = "until-decided"
 
 
 def finished_runs(root: Path) -> int:
@@ -31,9 +34,12 @@ def finished_runs(root: Path) -> int:
     return sum(1 for _ in root.rglob("summary.json")) if root.is_dir() else 0
 
 
-def note_in_report(report: Path, outcome: Outcome) -> None:
+def note_in_report(report: Path, outcome: Outcome, about: dict[str, Any] | None = None) -> None:
     """The rounds' outcome as the report's first paragraph, under its title, in report.md and the .html
-    beside it, and as until_decided.json in its folder."""
+    beside it, and as until_decided.json in its folder (with `about`: what the call judged, for a reader
+    that rebuilds its last look, as the reproduction page does for `scaling`)."""
+    from blocklab.report import owned
+
     text = outcome.text()
     lines = report.read_text().split("\n")
     at = next((k for k, line in enumerate(lines) if line.startswith("# ")), -1) + 1
@@ -45,11 +51,14 @@ def note_in_report(report: Path, outcome: Outcome) -> None:
         if end >= 0:
             end += len("</h1>")
             page.write_text(body[:end] + f"<p><strong>{html.escape(text)}</strong></p>" + body[end:])
-    (report.parent / RECORD).write_text(json.dumps(outcome.record(), indent=2) + "\n")
+    (report.parent / RECORD).write_text(json.dumps({**outcome.record(), **(about or {})}, indent=2) + "\n")
+    if (report.parent / owned.RECORD).is_file():  # still blocklab's own: a rerun rewrites them, not refuses
+        owned.record_written(report.parent, [p for p in (report, page) if p.is_file()])
 
 
 # -- scaling ---------------------------------------------------------------------------------------------
-def _headline_pending(h, result) -> Pending:
+def headline_pending(h, result) -> Pending:
+    """A headline claim still inconclusive, as `Pending`: the seeds its confidence sequence would need."""
     from blocklab.scaling.judge import NO_EFFECT_LOG
 
     if h.interval is not None:
@@ -63,12 +72,22 @@ def _headline_pending(h, result) -> Pending:
     return Pending(h.claim.id, None, f"not a matter of seeds alone: {h.more or h.text}")
 
 
+def look_data(root: Path, ladder, archs: list[str], name: str, seeds: int):
+    """The runs a round's look at `seeds` seeds reads: seeds 0..seeds-1 of those in `root`, whatever else the
+    store holds (so a rerun replays the looks, and a reader rebuilds the last one: `scaling.page`)."""
+    from blocklab.scaling.judge import read_ladder
+
+    data = read_ladder(root, ladder, archs, name)
+    data.points = {k: {s: p for s, p in v.items() if s < seeds} for k, v in data.points.items()}
+    return data
+
+
 def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget: Budget,
                    seeds: int | None = None, launcher=None, claims: list[str] | None = None, log=print):
     """Seeds of `ladder` added until its headline claims (those named in `claims`; default all) are
     decided; returns the last judged ScalingResult and the Outcome."""
     from blocklab.reproduce.estimate import Estimator
-    from blocklab.scaling.judge import judge_ladder, read_ladder
+    from blocklab.scaling.judge import judge_ladder
     from blocklab.scaling.ladders import plan
     from blocklab.scaling.orchestrate import train_ladder
 
@@ -82,12 +101,9 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
         return finished_runs(root) - before
 
     def judge() -> list[Pending]:
-        data = read_ladder(root, ladder, archs, name)
-        # the look at n seeds reads seeds 0..n-1, whatever else the store holds: a rerun replays the looks
-        data.points = {k: {s: p for s, p in v.items() if s < state["seeds"]} for k, v in data.points.items()}
-        result = judge_ladder(data)
+        result = judge_ladder(look_data(root, ladder, archs, name, state["seeds"]))
         state["result"] = result
-        return [_headline_pending(h, result) for h in result.headlines
+        return [headline_pending(h, result) for h in result.headlines
                 if h.verdict == "inconclusive" and (claims is None or h.claim.id in claims)]
 
     def estimate(n: int) -> float:

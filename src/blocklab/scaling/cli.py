@@ -118,8 +118,16 @@ def _train(args: argparse.Namespace, ladder, name: str, archs: list[str]) -> boo
 
 
 def _report_folder(args: argparse.Namespace, root: Path) -> tuple[Path, str]:
-    """Where the report goes (--report, else the store's ladder folder) and how its refusals name it."""
-    return (Path(args.report), "--report") if args.report else (root, "the ladder's folder")
+    """Where the report goes (--report; else with --until-decided the ladder folder's own `until-decided`,
+    so that neither a call on some architectures nor the page's rebuild of the fixed-seed report replaces
+    the other; else the store's ladder folder) and how its refusals name it."""
+    from blocklab.rounds.commands import SCALING_FOLDER
+
+    if args.report:
+        return Path(args.report), "--report"
+    if getattr(args, "until_decided", False):
+        return root / SCALING_FOLDER, f"the ladder's {SCALING_FOLDER} folder"
+    return root, "the ladder's folder"
 
 
 def _report(args: argparse.Namespace, ladder, name: str, archs: list[str], root: Path) -> None:
@@ -166,7 +174,10 @@ def _until_decided(args: argparse.Namespace, ladder, archs: list[str], name: str
     with sequential.in_use():
         report, flag = _report_folder(args, Path(args.out) / name)
         path = write_scaling_report(result, report, command, args.overwrite, flag)
-    note_in_report(path, outcome)
+    # what the reproduction page needs to rebuild the last look from the runs (scaling.page)
+    about = {"ladder": args.ladder, "archs": archs, "claims": _names(args.claims) or judged,
+             "overrides": list(args.overrides or []), "command": command}
+    note_in_report(path, outcome, about)
     print(f"report: {path} (and {path.with_suffix('.html')}, {path.with_suffix('.json')})")
     for h in result.headlines:
         print(f"  {h.verdict:<13} {h.claim.id:<28} {h.text}")
@@ -183,7 +194,8 @@ def add_parsers(sub) -> None:
         "interrupted ones resume), fit loss against parameters, and write "
         "OUT/ladder-<name>/scaling.md, .html and .json: the papers' headline numbers ('x% "
         "fewer parameters', 'y% less data') with 95% intervals over seeds and a verdict each, "
-        "the paper's number beside them (docs/scaling.md). A training config and key=value overrides "
+        "the paper's number beside them (docs/scaling.md); with --until-decided, in "
+        "OUT/ladder-<name>/until-decided/ with until_decided.json. A training config and key=value overrides "
         "(as `blocklab train` takes them, e.g. data.source=corpus/) apply to every run; the ladder's own "
         "fields (the rungs' shapes, steps, batch, sequence length, learning-rate rule) are changed by a "
         "ladder file (--ladder FILE.yaml), not by overrides.",
@@ -208,7 +220,8 @@ def add_parsers(sub) -> None:
     )
     p.add_argument("--seeds", type=int, help="seeds per architecture and rung (default: the ladder's, 3)")
     p.add_argument("--out", default="runs/scaling", help="the run store (default runs/scaling)")
-    p.add_argument("--report", help="write the report here instead of OUT/ladder-<name>/")
+    p.add_argument("--report", help="write the report here instead of OUT/ladder-<name>/ (with "
+                   "--until-decided: instead of OUT/ladder-<name>/until-decided/)")
     p.add_argument(
         "--overwrite",
         action="store_true",

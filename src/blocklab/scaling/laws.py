@@ -41,6 +41,7 @@ def hull(by_law: Mapping[str, Sequence[float]], confidence: float = evidence.CON
         return intervals[0]
     means = [iv.mean for iv in intervals]
     widest = max(intervals, key=lambda iv: iv.half_width or 0.0)
+    # the hull is of the intervals in use: t-intervals, or the confidence sequence in until-decided rounds
     if any(iv.low is None or iv.high is None for iv in intervals):
         return evidence.Interval(widest.values, (min(means) + max(means)) / 2, None, None, confidence,
                                  widest.method)

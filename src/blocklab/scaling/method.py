@@ -81,8 +81,8 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
     seeds = ", ".join(map(str, f["seeds_used"]))
     runs = (f"{f['runs_used']} runs used: seeds {seeds} of each of {len(archs)} architectures at each of "
             f"{len(rungs)} rungs ({len(f['seeds_used'])} per rung and architecture)")
-    left = (f"Finished runs left out, their seed unfinished elsewhere: {', '.join(f['left_out'])}."
-            if f["left_out"] else "No finished run was left out.")
+    left = ("Finished runs left out, their seed unfinished elsewhere: "
+            f"{_left_out_text(f['left_out'], rungs)}." if f["left_out"] else "No finished run was left out.")
     if f["training_seconds"] is None:
         time = "Training time: not recorded in the runs."
     else:
@@ -92,3 +92,29 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
                 f"the runs used{part}; the wall clock depends on how many ran at once, which the runs do not "
                 "record.")
     return f"Corpus: {corpus}. Tokenizer: {tokenizer}. {runs}. {left} {time}"
+
+
+def _left_out_text(names: list[str], rungs: list[str]) -> str:
+    """The runs left out ("<rung>/<arch>-seed<k>"), an architecture's seed left out at every rung said once
+    ("seeds 3-9 of pre-ln, resformer at every rung": the seeds an until-decided call added to some
+    architectures), the others by name."""
+    runs = []  # (name, (arch, seed), rung)
+    for name in names:
+        rung, _, run = name.partition("/")
+        arch, _, seed = run.rpartition("-seed")
+        runs.append((name, (arch, int(seed)), rung))
+    whole = {key for _, key, _ in runs if {r for _, k, r in runs if k == key} >= set(rungs)}
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for arch in dict.fromkeys(a for a, _ in sorted(whole)):
+        groups.setdefault(tuple(sorted(s for a, s in whole if a == arch)), []).append(arch)
+    parts = [f"{'seed' if len(seeds) == 1 else 'seeds'} {_span(seeds)} of {', '.join(archs)} at every rung"
+             for seeds, archs in groups.items()]
+    rest = [name for name, key, _ in runs if key not in whole]
+    return "; ".join(parts + ([", ".join(rest)] if rest else []))
+
+
+def _span(seeds: tuple[int, ...]) -> str:
+    """3-9 for three or more consecutive seeds, else 3, 5, 8."""
+    if len(seeds) > 2 and list(seeds) == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(map(str, seeds))

@@ -9,7 +9,7 @@ import math
 import statistics
 from pathlib import Path
 
-from blocklab.report import md_table, render_html, render_markdown
+from blocklab.report import render_html, render_markdown
 from blocklab.report.owned import check_owned, record_written
 from blocklab.scaling.fit import fit
 from blocklab.scaling.judge import (
@@ -24,7 +24,7 @@ from blocklab.scaling.judge import (
 from blocklab.scaling.laws import READ_BEYOND, beyond_text
 from blocklab.scaling.method import method_facts, method_text
 from blocklab.scaling.record import result_record
-from blocklab.statistics import evidence
+from blocklab.statistics import evidence, sequential
 from blocklab.statistics.claims import PAPERS
 from blocklab.util.figures import agg_figure
 
@@ -127,12 +127,17 @@ def verdict_blocks(result: ScalingResult, level: str) -> list[tuple]:
             "p",
             f"Seeds: {', '.join(map(str, result.seeds))} (those that finished every rung for every "
             "architecture). A saving is the fraction of parameters (or tokens) an architecture "
-            f"needs less than {base} for the same loss; negative: more. Intervals are 95% "
-            "t-intervals over seeds, each seed's ladder fitted on its own.",
+            f"needs less than {base} for the same loss; negative: more. Intervals are "
+            f"{INTERVALS[sequential.active()]} over seeds, each seed's ladder fitted on its own.",
         )
     )
     blocks.append(("p", statistics_text(result)))
     return blocks
+
+
+# what the intervals are: t-intervals, or (a report of seeds added until decided) the confidence sequence
+INTERVALS = {False: "95% t-intervals",
+             True: "anytime-valid 95% confidence sequences (docs/statistics-sequential.md)"}
 
 
 def statistics_text(result: ScalingResult) -> str:
@@ -338,90 +343,4 @@ def write_scaling_report(result: ScalingResult, out: Path, command: str = "", ov
     (out / "scaling.html").write_text(render_html(title, blocks))
     (out / "scaling.json").write_text(json.dumps(result_record(result), indent=2) + "\n")
     record_written(out, [out / name for name in REPORT_FILES])
-    return md
-
-
-HEADLINE_TEXT = (
-    "The papers lead with numbers of another kind than the claims above: how much smaller (or "
-    "how much less trained) a model can be for the same loss. Each is read off a ladder of sizes "
-    "(`blocklab scaling`, docs/scaling.md): every architecture trained at every rung on the same "
-    "tokens, loss fitted against parameters per seed, the equivalence read off the fits, a 95% "
-    "t-interval over seeds. The paper's number stands beside ours."
-)
-
-
-def ladder_plan_line(root: Path, ladder, archs: list[str]) -> str:
-    """A ladder with no whole seed yet: the runs left and their estimated time on its device (from the
-    store's finished runs there, else a prior)."""
-    from blocklab.reproduce.estimate import Estimator
-    from blocklab.scaling.ladders import plan
-
-    runs = plan(archs, ladder, root)
-    left = [(rung, cfg) for rung, _, cfg in runs if not (Path(cfg.out_dir) / "summary.json").is_file()]
-    device = "gpu" if ladder.trains_on == "gpu" else "cpu"
-    estimate = Estimator(root, device)
-    minutes = sum(estimate.seconds(cfg) for _, cfg in left) / 60
-    by_rung: dict[str, float] = {}
-    for rung, cfg in left:
-        by_rung[rung.name] = by_rung.get(rung.name, 0.0) + estimate.seconds(cfg) / 60
-    rungs = ", ".join(f"{r} {m:.0f} min" for r, m in by_rung.items())
-    done = len(runs) - len(left)
-    state = f"{done} of {len(runs)} runs finished" if done else "not yet run"
-    name = root.name
-    return (
-        f"**`{name}`: {state}.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
-        f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), {len(left)} left: about {minutes:.0f} "
-        f"{device.upper()} minutes ({rungs}), estimated at {estimate.source}. It trains a piece per lent "
-        f"call: `SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
-        "benchmarks/gpu_session.sh`."
-    )
-
-
-def headline_section(store: Path, page_dir: Path) -> list[str]:
-    """The reproduction page's section "The papers' headline numbers": each ladder in `store` with finished
-    seeds (its verdicts, its figure and a link to its report), and the GPU ladders' plans."""
-    import os
-
-    from blocklab.scaling.judge import judge_ladder, read_ladder
-    from blocklab.scaling.ladders import LADDERS
-    from blocklab.util.commands import pasteable
-
-    md = ["## The papers' headline numbers", "", HEADLINE_TEXT]
-    for key, ladder in LADDERS.items():
-        name = f"ladder-{key}"
-        root = store / name
-        if key == "toy" or (not root.is_dir() and ladder.trains_on != "gpu"):
-            continue
-        archs = list(ladder.archs)
-        data = read_ladder(root, ladder, archs, name) if root.is_dir() else None
-        if data is None or not data.seeds():
-            if ladder.trains_on == "gpu":
-                md += ["", ladder_plan_line(root, ladder, archs)]
-            else:
-                md += ["", f"**`{name}`: under way**, no seed has finished every rung yet."]
-            continue
-        result = judge_ladder(data)
-        command = pasteable("blocklab", "scaling", "--ladder", key, "--archs", ",".join(archs),
-                            "--out", store, "--no-train")
-        write_scaling_report(result, root, command, flag="the ladder's folder")
-        done = sum(len(seeds) for seeds in data.points.values())
-        total = len(archs) * len(ladder.rungs) * ladder.seeds
-        link = os.path.relpath(root / "scaling.md", page_dir)
-        md += [
-            "",
-            f"**[`{name}`]({link})**: {ladder.description}; seeds {', '.join(map(str, result.seeds))} "
-            f"({done} of {total} runs finished). Learning rate: {ladder.lr_rule}.",
-            "",
-        ]
-        head, rows = verdict_table(result)
-        md += md_table(head, rows)
-        figure = os.path.relpath(figure_path(root, VERDICT_READING), page_dir)
-        md += [
-            "",
-            f"![loss against parameters, {name}]({figure})",
-            "",
-            f"Loss against parameters (all, log axis) on `{name}`: the mean over seeds per rung and the "
-            "fitted laws; the equivalences at every rung, both parameter counts, the fits and their "
-            f"residuals are in [its report]({link}).",
-        ]
     return md
