@@ -131,9 +131,10 @@ def raw(corpus: Path, tokenizer: Path, method: str, batch_chars: int | None = No
 
 def blocklab_path(corpus: Path, tokenizer: Path, cache: Path) -> int:
     """blocklab's data path into the fresh cache folder `cache`: the text tokens it wrote."""
-    from blocklab.data import DataConfig, cache_entry, prepare_data, sources
+    from blocklab.data import DataConfig, cache_entry, prepare_data
 
-    sources._DIGESTS.clear()  # as in a fresh process: the corpus is hashed again, the shards checked
+    # as in a fresh process: the shards' digests are checked again; the corpus is hashed again because
+    # its digest record lives in the fresh cache folder (data.digests)
     cache_entry._DIGESTS.clear()
     data = prepare_data(DataConfig(source=str(corpus), tokenizer=str(tokenizer), cache_dir=str(cache)))
     splits = data.manifest["splits"].values()

@@ -109,6 +109,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("reproduce",),
     ("scaling",),
     ("rounds",),  # seeds added until decided, over compare, reproduce and scaling
+    ("headlines",),  # the reproduction page's headline numbers: the ladders' and the rounds' verdicts
     ("cli", "__main__"),
 ]
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -1,4 +1,4 @@
-"""The reproduction page's headline section (blocklab.scaling.page): an until-decided call's report in its
+"""The reproduction page's headline section (blocklab.headlines.page): an until-decided call's report in its
 own folder, its claims on the page rebuilt from the runs, and the "on prose" column, on fake ladder stores
 (runs written from a known law: seconds, no training)."""
 
@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from blocklab.cli import main as cli
+from blocklab.headlines.page import headline_section
+from blocklab.headlines.prose import FIELDS
 from blocklab.scaling.ladders import LADDERS, Ladder, Rung, plan
-from blocklab.scaling.page import headline_section
-from blocklab.scaling.page_prose import FIELDS
 from blocklab.util.errors import ConfigError
 
 ARCHS = ["pre-ln", "resformer", "sas-p"]

@@ -205,7 +205,7 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         for option, value in (("--claims", args.claims), ("--paper", args.paper)):
             words += [option, value] if value else []
         command = pasteable(*words, *(["--quick"] if args.quick else []), *args.overrides)
-        from blocklab.scaling.page import headline_section
+        from blocklab.headlines.page import headline_section
 
         path = write_summary(reps, report, command, notes=Path(args.out) / "notes.md",
                              extra=headline_section(Path(args.out), Path(report).parent))

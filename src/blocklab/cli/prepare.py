@@ -31,7 +31,7 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> None:
     from blocklab.data import prepare_data
-    from blocklab.data.prepare import skipped_lines
+    from blocklab.data.sources import skipped_lines
     from blocklab.training.config import resolve_config
     from blocklab.training.init_from import source_tokenizer, with_source_tokenizer
     from blocklab.util.progress import say

@@ -66,6 +66,7 @@ from blocklab.data.sources import (
     FileSource,
     Source,
     open_source,
+    skipped_files,
     split_budgets,
     split_census,
     split_documents,
@@ -481,22 +482,3 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
         config=cfg, tokenizer=tokenizer, train=arrays["train"], val=arrays["val"],
         bytes_per_token={s: splits[s]["bytes_per_token"] or float("nan") for s in SPLITS},
         manifest=manifest, stats=stats, path=out_dir)
-
-
-def skipped_lines(stats: dict[str, Any], listed_in: str, shown: int = 5) -> list[str]:
-    """What the source's reading passed over, as lines for the user (none when nothing): the files that
-    are not UTF-8 text, named (the first `shown`, then how many more; all are in `listed_in`), and
-    the JSONL records without the text, counted. `blocklab prepare` and `train` say the same."""
-    lines = []
-    if stats["skipped_files"]:
-        lines.append(f"{skipped_files(stats['skipped_files'], shown)}; all are listed in {listed_in}")
-    if stats["bad_records"]:  # how many records were read, how many skipped and why
-        lines.append(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
-    return lines
-
-
-def skipped_files(names: list[str], shown: int = 5) -> str:
-    """"skipped N files that are not UTF-8 text ...: a, b, ..." for the files a source passed over."""
-    few = ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
-    files = "1 file that is" if len(names) == 1 else f"{len(names):,} files that are"
-    return f"skipped {files} not UTF-8 text (binary or another encoding): {few}"

@@ -374,3 +374,22 @@ def split_budgets(cfg: DataConfig) -> dict[str, int | None]:
         raise ConfigError(f"DataConfig.max_chars = {cfg.max_chars} leaves no characters for the training "
                           f"split after the validation share (val_fraction = {cfg.val_fraction}).")
     return {"train": cfg.max_chars - val, "val": val}
+
+
+def skipped_lines(stats: dict[str, Any], listed_in: str, shown: int = 5) -> list[str]:
+    """What the source's reading passed over, as lines for the user (none when nothing): the files that
+    are not UTF-8 text, named (the first `shown`, then how many more; all are in `listed_in`), and
+    the JSONL records without the text, counted. `blocklab prepare` and `train` say the same."""
+    lines = []
+    if stats["skipped_files"]:
+        lines.append(f"{skipped_files(stats['skipped_files'], shown)}; all are listed in {listed_in}")
+    if stats["bad_records"]:  # how many records were read, how many skipped and why
+        lines.append(stats["records"] or f"skipped {stats['bad_records']} unreadable JSONL records")
+    return lines
+
+
+def skipped_files(names: list[str], shown: int = 5) -> str:
+    """"skipped N files that are not UTF-8 text ...: a, b, ..." for the files a source passed over."""
+    few = ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
+    files = "1 file that is" if len(names) == 1 else f"{len(names):,} files that are"
+    return f"skipped {files} not UTF-8 text (binary or another encoding): {few}"

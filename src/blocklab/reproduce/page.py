@@ -307,7 +307,7 @@ def write_summary(reps: list[Reproduction], path: str | Path, command: str, note
     page has the `cpu` scale), with links to each scale's own report (OUT/<scale>/reproduction.md,
     written beside it). A function of the run data and `notes` (a markdown file included as it is),
     so regenerating it from the same data gives the same bytes. `extra`: markdown lines of a section of
-    the page's own (the papers' headline numbers, `blocklab.scaling.page.headline_section`), placed
+    the page's own (the papers' headline numbers, `blocklab.headlines.page.headline_section`), placed
     after the checks as models grow."""
     path = Path(path)
     names = [rep.scale_name for rep in reps]

@@ -69,7 +69,7 @@ def agreement(code: ClaimResult, prose: ClaimResult) -> str:
 
 def sign_agreement(pairs: list[tuple[str | None, str | None]]) -> str:
     """The agreement of (code, prose) sides ('+', '-', '0'; None: not measured): SAME, OPPOSITE or
-    ONE_SIDED as `agreement` reads them; the headline numbers' column (`scaling.page_prose`) reads it too."""
+    ONE_SIDED as `agreement` reads them; the headline numbers' column (`headlines.prose`) reads it too."""
     if any(a is None or b is None for a, b in pairs):
         return "sign not measured"
     if any({a, b} == {"+", "-"} for a, b in pairs):

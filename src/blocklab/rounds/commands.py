@@ -74,7 +74,7 @@ def headline_pending(h, result) -> Pending:
 
 def look_data(root: Path, ladder, archs: list[str], name: str, seeds: int):
     """The runs a round's look at `seeds` seeds reads: seeds 0..seeds-1 of those in `root`, whatever else the
-    store holds (so a rerun replays the looks, and a reader rebuilds the last one: `scaling.page`)."""
+    store holds (so a rerun replays the looks, and a reader rebuilds the last one: `headlines.page`)."""
     from blocklab.scaling.judge import read_ladder
 
     data = read_ladder(root, ladder, archs, name)

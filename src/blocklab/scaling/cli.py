@@ -174,7 +174,7 @@ def _until_decided(args: argparse.Namespace, ladder, archs: list[str], name: str
     with sequential.in_use():
         report, flag = _report_folder(args, Path(args.out) / name)
         path = write_scaling_report(result, report, command, args.overwrite, flag)
-    # what the reproduction page needs to rebuild the last look from the runs (scaling.page)
+    # what the reproduction page needs to rebuild the last look from the runs (headlines.page)
     about = {"ladder": args.ladder, "archs": archs, "claims": _names(args.claims) or judged,
              "overrides": list(args.overrides or []), "command": command}
     note_in_report(path, outcome, about)

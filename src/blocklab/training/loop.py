@@ -23,7 +23,7 @@ from tqdm.std import tqdm as std_tqdm
 
 from blocklab.accounting import count_parameters, flops_per_token
 from blocklab.data import Batches, bits_per_byte, prepare_data
-from blocklab.data.prepare import skipped_lines
+from blocklab.data.sources import skipped_lines
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.training import checkpoint as ckpt

@@ -3,7 +3,7 @@
 
 - the fixed-seed verdicts of every whole seed, with 95% t-intervals: the table, the figure and a link
   to the ladder's report in OUT/ladder-<name>/ (rewritten here from the runs), and for the `cpu`
-  ladder a column "on prose", the same numbers on English text (`scaling.page_prose`);
+  ladder a column "on prose", the same numbers on English text (`headlines.prose`);
 - where `scaling --until-decided` has run on it (its record in OUT/ladder-<name>/until-decided/), the
   claims it waited for, rebuilt from the runs exactly as the rounds' last look read them: the same
   seeds, the confidence sequence (`rounds_lines`);
@@ -60,7 +60,7 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
     """The reproduction page's section "The papers' headline numbers": each ladder in `store` with finished
     seeds (its verdicts, on prose for `cpu`, its figure, a link to its report, and the claims an
     until-decided call waited for), and the GPU ladders' plans."""
-    from blocklab.scaling import page_prose
+    from blocklab.headlines import prose as page_prose
     from blocklab.scaling.judge import judge_ladder, read_ladder
     from blocklab.scaling.ladders import LADDERS
     from blocklab.util.commands import pasteable

@@ -45,15 +45,15 @@ def train_command(store: Path) -> str:
 def read_prose(store: Path) -> LadderData | None:
     """The prose store's finished runs (None: no store), after refusing a run trained with another config
     than the ladder with FIELDS (another corpus, say), as `scaling --no-train` refuses it."""
-    from blocklab.cli.args import config_fields
     from blocklab.scaling.ladders import LADDERS
     from blocklab.scaling.orchestrate import check_store
     from blocklab.scaling.overrides import with_user_fields
+    from blocklab.training.config import apply_overrides
 
     root = prose_root(store)
     if not root.is_dir():
         return None
-    ladder = with_user_fields(LADDERS[LADDER], LADDER, config_fields(FIELDS))
+    ladder = with_user_fields(LADDERS[LADDER], LADDER, apply_overrides({}, FIELDS))
     archs = list(ladder.archs)
     check_store(archs, ladder, root, no_train=True)
     return read_ladder(root, ladder, archs, root.name)
