@@ -279,8 +279,12 @@ def test_campaign_in_pieces_end_to_end(tmp_path, monkeypatch, capsys):
     fresh.mkdir()
     with tarfile.open(tgz) as tar:
         tar.extractall(fresh, filter="data")
-    small = replace(scale, trains_on="cpu", lr_sweep=(), max_seeds=None)
+    small = replace(scale, trains_on="cpu", max_seeds=None)
     monkeypatch.setitem(SCALES, "toy-cpu", small)
+    # its sweep too: the runs copied below were trained at the rates it chose, which a store's check of
+    # each finished run's config (reproduce --no-train) reads from it
+    for sweep in (fresh / "gpu-mid").glob("*lr-sweep*"):
+        shutil.copytree(sweep, fresh / "toy-cpu" / sweep.name)
     for k in range(3):  # the same runs, resformer 0.1 nats worse: a paired difference shifted by 0.1
         for arch in ("pre-ln", "resformer"):
             src = fresh / "gpu-mid" / "small-steps" / "runs" / f"{arch}-seed{k}"
