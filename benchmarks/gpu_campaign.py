@@ -109,19 +109,28 @@ def run_campaign(opts: argparse.Namespace) -> list[str]:
     return lines
 
 
+def piece_scale(name: str, opts: argparse.Namespace):
+    """The scale a piece's runs train at: `name`'s (on the GPU, TrainConfig device "auto", in bf16
+    autocast), or with --smoke a toy size of it: 3 steps of 4 x 32 byte tokens, d 32 x 2 layers."""
+    from blocklab.reproduce import SCALES
+
+    scale = SCALES[name]
+    if not opts.smoke:
+        return scale
+    data = {"source": str(opts.data), "tokenizer": "byte"} if opts.data else {"tokenizer": "byte"}
+    return replace(scale, steps=3, eval_every=3, batch_size=4, seq_len=32, model=SMOKE_MODEL,
+                   train={**scale.train, "eval_batches": 1, "data": data})
+
+
 def run_claims(piece: str, opts: argparse.Namespace) -> list[str]:
     """Train (or reuse) one piece's runs, write its report beside them, delete their weights; the
     verdicts as lines. With --dry-run, only what it would do: nothing trained or written."""
-    from blocklab.reproduce import SCALES, reproduce
+    from blocklab.reproduce import reproduce
     from blocklab.reproduce.page import write_reproduction
     from blocklab.statistics.claims import select
 
     name, claims = PIECES[piece]
-    scale = SCALES[name]  # its runs train on the GPU (TrainConfig device "auto") in bf16 autocast
-    if opts.smoke:
-        data = {"source": str(opts.data), "tokenizer": "byte"} if opts.data else {"tokenizer": "byte"}
-        scale = replace(scale, steps=3, eval_every=3, batch_size=4, seq_len=32, model=SMOKE_MODEL,
-                        train={**scale.train, "eval_batches": 1, "data": data})
+    scale = piece_scale(name, opts)
     if opts.dry_run:
         return [f"{piece}: would train (or reuse) the runs of {name} for {', '.join(claims)} in "
                 f"{Path(opts.out) / name} (dry run: nothing trained or written)"]

@@ -4,6 +4,7 @@ loop gives the tokens of `LanguageModel.generate` on the same weights."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -372,7 +373,8 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
         assert len(runs) == 3 * len(select(claims)[0].archs)
     name, claims = gpu_campaign.PIECES["sas-p"]
     saved = json.loads((out / name / "reproduction.json").read_text())
-    again = reproduce(select(claims), name, out, train=False)
+    smoke = gpu_campaign.piece_scale(name, argparse.Namespace(smoke=True, data=corpus))  # what trained them
+    again = reproduce(select(claims), smoke, out, train=False, name=name)
     assert [r.verdict for r in again.results] == [c["verdict"] for c in saved["claims"]]
 
 
