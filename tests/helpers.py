@@ -92,3 +92,22 @@ def saved_figures(monkeypatch) -> list:
 
     monkeypatch.setattr(Figure, "savefig", record)
     return figures
+
+
+def write_law_run(run: Path, n: float, scale: float, offset: float, loss: float, config=None) -> None:
+    """A finished ladder run written from a known law, no training: `n` parameters, final `loss`, and four
+    validations on a curve that reaches a loss `scale` times sooner in tokens (plus the seed's `offset`);
+    with `config` (a TrainConfig) its config.yaml too, for the store's check of each run's config."""
+    import json
+
+    import yaml
+
+    run.mkdir(parents=True)
+    tokens = [1e5 * k for k in range(1, 5)]
+    curve = [2.6 + 30 * (t * scale) ** -0.35 + offset for t in tokens]
+    rows = [{"kind": "val", "tokens": t, "val_loss": v} for t, v in zip(tokens, curve, strict=True)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps(
+        {"params": {"total": int(n), "non_embedding": int(0.6 * n)}, "val_loss": loss}))
+    if config is not None:
+        (run / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))

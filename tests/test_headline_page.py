@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import yaml
+from tests.helpers import write_law_run
 
 from blocklab.cli import main as cli
 from blocklab.headlines.page import headline_section
@@ -55,14 +55,7 @@ def fake_runs(savings: dict[str, float], sd: float, rng: random.Random, fields: 
             scale = 1 / (1 - savings.get(entry.arch, 0.0))
             offset = shared.setdefault(cfg.seed, rng.gauss(0, sd))
             loss = 6 * (n * scale) ** -0.08 + offset + rng.gauss(0, sd)
-            run.mkdir(parents=True)
-            tokens = [1e5 * k for k in range(1, 5)]
-            curve = [2.6 + 30 * (t * scale) ** -0.35 + offset for t in tokens]
-            rows = [{"kind": "val", "tokens": t, "val_loss": v} for t, v in zip(tokens, curve, strict=True)]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            (run / "summary.json").write_text(json.dumps(
-                {"params": {"total": int(n), "non_embedding": int(0.6 * n)}, "val_loss": loss}))
-            (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+            write_law_run(run, n, scale, offset, loss, cfg)
     return train
 
 

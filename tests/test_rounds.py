@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.helpers import write_code_corpus
+from tests.helpers import write_code_corpus, write_law_run
 
 from blocklab.cli import main as cli
 from blocklab.rounds import Budget, Pending, pending, until_decided
@@ -174,13 +174,7 @@ def fake_train_ladder(saving: float, sd: float, rng: random.Random):
             scale = 1 / (1 - saving) if entry.arch != archs[0] else 1.0
             offset = shared.setdefault(cfg.seed, rng.gauss(0, sd))
             loss = 6 * (n * scale) ** -0.08 + offset + rng.gauss(0, sd)
-            run.mkdir(parents=True)
-            tokens = [1e5 * k for k in range(1, 5)]
-            curve = [2.6 + 30 * (t * scale) ** -0.35 + offset for t in tokens]
-            rows = [{"kind": "val", "tokens": t, "val_loss": v} for t, v in zip(tokens, curve, strict=True)]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            (run / "summary.json").write_text(json.dumps(
-                {"params": {"total": int(n), "non_embedding": int(0.6 * n)}, "val_loss": loss}))
+            write_law_run(run, n, scale, offset, loss)
     return train
 
 
