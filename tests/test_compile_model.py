@@ -233,3 +233,27 @@ def test_train_config_refuses_an_unknown_compile_mode():
 
     with pytest.raises(ConfigError, match="'blocks'"):
         TrainConfig(compile="graph", max_steps=1)
+
+
+@pytest.mark.parametrize("how", ["model", "blocks", "first-call"])
+def test_compiling_shaped_attention_where_it_is_not_trusted_is_refused(how):
+    """Shaped attention's compiled gradients were wrong on CUDA (benchmarks/RESULTS.md, 2026-11-28):
+    compiling it on a device outside `KernelChoice.compiled_shaped` is a ConfigError naming the way
+    out (compile=false), before any step; softmax attention compiles there as before."""
+    from blocklab.model import kernels
+    from blocklab.util.errors import ConfigError
+
+    sas_p, pre_ln = make_model("sas-p", seed=3).float(), make_model("pre-ln", seed=3).float()
+    with kernels.kernel_choice(compiled_shaped=frozenset()):  # the CPU stands for CUDA here
+        with pytest.raises(ConfigError, match=r"compile=false"):
+            if how == "first-call":  # compiled, then the refused device's inputs arrive
+                with kernels.kernel_choice(compiled_shaped=frozenset({"cpu"})):
+                    sas_p.compile_model(backend="aot_eager")
+                sas_p(tokens(seed=1))
+            elif how == "model":
+                sas_p.compile_model(backend="aot_eager")
+            else:
+                sas_p.compile_blocks(backend="aot_eager")
+        pre_ln.compile_model(backend="aot_eager")
+        ids = tokens(seed=1)
+        assert torch.allclose(pre_ln(ids), make_model("pre-ln", seed=3).float()(ids), atol=1e-5)

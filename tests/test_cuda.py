@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from blocklab.model import kernels
 from blocklab.presets import BLOCK_PRESETS
 from test_cache import archs, build, decode_error, ids_of
 
@@ -32,6 +33,15 @@ COMPILED = ["pre-ln+standard", "sas-p+svformer", "pre-ln+resformer-dense", "shap
 WHOLE = ARCHS if os.environ.get("BLOCKLAB_CUDA_COMPILE") == "all" else sorted(
     {f"{b}+standard" for b in BLOCK_PRESETS}
     | {f"{b}+{v}" for b in ("sas", "sas-p") for v in ("resformer", "svformer", "bov")})
+
+
+@pytest.fixture(autouse=True)
+def compiled_shaped_on_the_device():
+    """These tests are the ones that decide whether compiled shaped attention is trusted on the device
+    (`kernels.KernelChoice.compiled_shaped` refuses it on CUDA until they pass there)."""
+    trusted = kernels.KERNELS.compiled_shaped | {torch.device(DEVICE or "cpu").type}
+    with kernels.kernel_choice(compiled_shaped=trusted):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -81,26 +91,34 @@ def test_bf16_autocast_matches_the_cpu_one(arch):
 
 
 @pytest.mark.parametrize("arch", ["sas-p+standard", "sas+standard", "pre-ln+standard"])
-def test_compiled_model_under_bf16_autocast(arch):
+@pytest.mark.parametrize("t", [24, 1024])
+def test_compiled_model_under_bf16_autocast(arch, t):
     """`compile_model` as the trainer runs it on a GPU (bf16 autocast, forward and backward), with no
     fallback, against the eager model under the same autocast: shaped attention's running mean is
-    where inductor's Triton code generation once failed."""
-    eager = build(arch, seed=12).to(DEVICE).train()
+    where inductor's Triton code generation failed, at sequence 1024 (bench_gpu.py's length) and not
+    at 24, so both lengths are checked."""
+    shape = {} if t < 100 else {"context_length": t, "d_model": 128, "n_heads": 2, "mlp_hidden": 256}
+    eager = build(arch, seed=12, **shape).train()  # at 1024: head dim 64, as in bench_gpu
+    reference = copy.deepcopy(eager).double()
+    eager.to(DEVICE)
     compiled = copy.deepcopy(eager)
     compiled.compile_model()
-    ids = ids_of(4, 24, seed=8).to(DEVICE)
-    losses = []
-    for model in (eager, compiled):
-        with torch.autocast(torch.device(DEVICE).type, dtype=torch.bfloat16):
-            loss = model(ids, labels=torch.roll(ids, -1, dims=1))
+    ids = ids_of(4 if t < 100 else 2, t, seed=8)
+    losses, grads = [], []
+    for model in (reference, eager, compiled):
+        x = ids.to(next(model.parameters()).device)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=model is not reference):
+            loss = model(x, labels=torch.roll(x, -1, dims=1))
         loss.backward()
         losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert compiled._trunk is not None and compiled._trunk.fallback is None, compiled._trunk.fallback
-    assert abs(losses[0] - losses[1]) < 2e-2 * abs(losses[0]), losses
-    grads = [(p.grad, q.grad) for p, q in zip(eager.parameters(), compiled.parameters(), strict=True)
-             if p.grad is not None]
-    flat = [torch.cat([g.flatten() for g in side]) for side in zip(*grads, strict=True)]
-    assert rel_err(flat[1], flat[0]) < 5e-2
+    # bf16 rounding alone moves SAS's gradient ~9% off float64 at t=1024, eager or compiled: the
+    # compiled model is judged by the eager model's own distance from the float64 reference
+    loss_err, grad_err = (abs(losses[i] - losses[0]) for i in (1, 2)), (rel_err(grads[i], grads[0]) for i in (1, 2))
+    (eager_loss, compiled_loss), (eager_grad, compiled_grad) = loss_err, grad_err
+    assert compiled_loss <= 2 * eager_loss + 2e-3 * abs(losses[0]), losses
+    assert compiled_grad <= 1.5 * eager_grad + 1e-3, (compiled_grad, eager_grad)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

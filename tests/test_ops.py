@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 import reference as R
-from blocklab.model import kernels, ops
+from blocklab.model import kernels, ops, prefix_sums
 
 F64 = torch.float64
 EXACT = dict(rtol=1e-12, atol=1e-12)
@@ -420,3 +420,37 @@ def test_shaped_attention_compiles_in_one_graph(plain):
     assert_close(out, expected_out)
     for g, e in zip(got, expected, strict=True):
         assert_close(g, e)
+
+
+def test_prefix_sums_op_is_the_running_sum_with_its_gradient(scan_layout):
+    """The opaque op that compiled graphs call: S_i = sum_{j<=i} x_j against a loop over positions,
+    and the gradient sum_{j>=i} g_j against the same loop's autograd, on a strided (B, H, T, D) view
+    as split_heads makes; torch.library.opcheck checks its fake tensor (strides) and registration."""
+    x = torch.randn(2, 9, 3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(71))
+    x = x.transpose(1, 2).requires_grad_(True)  # (B, H, T, D), T strided as after split_heads
+    g = torch.randn(2, 3, 9, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(72))
+    got = prefix_sums._prefix_sums_op(x, torch.float64)
+    loop = torch.stack([x[..., : i + 1, :].sum(dim=-2) for i in range(x.shape[-2])], dim=-2)
+    assert_close(got, loop)
+    (grad,) = torch.autograd.grad(got, x, g)
+    (expected,) = torch.autograd.grad(loop, x, g)
+    assert_close(grad, expected)
+    torch.library.opcheck(prefix_sums._prefix_sums_op, (x, torch.float64))
+    assert prefix_sums._prefix_sums_op(x.float(), torch.float32).dtype == torch.float32
+
+
+def test_compiled_shaped_attention_calls_the_opaque_scan():
+    """Under torch.compile the running mean reaches the compiler as `blocklab::prefix_sums` (which
+    inductor calls as it is), not as an aten cumsum it would fuse into a Triton scan kernel."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q, k, v = qkv(12, 12, seed=73)
+    alpha, beta, gamma = head_gains(4, seed=74)
+    torch.compile(ops.shaped_attention, fullgraph=True, backend=capture)(q, k, v, alpha, beta, gamma)
+    targets = {str(node.target) for gm in graphs for node in gm.graph.nodes if node.op == "call_function"}
+    assert any("prefix_sums" in t for t in targets), targets
+    assert not any("cumsum" in t for t in targets), targets

@@ -26,11 +26,17 @@ class KernelChoice:
         maps that read one input as one GEMM outside decoding: CUDA, where one bigger GEMM in place of
         two to four means fewer launches and better tile use; not the CPU, where the weights' copy
         costs about what the merge saves (docs/design.md, "The training step on a GPU").
+    compiled_shaped: device types where a compiled training graph (`compile_model`, `compile_blocks`)
+        of shaped attention (alpha I + beta A - gamma C) is trusted. Not CUDA: on an H200 with torch
+        2.11 its compiled gradients at sequence 1024 were far from eager's (benchmarks/RESULTS.md,
+        2026-11-28), so compiling it there is refused (`runtime.compiled_trunk.check_compile_trusted`)
+        until a GPU test (tests/test_cuda.py, which adds "cuda" here) passes.
     """
 
     scan_t_innermost: frozenset[str] = frozenset({"cuda"})
     compiled_mix: Literal["plain", "function"] = "plain"
     fused_projections: frozenset[str] = frozenset({"cuda"})
+    compiled_shaped: frozenset[str] = frozenset({"cpu"})
 
 
 KERNELS = KernelChoice()

@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from blocklab.model import kernels
+from blocklab.model.prefix_sums import prefix_sums, scaled_prefix_sums
 
 
 def _query_positions(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
@@ -234,32 +235,6 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
     return out - _per_head(gamma) * expand_kv(mean, n_heads)
 
 
-def _scan_innermost(x: Tensor) -> bool:
-    return x.device.type in kernels.KERNELS.scan_t_innermost
-
-
-def prefix_sums(x: Tensor, acc: torch.dtype) -> Tensor:
-    """S[..., i, :] = sum_{j <= i} x[..., j, :] in dtype `acc`: one cumsum (after one transposing,
-    casting copy where `kernels.KERNELS` says so; the result is then a transposed view). Under
-    torch.compile the plain cumsum: inductor picks the layout (its Triton code generation failed on
-    the transposed scan's output read under bf16 autocast, on an H100 with torch 2.11)."""
-    if _scan_innermost(x) and not torch.compiler.is_compiling():
-        xt = x.transpose(-1, -2).to(acc, memory_format=torch.contiguous_format, copy=True)
-        return xt.cumsum_(-1).transpose(-1, -2)
-    return torch.cumsum(x, dim=-2, dtype=acc)
-
-
-def _scaled_prefix_sums(g: Tensor, coef: Tensor) -> Tensor:
-    """prefix_sums(g * coef) where coef (.., T, 1) is already in the accumulation dtype; the
-    product is written straight into the scan's layout."""
-    if _scan_innermost(g):
-        shape = (*g.shape[:-2], g.shape[-1], g.shape[-2])
-        buf = torch.empty(shape, dtype=coef.dtype, device=g.device)
-        torch.mul(g.transpose(-1, -2), coef.transpose(-1, -2), out=buf)
-        return buf.cumsum_(-1).transpose(-1, -2)
-    return torch.mul(g, coef).cumsum_(-2)
-
-
 GainValue = Tensor | float
 
 
@@ -352,7 +327,7 @@ class ShapedMix(torch.autograd.Function):
             if coef is None:
                 dv = g * alpha4
             else:
-                cums = _scaled_prefix_sums(g, coef)
+                cums = scaled_prefix_sums(g, coef)
                 dv = torch.addcmul(cums[..., -1:, :], g, alpha4 + coef).sub_(cums)
             dv = dv.to(ctx.dtypes[1])
         if need[2]:

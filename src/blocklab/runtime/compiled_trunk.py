@@ -23,7 +23,23 @@ import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
+from blocklab.model import kernels
 from blocklab.runtime.compiled_step import compile_errors, describe_compile_error, own_code
+from blocklab.util.errors import ConfigError
+
+
+def check_compile_trusted(cfg: Any, device: torch.device | str) -> None:
+    """Refuse to compile a model (of ModelConfig `cfg`) on a device where its compiled gradients are
+    known to be wrong (`kernels.KernelChoice.compiled_shaped`): a loud error, not a silently wrong run."""
+    device_type = torch.device(device).type
+    if cfg.attn_matrix != "shaped" or device_type in kernels.KERNELS.compiled_shaped:
+        return
+    raise ConfigError(
+        f"torch.compile of shaped attention (attn_matrix='shaped': SAS, SAS-P) on {device_type} is "
+        "refused: on an H200 "
+        "with torch 2.11 its compiled gradients at sequence 1024 were far from the eager ones (relative "
+        "error 0.82 for SAS-P against eager's 0.04, both from float64; benchmarks/RESULTS.md, "
+        "2026-11-28). Train it with compile=false (eager), or on the CPU.")
 
 
 @functools.cache
@@ -45,7 +61,8 @@ class CompiledTrunk:
 
     def __init__(self, model: nn.Module, eager: Callable[[Tensor], Tensor],
                  fall_back: Callable[..., None], compile_kwargs: dict[str, Any]):
-        self.owner = id(model)
+        self.owner, self.cfg = id(model), model.cfg
+        self.checked = ""  # the device type check_compile_trusted last passed
         self.compile_kwargs = compile_kwargs
         self._run, self._fall_back_to = eager, fall_back
         # its own copy of the code: dynamo keeps compiled versions (at most 8) per code object, and the
@@ -61,6 +78,9 @@ class CompiledTrunk:
         return self._run(input_ids)
 
     def __call__(self, input_ids: Tensor) -> Tensor:
+        if input_ids.device.type != self.checked:
+            check_compile_trusted(self.cfg, input_ids.device)
+            self.checked = input_ids.device.type
         if self.fallback is not None:
             return self._eager(input_ids)
         try:

@@ -29,7 +29,7 @@ from blocklab.model.config import ModelConfig
 from blocklab.model.transformer import Transformer
 from blocklab.runtime.cache import KVCache
 from blocklab.runtime.compiled_step import CompiledStep, Step
-from blocklab.runtime.compiled_trunk import CompiledTrunk
+from blocklab.runtime.compiled_trunk import CompiledTrunk, check_compile_trusted
 from blocklab.runtime.generate import generate as generate_tokens
 from blocklab.runtime.head_loss import linear_cross_entropy, padded_rows
 from blocklab.runtime.offload import host_tables, offload_tables
@@ -109,6 +109,7 @@ class LanguageModel(Transformer):
         """
         import torch._dynamo.config as dynamo
 
+        check_compile_trusted(self.cfg, next(self.parameters()).device)
         needed = 4 * len(self.blocks) + 8
         dynamo.recompile_limit = max(dynamo.recompile_limit, needed)
         # the total over all versions of one code object, 256 by default
@@ -127,6 +128,7 @@ class LanguageModel(Transformer):
         so that a failure there falls back too instead of surfacing in ``loss.backward()``.
         Cached decoding is not affected (`compile_decoding` compiles that).
         """
+        check_compile_trusted(self.cfg, next(self.parameters()).device)  # the first call checks its inputs'
         self._trunk = self._compiled_trunk(compile_kwargs)
 
     def _compiled_trunk(self, compile_kwargs: dict[str, Any]) -> CompiledTrunk:
