@@ -14,6 +14,8 @@ import shutil
 import textwrap
 from typing import Any
 
+from blocklab.training.command_line import config_and_overrides, config_fields  # noqa: F401 (cli_args.*)
+from blocklab.util.argtypes import positive_int  # noqa: F401 (cli_args.positive_int)
 from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import is_text, not_text
 
@@ -94,29 +96,6 @@ def _override_named(item: str) -> tuple[str, str]:
     return (key.strip(), raw) if is_text(key) else ("an override", item)
 
 
-def config_and_overrides(positionals: list[str]) -> tuple[str | None, list[str]]:
-    """The positionals of every experiment command (train, prepare, compare, reproduce): an optional
-    YAML config (a file, or a shipped recipe's name) first, then ``key=value`` overrides."""
-    overrides = list(positionals)
-    config = overrides.pop(0) if overrides and "=" not in overrides[0] else None
-    return config, overrides
-
-
-# What a command that trains several runs gives each itself: a YAML config's value is replaced (a
-# training config names one architecture and one out_dir), an override of one refused by the command.
-RUN_OWN_FIELDS = ("arch", "seed", "out_dir")
-
-
-def config_fields(positionals: list[str]) -> dict[str, Any]:
-    """The TrainConfig fields `positionals` give (`config_and_overrides`) to every run of a command that
-    trains several: the YAML config's but for RUN_OWN_FIELDS, with the overrides set on them."""
-    from blocklab.training.config import apply_overrides, read_yaml
-
-    config, overrides = config_and_overrides(positionals)
-    fields = {k: v for k, v in (read_yaml(config) if config else {}).items() if k not in RUN_OWN_FIELDS}
-    return apply_overrides(fields, overrides)
-
-
 class _MovedToOverride(argparse.Action):
     """An option that became a TrainConfig override: refused with one line naming the override."""
 
@@ -145,17 +124,6 @@ def wrapped(name: str, text: str, width: int = 18, indent: int = 2) -> str:
     body = textwrap.wrap(text, columns - len(pad)) or [""]
     first = f"{' ' * indent}{name:<{width}} {body[0]}"
     return "\n".join([first] + [pad + line for line in body[1:]])
-
-
-def positive_int(text: str) -> int:
-    """argparse's type for a count: a positive integer, else a usage error naming the text."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: give a positive integer")
-    return value
 
 
 def add_tracking_arguments(p: argparse.ArgumentParser) -> None:

@@ -6,9 +6,10 @@ import argparse
 import shlex
 from pathlib import Path
 
-from blocklab.cli.args import config_and_overrides, config_fields, positive_int
 from blocklab.launch import cli as launch_cli
 from blocklab.rounds import add_until_decided_arguments, budget_from_args
+from blocklab.training.command_line import config_and_overrides, config_fields
+from blocklab.util.argtypes import positive_int
 from blocklab.util.errors import ConfigError
 
 THREADS_HELP = (
@@ -24,7 +25,7 @@ def _names(text: str | None) -> list[str] | None:
 
 def user_fields(positionals: list[str] | None) -> dict:
     """The TrainConfig fields of `[CONFIG.yaml] [key=value ...]`, read as every command that trains
-    several runs reads them (`cli.args.config_fields`); a ladder file given there is named."""
+    several runs reads them (`training.command_line.config_fields`); a ladder file given there is named."""
     from blocklab.training.config import read_yaml
 
     config, _ = config_and_overrides(positionals or [])
