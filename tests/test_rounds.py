@@ -322,3 +322,21 @@ def test_compare_rounds_read_the_verdict_of_each_round(tmp_path, monkeypatch):
     assert d["high"] < 0  # decided: lower than the baseline, read on the sequence
     assert d["high"] - d["low"] > 2 * evidence.t_quantile(0.975, d["n"] - 1) * np.std(
         diffs[: d["n"]], ddof=1) / math.sqrt(d["n"])
+
+
+def test_a_rounds_estimate_spreads_its_runs_over_the_launchers_jobs():
+    """--max-hours' first estimate (before a round has been timed) divides the round's runs over what
+    trains at once: 6 runs of 10 minutes take an hour one at a time, 20 minutes three at a time, and
+    never less than the longest run; Slurm (no jobs) is counted one at a time."""
+    from blocklab.launch.local import LocalLauncher
+    from blocklab.rounds.commands import round_seconds, runs_at_once
+
+    costs = [600.0] * 6
+    assert round_seconds(costs, 1) == 3600.0
+    assert round_seconds(costs, 3) == 1200.0
+    assert round_seconds([100.0, 100.0, 1000.0], 3) == 1000.0  # the longest run bounds it
+    assert round_seconds([], 2) == 0.0
+    three = LocalLauncher()
+    three.jobs = 3
+    assert runs_at_once(three, 6) == 3 and runs_at_once(three, 0) == 1
+    assert runs_at_once(None, 6) == 1 and runs_at_once(object(), 6) == 1

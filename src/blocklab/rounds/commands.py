@@ -109,10 +109,28 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
     def estimate(n: int) -> float:
         device = "cpu" if ladder.trains_on == "cpu" else "gpu"
         seconds = Estimator(root, device).seconds
-        return sum(seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1)
+        costs = [seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1]
+        return round_seconds(costs, runs_at_once(launcher, len(costs)))
 
     outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log)
     return state["result"], outcome
+
+
+def runs_at_once(launcher, runs: int) -> int:
+    """How many of `runs` the launcher trains at once: a local launcher's --jobs (resolved as it resolves
+    them); one where that is unknown (no launcher, or Slurm, whose queue decides)."""
+    jobs = getattr(launcher, "jobs", None)
+    if jobs is None or not runs:
+        return 1
+    from blocklab.launch.plan import resolve_jobs
+
+    return resolve_jobs(jobs, runs, getattr(launcher, "threads", None))
+
+
+def round_seconds(costs: list[float], workers: int) -> float:
+    """The wall time of runs costing `costs` seconds each on `workers` at once: their sum spread over the
+    workers, and never less than the longest run."""
+    return max(sum(costs) / max(workers, 1), max(costs, default=0.0))
 
 
 # -- reproduce -------------------------------------------------------------------------------------------
