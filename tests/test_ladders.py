@@ -69,13 +69,16 @@ OLD = {
 
 @pytest.mark.parametrize("name", list(OLD))
 def test_each_shipped_ladder_file_plans_exactly_the_runs_of_the_constant_it_replaced(name):
-    """Config by config (out_dir included), and the report's words: the committed store is reused and its
-    report regenerates byte for byte."""
+    """Config by config (out_dir included), and the report's words: the committed store is reused. The
+    descriptions no longer state the tokens a run (the report's `tokens_line` does, once): compared
+    with that clause taken out of the old one."""
     new, old = LADDERS[name], OLD[name]
     archs = list(old.archs)
     for a, b in zip(plan(archs, new, Path("/s")), plan(archs, old, Path("/s")), strict=True):
         assert a[0] == b[0] and a[1] == b[1] and a[2].to_dict() == b[2].to_dict()
-    for field in ("description", "lr_rule", "notes", "seeds", "archs", "trains_on", "tokens", "eval_every"):
+    assert new.description == re.sub(r", \d+ steps of \d+ x \d+ tokens \([\d.]+M tokens\) at every rung|, "
+                                     r"\d+ steps of \d+ x \d+ tokens(?=:)", "", old.description)
+    for field in ("lr_rule", "notes", "seeds", "archs", "trains_on", "tokens", "eval_every"):
         assert getattr(new, field) == getattr(old, field), field
     # the report's shape column, in the same order
     assert [list(r.model) for r in new.rungs] == [list(r.model) for r in old.rungs]

@@ -48,7 +48,8 @@ def ladder_plan_line(root: Path, ladder, archs: list[str]) -> str:
     state = f"{done} of {len(runs)} runs finished" if done else "not yet run"
     name = root.name
     return (
-        f"**`{name}`: {state}.** {ladder.description}; {len(runs)} runs ({len(archs)} architectures x "
+        f"**`{name}`: {state}.** {ladder.description}; {ladder.tokens_line()}; {len(runs)} runs "
+        f"({len(archs)} architectures x "
         f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), {len(left)} left: about {minutes:.0f} "
         f"{device.upper()} minutes ({rungs}), estimated at {estimate.source}. It trains a piece per lent "
         f"call: `SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
@@ -90,7 +91,8 @@ def headline_section(store: Path, page_dir: Path) -> list[str]:
         link = os.path.relpath(root / "scaling.md", page_dir)
         md += [
             "",
-            f"**[`{name}`]({link})**: {ladder.description}; seeds {', '.join(map(str, result.seeds))} "
+            f"**[`{name}`]({link})**: {ladder.description}; {ladder.tokens_line()}; "
+            f"seeds {', '.join(map(str, result.seeds))} "
             f"({done} of {total} runs finished). Learning rate: {ladder.lr_rule}.",
             "",
         ]

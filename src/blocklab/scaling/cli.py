@@ -66,7 +66,8 @@ def _list() -> None:
     from blocklab.statistics.claims import HEADLINES, PAPERS
 
     for name, ladder in LADDERS.items():
-        print(f"ladder {name}: {ladder.description}; {ladder.seeds} seeds; archs {','.join(ladder.archs)}")
+        print(f"ladder {name}: {ladder.description}; {ladder.tokens_line()}; {ladder.seeds} seeds; "
+              f"archs {','.join(ladder.archs)}")
     print(f"\nthe shipped ladders are files in {SHIPPED}: copy one (or the example in docs/scaling.md), edit "
           "its rungs, tokens and learning-rate rule, and pass --ladder FILE.yaml\n")
     for h in HEADLINES:
