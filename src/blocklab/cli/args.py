@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import textwrap
-from typing import Any
 
 from blocklab.training.command_line import config_and_overrides, config_fields  # noqa: F401 (cli_args.*)
 from blocklab.util.argtypes import positive_int  # noqa: F401 (cli_args.positive_int)

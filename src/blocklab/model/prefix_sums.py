@@ -46,7 +46,7 @@ def _(x: Tensor, acc: torch.dtype) -> Tensor:  # the layout _eager_prefix_sums r
     return x.new_empty(x.shape, dtype=acc)
 
 
-def _prefix_sums_setup(ctx, inputs: tuple, output: Tensor) -> None:
+def _prefix_sums_setup(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ARG001 (torch calls it so)
     ctx.dtype = inputs[0].dtype
 
 

@@ -80,8 +80,8 @@ class Ladder:
     def tokens_line(self) -> str:
         """The tokens a run trains, as the report states them: one number, or the rule and every rung's."""
         if self.steps is not None:
-            return (f"{self.steps:,} steps of {self.batch_size} x {self.seq_len} tokens ({self.tokens:,} tokens) "
-                    "a run at every rung")
+            shape = f"{self.steps:,} steps of {self.batch_size} x {self.seq_len} tokens"
+            return f"{shape} ({self.tokens:,} tokens) a run at every rung"
         batch = self.batch_size * self.seq_len
         per = ", ".join(f"{name} {n:,} parameters, {s:,} steps ({s * batch:,} tokens)"
                         for name, (n, s) in rung_steps(self).items())
