@@ -100,6 +100,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("util",),  # errors, the config base, locks, disk-full, checksums, file modes, path text, figures
     ("model",),  # the definition
     ("runtime", "presets", "statistics"),  # what runs a model; named presets; claims and statistics
+    ("catalog",),  # what tooling reads about each variant: papers, plot titles, optimizer roles, rules
     ("accounting", "recipes", "data"),
     ("interop",),
     ("training",),

@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.catalog import scalar_titles
 from blocklab.training.metrics import read_metrics as read_metrics  # the one reader, re-exported here
 
 HEADWISE = {"attn.alpha", "attn.beta", "attn.gamma"}
@@ -29,9 +29,8 @@ TITLES = {"attn.alpha": "shaped attention alpha (on I)", "attn.beta": "shaped at
           "attn.gamma": "shaped attention gamma (on C)", "mlp_branch": "beta_FF (MLP branch)",
           "mlp_skip": "alpha_FF (MLP skip)", "attn_branch": "beta_SA (attention branch)",
           "attn_skip": "alpha_SA (attention skip)"}
-for _path in VALUE_PATHS.values():  # each value path names its own learned scalars
-    for _name, _title in _path.scalar_titles.items():
-        TITLES.setdefault(f"attn.values.{_name}", _title)
+for _name, _title in scalar_titles().items():  # the value paths' learned scalars, named in the catalog
+    TITLES.setdefault(f"attn.values.{_name}", _title)
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
 _SHARED = re.compile(r"value_shared\.(\w+)\.(\d+)")  # per-layer weights of a model-level module
 

@@ -212,9 +212,6 @@ class SharedModule(nn.Module):
     def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """See `ValuePath.init_from_baseline`."""
 
-    def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
-        """Rename, in place, the keys of weights saved under an older layout (`prefix`: the model's)."""
-
 
 # -- helpers the value paths share -----------------------------------------------------------------
 VALUE_TABLE = "value_table"  # the parameter name of every token-indexed value table (own optimizer group)
