@@ -4,6 +4,7 @@ a value path, run as written in the docs."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import subprocess
 import sys
@@ -90,6 +91,18 @@ def test_one_module_holds_the_model_config():
     graph = import_graph()
     assert "blocklab.config" not in graph and "blocklab.model.validation" not in graph
     assert not {m for m in graph["blocklab.model.config"] if m.startswith("blocklab.model.value_paths")}
+
+
+def test_the_catalog_describes_the_registered_value_paths_from_above_the_model():
+    """Every value path of a paper has a catalog entry, which names no unregistered one; the model's
+    registry keeps its class, equation and defaults, and nothing in the model reads the catalog."""
+    assert set(VALUE_PATHS) - set(catalog.VARIANTS) == {"standard"}
+    assert all(catalog.variant(name).paper for name in catalog.VARIANTS)
+    assert {f.name for f in dataclasses.fields(Registered)} == {"module", "description", "defaults"}
+    graph = import_graph()
+    assert not [m for m, deps in graph.items()
+                if m.startswith("blocklab.model") and "blocklab.catalog" in deps]
+    assert layer("blocklab.catalog") == LAYER_OF["presets"] + 1 < layer("blocklab.interop.model_card")
 
 
 # The layers, bottom first: a module may import its own layer and those below, never one above. A module
