@@ -4,6 +4,7 @@ a value path, run as written in the docs."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import blocklab
-from blocklab import ConfigError, LanguageModel, ModelConfig
+from blocklab import ConfigError, LanguageModel, ModelConfig, catalog
 from blocklab.model.value_paths import VALUE_PATHS, Registered, ValuePath
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +93,18 @@ def test_one_module_holds_the_model_config():
     assert not {m for m in graph["blocklab.model.config"] if m.startswith("blocklab.model.value_paths")}
 
 
+def test_the_catalog_describes_the_registered_value_paths_from_above_the_model():
+    """Every value path of a paper has a catalog entry, which names no unregistered one; the model's
+    registry keeps its class, equation and defaults, and nothing in the model reads the catalog."""
+    assert set(VALUE_PATHS) - set(catalog.VARIANTS) == {"standard"}
+    assert all(catalog.variant(name).paper for name in catalog.VARIANTS)
+    assert {f.name for f in dataclasses.fields(Registered)} == {"module", "description", "defaults"}
+    graph = import_graph()
+    assert not [m for m, deps in graph.items()
+                if m.startswith("blocklab.model") and "blocklab.catalog" in deps]
+    assert layer("blocklab.catalog") == LAYER_OF["presets"] + 1 < layer("blocklab.interop.model_card")
+
+
 # The layers, bottom first: a module may import its own layer and those below, never one above. A module
 # is in the layer of its package (or root module) under blocklab; the command line (the cli/ package and
 # each package's cli.py) is the top layer. The package root itself
@@ -100,6 +113,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("util",),  # errors, the config base, locks, disk-full, checksums, file modes, path text, figures
     ("model",),  # the definition
     ("runtime", "presets", "statistics"),  # what runs a model; named presets; claims and statistics
+    ("catalog",),  # what tooling reads about each variant: papers, plot titles, optimizer roles, rules
     ("accounting", "recipes", "data"),
     ("interop",),
     ("training",),
@@ -215,15 +229,18 @@ def worked_example(monkeypatch: pytest.MonkeyPatch) -> type[ValuePath]:
 
 @pytest.fixture
 def scaled(monkeypatch):
-    """The example registered as the docs say: their registry entry, evaluated as written."""
+    """The example registered as the docs say: its registry and catalog entries, evaluated as written."""
     cls = worked_example(monkeypatch)
     text = (ROOT / "docs" / "architecture.md").read_text()
-    block = re.search(r"<!-- worked-example-entry:begin -->\s*```python\n(.*?)```", text, re.S)
-    assert block, "docs/architecture.md lost the worked example's registry entry"
-    entries = eval("{" + block[1] + "}", {"Registered": Registered, "ScaledValues": cls})
-    assert list(entries) == ["scaled-values"] and isinstance(entries["scaled-values"], Registered)
-    monkeypatch.setitem(VALUE_PATHS, "scaled-values", entries["scaled-values"])
-    return entries["scaled-values"]
+    for marker, kind, names in (("worked-example-entry", Registered, {"ScaledValues": cls}),
+                                ("worked-example-catalog", catalog.Variant, {})):
+        block = re.search(rf"<!-- {marker}:begin -->\s*```python\n(.*?)```", text, re.S)
+        assert block, f"docs/architecture.md lost the worked example's {marker}"
+        entries = eval("{" + block[1] + "}", {kind.__name__: kind, **names})
+        assert list(entries) == ["scaled-values"] and isinstance(entries["scaled-values"], kind)
+        monkeypatch.setitem(VALUE_PATHS if kind is Registered else catalog.VARIANTS, "scaled-values",
+                            entries["scaled-values"])
+    return VALUE_PATHS["scaled-values"]
 
 
 SIZES = dict(n_layers=3, d_model=16, n_heads=4, n_kv_heads=2, vocab_size=31, context_length=12, mlp_hidden=24)
@@ -273,6 +290,9 @@ def test_worked_example_decodes_with_a_cache_trains_and_checks_its_options(scale
     model(ids).logsumexp(-1).sum().backward()
     assert all(model.blocks[i].attn.values.scale.gain.grad.abs().item() > 0 for i in range(3))
     assert blocklab.list_presets()["value_paths"]["scaled-values"] == scaled.description
+    from blocklab.analysis.scalars import scalar_series  # the catalog's title of its scalar, in the plots
+    panels = scalar_series([{"step": 1, "scalars": {"blocks.1.attn.values.scale": [2.5]}}])["panels"]
+    assert panels == {"value scale s_n": {"lines": {"L1": [2.5]}, "bands": {}}}
 
     with pytest.raises(ConfigError, match="scale'] = 0 is not allowed"):
         ModelConfig.from_preset("pre-ln+scaled-values", "tiny", value_path_options=dict(scale=0.0))

@@ -10,7 +10,6 @@ batch independence, gradients, the initial equivalences the papers state, and co
 from __future__ import annotations
 
 import math
-import re
 
 import pytest
 import torch
@@ -831,17 +830,3 @@ def test_resformer_sparse_default_is_last_three_layers_with_lambda_5():
         expected = 5.0 * values[0] + values[i] if i >= 5 else values[i]
         torch.testing.assert_close(mixed[i], expected, rtol=0, atol=1e-13)
     assert not math.isclose(float((values[7] - mixed[7]).abs().max()), 0.0)
-
-
-def test_denseformer_weights_saved_under_the_old_block_names_still_load():
-    """Runs written before the depth weights moved to the model level named them
-    blocks.<i>.attn.values.dwa.gain; a strict load reads them into value_shared.dwa.<i>.gain."""
-    model = build("pre-ln+denseformer", seed=4)
-    old = {re.sub(r"^value_shared\.dwa\.(\d+)\.gain$", r"blocks.\1.attn.values.dwa.gain", k): v
-           for k, v in model.state_dict().items()}
-    assert "blocks.2.attn.values.dwa.gain" in old and not any(k.startswith("value_shared") for k in old)
-    fresh = build("pre-ln+denseformer", seed=9)
-    fresh.load_state_dict(old)  # strict: every key is placed
-    ids = random_ids(2, 9)
-    with torch.no_grad():
-        torch.testing.assert_close(fresh(ids), model(ids), rtol=0, atol=0)

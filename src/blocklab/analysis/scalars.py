@@ -19,7 +19,7 @@ import math
 import re
 from typing import Any
 
-from blocklab.model.value_paths import VALUE_PATHS
+from blocklab.catalog import scalar_titles
 from blocklab.training.metrics import read_metrics as read_metrics  # the one reader, re-exported here
 
 HEADWISE = {"attn.alpha", "attn.beta", "attn.gamma"}
@@ -29,9 +29,14 @@ TITLES = {"attn.alpha": "shaped attention alpha (on I)", "attn.beta": "shaped at
           "attn.gamma": "shaped attention gamma (on C)", "mlp_branch": "beta_FF (MLP branch)",
           "mlp_skip": "alpha_FF (MLP skip)", "attn_branch": "beta_SA (attention branch)",
           "attn_skip": "alpha_SA (attention skip)"}
-for _path in VALUE_PATHS.values():  # each value path names its own learned scalars
-    for _name, _title in _path.scalar_titles.items():
-        TITLES.setdefault(f"attn.values.{_name}", _title)
+
+
+def titles() -> dict[str, str]:
+    """Panel title by parameter name within a block: the block's gains' and the value paths' learned
+    scalars', which the catalog names (blocklab/catalog.py)."""
+    return {**{f"attn.values.{name}": title for name, title in scalar_titles().items()}, **TITLES}
+
+
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
 _SHARED = re.compile(r"value_shared\.(\w+)\.(\d+)")  # per-layer weights of a model-level module
 
@@ -58,6 +63,7 @@ def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
         return [[float(x) for x in r["scalars"][name]] if name in r["scalars"] else [] for r in rows]
 
     panels: dict[str, dict[str, dict[str, list[float]]]] = {}
+    panel_titles = titles()
 
     def add(title: str, label: str, line: list[float], band: list[float] | None = None) -> None:
         panel = panels.setdefault(title, {"lines": {}, "bands": {}})
@@ -81,7 +87,7 @@ def scalar_series(records: list[dict[str, Any]]) -> dict[str, Any]:
                                                                                        strict=True)]
                 add(RATIOS[owner], layer, ratio)
             continue
-        title = TITLES.get(suffix, suffix)
+        title = panel_titles.get(suffix, suffix)
         series = values(name)
         if suffix in HEADWISE:
             stats = [_mean_std(v) if v else (nan, nan) for v in series]

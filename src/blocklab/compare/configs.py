@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from blocklab.catalog import grid_options
 from blocklab.compare.grids import GRIDS, Entry
 from blocklab.model.config import ModelConfig
 from blocklab.model.value_paths import VALUE_PATHS
@@ -45,14 +46,14 @@ def merge(base: dict, extra: dict) -> dict:
 
 def entry_model(entry: Entry, size: str, base_model: dict[str, Any] | None = None) -> dict[str, Any]:
     """The model overrides of `entry` at `size`, with the value path's options read at that depth
-    (`ValuePath.grid_options`: e.g. v1-value's "all layers" leaves out layer 0, the source of V_1)."""
+    (the catalog's `grid_options`: e.g. v1-value's "all layers" leaves out layer 0, the source of V_1)."""
     model = {**(base_model or {}), **entry.model}
     value_path = split_arch(entry.arch)[1]
     opts = model.get("value_path_options", {})
     if value_path is None or value_path not in VALUE_PATHS or not opts:
         return model
     n_layers = ModelConfig.from_preset(entry.arch, size, **{**model, "value_path_options": {}}).n_layers
-    return {**model, "value_path_options": VALUE_PATHS[value_path].grid_options(opts, n_layers)}
+    return {**model, "value_path_options": grid_options(value_path, opts, n_layers)}
 
 
 # A finished or interrupted run is reused across the fields of training.config.NOT_RESULTS (display,

@@ -5,6 +5,7 @@ as a Hugging Face model too), retrofit a pretrained baseline with a value path. 
 from blocklab.interop.checkpoint import load_pretrained, load_tokenizer, save_pretrained
 from blocklab.interop.hf import config_from_hf, from_hf
 from blocklab.interop.retrofitting import retrofit
+from blocklab.interop.upgrade import upgrade_state_dict
 
 
 def to_hf(model):
@@ -16,4 +17,4 @@ def to_hf(model):
 
 
 __all__ = ["config_from_hf", "from_hf", "load_pretrained", "load_tokenizer", "retrofit", "save_pretrained",
-           "to_hf"]
+           "to_hf", "upgrade_state_dict"]

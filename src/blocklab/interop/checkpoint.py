@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_model
 
 from blocklab.interop import hf_export, hf_remote
 from blocklab.interop.export_files import (
@@ -42,6 +42,7 @@ from blocklab.interop.export_files import (
     check_dtype,
     export_metadata,
 )
+from blocklab.interop.upgrade import load_upgraded
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.util import diskfull, integrity, locks
@@ -222,10 +223,11 @@ def load_pretrained(folder: str | os.PathLike, device: str | torch.device = "cpu
     model.to(dtype)
     try:
         # read to the host, then copied into the model's device (safetensors' `device=` is 0.4.3's)
-        load_model(model, str(folder / WEIGHTS_NAME), strict=True)
+        weights = load_file(str(folder / WEIGHTS_NAME))
     except SafetensorError as err:
         raise ConfigError(f"{folder / WEIGHTS_NAME} is not a readable safetensors file ({err}): the export "
                           "is damaged; export it again (blocklab export --run DIR --out FOLDER).") from None
+    load_upgraded(model, weights)  # an older layout's names read as today's (interop/upgrade.py)
     return model
 
 

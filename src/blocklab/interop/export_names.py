@@ -9,18 +9,15 @@ name with the path parts in `EXPORT_PARTS` replaced, on every transformers versi
 `state_dict` gives, `save_pretrained` writes and loading reads. The `Transformer` inside keeps
 blocklab's names (its checkpoints, logged gains, analyses).
 
-Exports written before this rename hold blocklab's names: `legacy_load_kwargs` has
-`from_pretrained` load them under the export names.
+Exports written before this rename hold blocklab's names: the converter of old layouts
+(interop/upgrade.py, `hf_load_kwargs`) has `from_pretrained` load them under the export names.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-import re
 from pathlib import Path
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -64,23 +61,13 @@ def renamed_in_place(state: dict[str, Tensor], prefix: str, rename) -> None:
         state[prefix + rename(key[len(prefix):]) if key.startswith(prefix) else key] = value
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors weight files of an export folder (one, or the shards its index names)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     single = folder / "model.safetensors"
     return [single] if single.is_file() else []
-
-
-def legacy_load_kwargs(path: Any) -> dict[str, Any]:
-    """What `from_pretrained` of `path` needs to load an export written with blocklab's names under
-    the export names: a transformers that renames keys itself (``key_mapping``, regular expressions:
-    4.57 and 5 here; they refuse a ``state_dict`` beside a folder) gets the renaming; an older one
-    (4.45) the renamed weights as ``state_dict``."""
-    if _takes_key_mapping():
-        return {"key_mapping": {re.escape(f".{own}."): f".{export}." for own, export in EXPORT_PARTS.items()}}
-    state = legacy_state(path) if isinstance(path, (str, os.PathLike)) else None
-    return {} if state is None else {"state_dict": state}
 
 
 def alias_export_names(model: nn.Module) -> None:
@@ -89,7 +76,7 @@ def alias_export_names(model: nn.Module) -> None:
     as they are). Its meta-device load (``device_map=...`` or ``low_cpu_mem_usage=True``, as
     lm-evaluation-harness loads) and accelerate's find each tensor by walking attributes named by the
     checkpoint's keys: ``model.blocks.0.attn.gain_a.gain``."""
-    if _takes_key_mapping():
+    if takes_key_mapping():
         return
     for module in model.modules():
         for own, export in EXPORT_PARTS.items():
@@ -99,7 +86,7 @@ def alias_export_names(model: nn.Module) -> None:
 
 
 @functools.cache
-def _takes_key_mapping() -> bool:
+def takes_key_mapping() -> bool:
     """Whether the installed transformers' from_pretrained reads ``key_mapping`` (a keyword it takes
     from ``**kwargs``, so only its source says)."""
     import inspect
@@ -107,24 +94,3 @@ def _takes_key_mapping() -> bool:
     from transformers import PreTrainedModel
 
     return "key_mapping" in inspect.getsource(PreTrainedModel.from_pretrained)
-
-
-def legacy_state(path: str | os.PathLike) -> dict[str, Tensor] | None:
-    """The weights of a local export written with blocklab's names (before the export names), under
-    the export names; None for a folder already written with them, or anything else (a hub id, a
-    folder without safetensors weights), which transformers loads as it is."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    files = _weight_files(folder) if folder.is_dir() else []
-    old = False
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            old = old or any(export_name(key) != key for key in f.keys())  # noqa: SIM118 (not a dict)
-    if not old:
-        return None
-    state: dict[str, Tensor] = {}
-    for file in files:
-        state.update((export_name(key), value) for key, value in load_file(str(file)).items())
-    return state

@@ -55,7 +55,6 @@ from blocklab.interop.export_names import (
     blocklab_name,
     check_export_names,
     export_name,
-    legacy_load_kwargs,
     renamed_in_place,
 )
 from blocklab.interop.hf_surface import (
@@ -68,6 +67,7 @@ from blocklab.interop.hf_surface import (
     recording,
     resize_value_tables,
 )
+from blocklab.interop.upgrade import hf_load_kwargs
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.runtime.cache import KVCache
@@ -189,10 +189,10 @@ class BlocklabPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """transformers' from_pretrained; the weights of an export written before the export names (with
-        blocklab's own) load under the export names (`export_names.legacy_load_kwargs`)."""
+        """transformers' from_pretrained; the weights of an export of an older layout (blocklab's own names
+        before the export names, DenseFormer's old names) load under today's (`upgrade.hf_load_kwargs`)."""
         if kwargs.get("state_dict") is None and kwargs.get("key_mapping") is None:
-            kwargs.update(legacy_load_kwargs(pretrained_model_name_or_path))
+            kwargs.update(hf_load_kwargs(pretrained_model_name_or_path))
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> None:

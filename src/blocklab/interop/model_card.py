@@ -19,8 +19,16 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from blocklab.accounting import count_parameters
+from blocklab.catalog import (  # the papers a card cites, read from here too (tests/test_exports.py)
+    BANK_OF_VALUES,  # noqa: F401
+    SIMPLIFYING,  # noqa: F401
+    VALUE_RESIDUAL,  # noqa: F401
+    VASWANI,  # noqa: F401
+    block_paper,
+    variant,
+)
 from blocklab.model.config import ModelConfig
-from blocklab.model.value_paths import BANK_OF_VALUES, VALUE_PATHS, VALUE_RESIDUAL  # noqa: F401 (cited here)
+from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, split_arch
 from blocklab.runtime import LanguageModel
 from blocklab.runtime.cache import cache_bytes_per_token
@@ -30,8 +38,6 @@ if TYPE_CHECKING:
 
 # the card's licence: the project's own (pyproject.toml, LICENSE); change it where the training data asks
 LICENSE = "mit"
-SIMPLIFYING = "He & Hofmann, *Simplifying Transformer Blocks*, ICLR 2024 (arXiv:2311.01906)"
-VASWANI = "Vaswani et al., *Attention Is All You Need*, NeurIPS 2017 (arXiv:1706.03762)"
 NATIVE_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 
 
@@ -72,19 +78,10 @@ def architecture(cfg: ModelConfig, recorded: str | None = None) -> Arch:
     return Arch(block, cfg.value_path, tuple(block_differences(cfg, block)), known)
 
 
-def _block_paper(block: str) -> str | None:
-    """The paper of a block preset, with the equation or figure its reference names."""
-    reference = BLOCK_PRESETS[block].reference
-    if reference.startswith("Simplifying"):
-        return f"{SIMPLIFYING}, {reference.removeprefix('Simplifying ')}"
-    return VASWANI if reference.startswith("Vaswani") else reference or None
-
-
 def papers(model: LanguageModel, arch: Arch | None = None) -> list[str]:
     """The papers `model` comes from: its block preset's and its value path's."""
     arch = arch or architecture(model.cfg)
-    entry = VALUE_PATHS.get(arch.value_path)
-    found = [_block_paper(arch.block), entry.paper if entry is not None else None]
+    found = [block_paper(arch.block), variant(arch.value_path).paper]  # the catalog's (blocklab/catalog.py)
     return [paper for paper in found if paper]
 
 

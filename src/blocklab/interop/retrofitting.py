@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from blocklab.catalog import baseline_options
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.presets import BLOCK_PRESETS, split_arch
 from blocklab.runtime import LanguageModel
@@ -81,10 +82,9 @@ def retrofit(model: LanguageModel, arch_or_value_path: str, *, start: str = "bas
     if start not in STARTS:
         raise ConfigError(f"retrofit start = {start!r} is not allowed: choose one of {', '.join(STARTS)}.")
     value_path = _value_path_of(arch_or_value_path, cfg)
-    cls = VALUE_PATHS[value_path]
     given = dict(options)
-    if start == "baseline":
-        given = cls.baseline_options(cfg.replace(value_path=value_path), given)
+    if start == "baseline":  # the variant's rule in the catalog (blocklab/catalog.py)
+        given = baseline_options(cfg.replace(value_path=value_path), given)
     new_cfg = cfg.replace(value_path=value_path, value_path_options=given)
 
     ref = next(model.parameters())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,10 +66,17 @@ class Transformer(nn.Module):
         """Every block, first to last."""
         return [self.block(i) for i in range(len(self.blocks))]
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        if self.value_shared is not None:  # weights saved under an older layout of its parameters
-            self.value_shared.upgrade_state_dict(state_dict, prefix)
-        super()._load_from_state_dict(state_dict, prefix, *args)
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+                        ) -> Any:
+        """nn.Module's. The model reads today's names only: when names do not match, the error says how
+        to read the weights of an older blocklab (every loader of blocklab does so itself)."""
+        try:
+            return super().load_state_dict(state_dict, strict=strict, assign=assign)
+        except RuntimeError as err:
+            if "Missing key" not in str(err) and "Unexpected key" not in str(err):
+                raise
+            raise RuntimeError(f"{err}\nWeights saved by an older blocklab hold older names: load "
+                               "blocklab.interop.upgrade_state_dict(state_dict) instead.") from None
 
     # -- the forward pass ------------------------------------------------------------------------
     def forward(self, input_ids: Tensor, cache: DecodingCache | None = None,

@@ -85,11 +85,14 @@ class CacheLayout:
     `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
     stored when some layer computes its values from them (`has_ids`); `summed_layers`: the layers
     whose centering term reads a running sum of their values; `routes[i]`: layer i's `key_layer`,
-    `value_layer` and `reads_layer`, copied from its value path's `LayerRole`.
+    `value_layer` and `reads_layer`, copied from its value path's `LayerRole`; `caches_values[i]`:
+    whether layer i stores the values it computes (its value path's `caches_values`), else it reads
+    them from `value_layer`'s store or the token ids.
     """
 
     windows: tuple[int | None, ...]
     routes: tuple[tuple[int, int | None, int | None], ...]
+    caches_values: tuple[bool, ...]
     key_spans: dict[int, int | None]
     value_spans: dict[int, int | None]
     has_ids: bool
@@ -114,6 +117,7 @@ class CacheLayout:
                 value_readers.setdefault(path.reads_layer, []).append(w)
         return cls(windows=windows,
                    routes=tuple((p.key_layer, p.value_layer, p.reads_layer) for p in paths),
+                   caches_values=tuple(p.caches_values for p in paths),
                    key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
                    value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
                    has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None,
@@ -429,7 +433,7 @@ class KVCache:
         else:
             keys = self._read("keys", key_layer, start)
         keys = keys.transpose(1, 2)
-        if value_layer == layer:
+        if self.layout.caches_values[layer]:
             source = self._write("values", layer, self.values[layer], v, start)
         else:
             source = self._read("token_ids" if value_layer is None else "values", value_layer, start)

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from blocklab.interop.upgrade import upgrade_state_dict
 from blocklab.util import diskfull, integrity
 from blocklab.util.commands import pasteable
 from blocklab.util.errors import ConfigError
@@ -132,8 +133,9 @@ def save_weights(weights: dict[str, Tensor], path: str | Path) -> None:
 
 
 def load_weights_file(path: str | Path) -> dict[str, Tensor]:
-    """The state dict of a safetensors file; one that is not a readable safetensors file (damaged,
-    truncated, something else under the name) is a ConfigError naming it."""
+    """The state dict of a safetensors file, under today's names whatever blocklab wrote it
+    (`interop.upgrade`); one that is not a readable safetensors file (damaged, truncated, something
+    else under the name) is a ConfigError naming it."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -146,7 +148,7 @@ def load_weights_file(path: str | Path) -> dict[str, Tensor]:
                           "copy.") from None
     for name, target in aliases.items():
         weights[name] = weights[target]
-    return weights
+    return upgrade_state_dict(weights)
 
 
 def save_checkpoint(run_dir: str | Path, weights: dict[str, Tensor], optim_states: list[dict],

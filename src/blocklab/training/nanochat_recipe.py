@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from blocklab.model.value_paths import OWN_VALUE_WEIGHT, scalar_role
+from blocklab.catalog import OWN_VALUE_WEIGHT, scalar_role
 
 B_REF = 2 ** 19  # nanochat's reference batch in tokens
 D_REF = 768  # the width its AdamW learning rates were tuned at
@@ -63,7 +63,7 @@ def nanochat_group(name: str, general: str) -> str:
     """The recipe's group of parameter `name`, given its group under blocklab's default rules."""
     if name.startswith(("smear.", "backout.")):
         return "smear"
-    # the weight on a layer's own V (x0-value's a, ResFormer's lambda_2: the value paths' registry says which)
+    # the weight on a layer's own V (x0-value's a, ResFormer's lambda_2: the catalog's `roles` say which)
     # shares the residual scalars' settings
     if name.endswith(".resid_lambda.gain") or scalar_role(name) == OWN_VALUE_WEIGHT:
         return "resid_scalars"

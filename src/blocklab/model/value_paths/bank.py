@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -370,16 +370,3 @@ class VScale(_Substitutive):
         v = self.value_projection(x, projected)
         return LayerValues(self.coef(v) if self.target else v), carry
 
-
-# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
-BANK_TITLES = {"coef": "Bank of Values gamma_v"}
-
-
-def v1_grid_options(options: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    """v1-value in a comparison grid: layer 0 is the source of V_1, where V_1 is the layer's own value,
-    so a row that names it (Bank of Values Table 1's "all 12 layers", every-2 on an odd depth) means
-    the rest."""
-    if "layers" not in options:
-        return options
-    layers = target_layers(options["layers"], n_layers)
-    return {**options, "layers": sorted(layers - {0})} if 0 in layers else options

@@ -13,8 +13,9 @@ A value path answers, for one layer, with data rather than callbacks:
 
 Queries and keys are the attention's (model/block.py): the one ablation that changes them,
 ResFormer's query or key residual, answers `mix_heads`. What the rest of blocklab reads about a
-value path (its paper, the titles of its learned scalars, its parameters' optimizer roles, its
-options' defaults) is its registry entry (`Registered`, model/value_paths/__init__.py).
+value path is its registry entry (`Registered`, model/value_paths/__init__.py: its equation, its
+options' defaults) and its catalog entry above the model (blocklab/catalog.py: its paper, the titles
+of its learned scalars, its parameters' optimizer roles).
 """
 
 from __future__ import annotations
@@ -211,9 +212,6 @@ class SharedModule(nn.Module):
 
     def init_from_baseline(self, token_embedding: Tensor, baseline: Sequence[ValuePath]) -> None:
         """See `ValuePath.init_from_baseline`."""
-
-    def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
-        """Rename, in place, the keys of weights saved under an older layout (`prefix`: the model's)."""
 
 
 # -- helpers the value paths share -----------------------------------------------------------------

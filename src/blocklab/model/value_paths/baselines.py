@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from torch import Tensor, nn
 
@@ -77,9 +76,6 @@ class DenseFormer(ValuePath):
         return DepthWeights(cfg.n_layers, opts.dilation, opts.period)
 
 
-_OLD_DWA = re.compile(r"blocks\.(\d+)\.attn\.values\.dwa\.gain$")
-
-
 class DepthWeights(SharedModule):
     """DenseFormer's weights alpha_{i,j}, one `Gain` per averaging block i (``dwa.<i>.gain``); they sit
     outside the blocks because each reads the outputs of every earlier block."""
@@ -106,14 +102,6 @@ class DepthWeights(SharedModule):
             for w, j in zip(weights[1:], self.sources[layer][1:], strict=True):
                 x = x + w * history[j]
         return x, carry
-
-    def upgrade_state_dict(self, state_dict: dict[str, Any], prefix: str) -> None:
-        """Runs written before the weights moved out of the blocks named them
-        ``blocks.<i>.attn.values.dwa.gain``; read those as ``value_shared.dwa.<i>.gain``."""
-        for key in [k for k in state_dict if k.startswith(prefix)]:
-            match = _OLD_DWA.fullmatch(key[len(prefix):])
-            if match:
-                state_dict[f"{prefix}value_shared.dwa.{match[1]}.gain"] = state_dict.pop(key)
 
 
 @dataclass(frozen=True)
@@ -181,6 +169,3 @@ class CrossLayerAttention(ValuePath):
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")
-
-
-DENSEFORMER_TITLES = {"dwa": "DenseFormer weights"}  # for the registry

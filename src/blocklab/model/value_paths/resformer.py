@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -289,14 +289,3 @@ class SVFormer(ValuePath):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "
                               f"give layer indices in [1, {cfg.n_layers}).")
 
-
-# -- for the registry (model/value_paths/__init__.py) ----------------------------------------------
-RESFORMER_TITLES = {"lambda1": "ResFormer lambda_1 (weight on V_1)",
-                    "lambda2": "ResFormer lambda_2 (weight on V_n)"}
-DENSE_TITLES = {"lambdas": "Dense-ResFormer lambdas"}
-
-
-def resformer_baseline_options(options: ResFormerOptions, given: dict[str, Any]) -> dict[str, Any]:
-    """The options under which a ResFormer (resolved: `options`) starts where the baseline is (`given`
-    win): learnable lambdas start at lambda_1 = 0, lambda_2 = 1, so V'_n = 0 V_1 + 1 V_n = V_n."""
-    return {"lambda1": 0.0, "lambda2": 1.0, **given} if options.learnable else given
