@@ -162,7 +162,8 @@ def test_no_import_runs_up_the_layers():
     # reads its arguments with helpers from below (training.command_line, util.argtypes)
     outside = {m: deps for m, deps in graph.items()
                if not m.startswith("blocklab.cli") and m not in ("blocklab", "blocklab.__main__")}
-    into_cli = {m for m, deps in outside.items() if any(d.split(".")[:2] == ["blocklab", "cli"] for d in deps)}
+    into_cli = {m for m, deps in outside.items()
+                if any(d.split(".")[:2] == ["blocklab", "cli"] for d in deps)}
     assert not into_cli, into_cli
     # the definition imports nothing that runs it
     assert not {d for m, deps in graph.items() if m.startswith("blocklab.model") for d in deps
