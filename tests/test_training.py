@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.training import TrainConfig, TrainingError, loop, train
+from blocklab.training import TrainConfig, TrainingError, build, loop, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
@@ -455,7 +455,7 @@ def test_new_run_refuses_a_directory_holding_a_run(corpus, tmp_path, monkeypatch
     def no_data(cfg):
         raise AssertionError("the directory is checked before data preparation")
 
-    monkeypatch.setattr(loop, "prepare_data", no_data)
+    monkeypatch.setattr(build, "prepare_data", no_data)
     for fields in (dict(max_steps=2), dict(max_steps=2, eval_every=1)):
         with pytest.raises(ConfigError) as err:
             train(config(corpus, tmp_path, **fields))
