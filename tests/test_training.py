@@ -22,10 +22,11 @@ import pytest
 import torch
 
 import blocklab
-from blocklab.training import TrainConfig, TrainingError, loop, train
+from blocklab.training import TrainConfig, TrainingError, build, loop, train
 from blocklab.training import checkpoint as ckpt
 from blocklab.training.budget import Budget
 from blocklab.training.metrics import read_metrics
+from blocklab.training.step import autocast_for
 from blocklab.util import progress
 from blocklab.util.errors import ConfigError
 from timeouts import patient
@@ -454,7 +455,7 @@ def test_new_run_refuses_a_directory_holding_a_run(corpus, tmp_path, monkeypatch
     def no_data(cfg):
         raise AssertionError("the directory is checked before data preparation")
 
-    monkeypatch.setattr(loop, "prepare_data", no_data)
+    monkeypatch.setattr(build, "prepare_data", no_data)
     for fields in (dict(max_steps=2), dict(max_steps=2, eval_every=1)):
         with pytest.raises(ConfigError) as err:
             train(config(corpus, tmp_path, **fields))
@@ -540,19 +541,19 @@ def test_non_finite_gradient_stops_before_the_update(corpus, tmp_path, monkeypat
 
 def test_autocast_policy():
     cpu = torch.device("cpu")
-    assert isinstance(loop.autocast_for("auto", cpu), nullcontext)  # CPU bf16 without hardware is slow
-    assert isinstance(loop.autocast_for("float32", cpu), nullcontext)
-    forced = loop.autocast_for("bfloat16", cpu)
+    assert isinstance(autocast_for("auto", cpu), nullcontext)  # CPU bf16 without hardware is slow
+    assert isinstance(autocast_for("float32", cpu), nullcontext)
+    forced = autocast_for("bfloat16", cpu)
     assert (forced.device, forced.fast_dtype) == ("cpu", torch.bfloat16)
     with warnings.catch_warnings():  # without CUDA, torch warns that it disables a CUDA autocast
         warnings.simplefilter("ignore")
         cuda = torch.device("cuda", 0)
         with mock.patch.object(torch.cuda, "is_bf16_supported", return_value=True):
-            on = loop.autocast_for("auto", cuda)
+            on = autocast_for("auto", cuda)
             assert (on.device, on.fast_dtype) == ("cuda", torch.bfloat16)
-            assert isinstance(loop.autocast_for("float32", cuda), nullcontext)
+            assert isinstance(autocast_for("float32", cuda), nullcontext)
         with mock.patch.object(torch.cuda, "is_bf16_supported", return_value=False):
-            assert isinstance(loop.autocast_for("auto", cuda), nullcontext)  # no bf16 hardware
+            assert isinstance(autocast_for("auto", cuda), nullcontext)  # no bf16 hardware
 
 
 def test_compiled_run_keeps_the_warm_up_out_of_tokens_per_s(corpus, tmp_path, monkeypatch):

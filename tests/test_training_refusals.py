@@ -14,7 +14,7 @@ import torch
 
 from blocklab import LanguageModel, ModelConfig
 from blocklab.cli import main
-from blocklab.training import TrainConfig, loop, memory, train
+from blocklab.training import TrainConfig, build, memory, train
 from blocklab.training.metrics import read_metrics, resume_gap
 from blocklab.training.optim import OptimConfig, build_optimizers
 from blocklab.util.errors import ConfigError
@@ -148,7 +148,7 @@ def test_a_vocabulary_of_two_billion_is_refused_before_the_data_and_the_model(co
     def no_model(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(loop, "LanguageModel", no_model)
+    monkeypatch.setattr(build, "LanguageModel", no_model)
     before = digest(finished_run)
     assert main(["train", *small(corpus, tmp_path / "cache"), "max_steps=2", "model.vocab_size=2000000000",
                  "--out", str(tmp_path / "new")]) == 2
@@ -188,14 +188,14 @@ def test_the_limit_is_the_estimate_and_the_check_uses_the_tokenizers_vocabulary(
     assert main([*args, str(tmp_path / "fits")]) == 0
     capsys.readouterr()
     built = []
-    monkeypatch.setattr(loop, "LanguageModel", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(build, "LanguageModel", lambda *a, **k: built.append(a))
     fake_meminfo(tmp_path, monkeypatch, (need - 1) // 1024 * 1024)
     assert main([*args, str(tmp_path / "short")]) == 2
     err = one_error_line(capsys)
     assert "does not fit in memory" in err and "MemAvailable + SwapFree in /proc/meminfo" in err
     assert built == [] and not (tmp_path / "short").exists()
     monkeypatch.setenv("BLOCKLAB_MEMORY_CHECK", "off")  # the documented way past a wrong estimate
-    monkeypatch.setattr(loop, "LanguageModel", LanguageModel)
+    monkeypatch.setattr(build, "LanguageModel", LanguageModel)
     assert main([*args, str(tmp_path / "forced")]) == 0
 
 

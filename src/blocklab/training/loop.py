@@ -6,6 +6,10 @@ when it finishes, ``summary.json``. Batches are a pure function of (seed, step),
 continues on exactly the batches (and, on CPU, exactly the loss curve) of an uninterrupted one.
 A new run never writes into a directory that holds one (``overwrite=true`` replaces it); a resume
 takes the run's own config.yaml and may change only `config.RESUMABLE`.
+
+The `Trainer` is the recipe's last part: training/build.py's steps build the run's parts (its folder
+and config, processes and device, data, model, optimizers and budget, checkpoints, metrics and
+trackers), and the Trainer runs the loop with them: steps, validation, logging, checkpoints, summary.
 """
 
 from __future__ import annotations
@@ -21,24 +25,22 @@ import torch
 from torch import Tensor, nn
 from tqdm.std import tqdm as std_tqdm
 
-from blocklab.accounting import count_parameters, flops_per_token
-from blocklab.data import Batches, bits_per_byte, prepare_data
-from blocklab.data.sources import skipped_lines
-from blocklab.model.config import ModelConfig
+from blocklab.data import Batches, bits_per_byte
 from blocklab.runtime import LanguageModel
+from blocklab.training import build, distributed, memory, rundir
 from blocklab.training import checkpoint as ckpt
-from blocklab.training import distributed, init_from, memory, rundir, trackers
 from blocklab.training.budget import Budget
-from blocklab.training.config import TrainConfig, read_yaml, resolve_config
+from blocklab.training.checkpointer import Checkpointer
+from blocklab.training.config import TrainConfig, resolve_config
 from blocklab.training.metrics import MetricsLogger, learned_scalars, read_metrics
 from blocklab.training.optim import build_optimizers
 from blocklab.training.schedules import lr_factor
-from blocklab.training.step import autocast_for, compile_for_training, lm_loss, train_step
+from blocklab.training.step import lm_loss, train_step
 from blocklab.util import locks
 from blocklab.util.diskfull import said_plainly
-from blocklab.util.errors import ConfigError, TrainingError
+from blocklab.util.errors import TrainingError
 from blocklab.util.filemodes import atomic_write_text
-from blocklab.util.progress import progress_bar, say
+from blocklab.util.progress import progress_bar
 
 
 @dataclass
@@ -46,16 +48,6 @@ class RunResult:
     run_dir: Path
     model: LanguageModel
     summary: dict[str, Any]
-
-
-def resolve_device(name: str, env: distributed.DistEnv) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("TrainConfig.device = 'cuda' is not allowed: no CUDA device is available.")
-        return torch.device("cuda", env.local_rank)
-    return torch.device(name)
 
 
 @torch.no_grad()
@@ -86,23 +78,6 @@ def _set_lr(optimizers, factor: float) -> None:
             group["lr"] = group["base_lr"] * factor
 
 
-def _check_resume(checkpoint: Path, model_cfg: ModelConfig, tokenizer_hash: str) -> None:
-    """The checkpoint's own record (state.json) of the model config and tokenizer it was trained with."""
-    _, meta = ckpt.read_state(checkpoint)
-    saved_tok = meta.get("tokenizer_hash")
-    if saved_tok is not None and saved_tok != tokenizer_hash:
-        raise TrainingError(f"cannot resume from {str(checkpoint)!r}: the tokenizer differs from the one "
-                            f"it was trained with (saved hash {saved_tok[:12]}..., now "
-                            f"{tokenizer_hash[:12]}...). "
-                            "Restore data.tokenizer (or its tokenizer.json), or start a new out_dir.")
-    saved_cfg, now = meta.get("model_config"), json.loads(json.dumps(model_cfg.to_dict()))
-    if saved_cfg is not None and saved_cfg != now:
-        diff = {k: (saved_cfg.get(k), v) for k, v in now.items() if saved_cfg.get(k) != v}
-        raise TrainingError(f"cannot resume from {str(checkpoint)!r}: the model config differs from the "
-                            f"checkpoint's (field: (saved, now)) {diff}. Start a new out_dir or restore "
-                            "the config.")
-
-
 def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = False,
           **overrides: Any) -> RunResult:
     """Train one model. `config` is a TrainConfig, a dict, a YAML path or None (defaults);
@@ -117,26 +92,6 @@ def train(config: TrainConfig | dict | str | Path | None = None, resume: bool = 
         return Trainer(cfg, resume=resume).run()
 
 
-def _announce_resume(run_dir: Path, checkpoint: Path | None, cfg: TrainConfig) -> None:
-    """Say what a resume does when it is not the obvious thing: no checkpoint yet, or a new budget."""
-    if checkpoint is None:
-        say(f"--resume: {run_dir} holds no checkpoint yet (one is written every ckpt_every={cfg.ckpt_every} "
-            f"/ eval_every={cfg.eval_every} steps); training starts from step 0")
-        return
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.is_file():
-        return
-    saved = TrainConfig.from_dict(read_yaml(saved_path)).budgets()
-    if saved != cfg.budgets():
-        say(f"--resume: the budget changes from {_plain_budget(saved)} to {_plain_budget(cfg.budgets())}; "
-            f"the learning-rate schedule is recomputed for the new budget from {checkpoint.name} on, so the "
-            "curve follows neither the old run's schedule nor a fresh run's")
-
-
-def _plain_budget(budgets: dict[str, int | float]) -> str:
-    return " and ".join(f"{k}={v:g}" for k, v in budgets.items()) or "none"
-
-
 class RunProgress(Protocol):
     """What a Trainer reports to a progress line over several runs (`blocklab.launch.progress`)."""
 
@@ -148,6 +103,8 @@ class RunProgress(Protocol):
 
 
 class Trainer:
+    """One run: its parts built by the steps of training/build.py, then the loop over them (`run`)."""
+
     def __init__(self, cfg: TrainConfig, resume: bool = False, overall: RunProgress | None = None):
         """`overall`: this run's part of a progress line over several runs (`blocklab.launch`), which
         the run advances instead of showing a bar of its own."""
@@ -156,7 +113,7 @@ class Trainer:
         if cfg.threads is not None:  # until the run ends: then the count before it comes back
             torch.set_num_threads(cfg.threads)
         try:
-            self._setup(cfg, resume)
+            self._build(cfg, resume)
         except BaseException:
             self._restore_threads()
             raise
@@ -165,129 +122,39 @@ class Trainer:
         if self.threads_before is not None:
             torch.set_num_threads(self.threads_before)
 
-    def _setup(self, cfg: TrainConfig, resume: bool) -> None:
-        trackers.require_installed(trackers.tracker_names(cfg))  # before the data, which may take long
-        # before the data: it names the tokenizer; a resume reads the run's own model config and tokenizer
-        init = init_from.load_init(cfg, Path(cfg.out_dir) if resume else None) if cfg.init_from else None
-        if init is not None:  # the run records the source's arch and size, the model it trains
-            cfg = init_from.with_source_preset(cfg, init[0])
-            cfg = init_from.with_source_tokenizer(cfg, init[1])
-        self.cfg, self.resume = cfg, resume
-        self.run_dir = Path(cfg.out_dir)
-        # where a resume starts; resume without a checkpoint starts from step 0
-        self.checkpoint = ckpt.latest_checkpoint(self.run_dir) if resume else None
-        if self.checkpoint is not None:
-            rundir.check_resume_config(self.run_dir, cfg, self.checkpoint)
-            if cfg.init_from:  # its source may be gone: the run's own tokenizer.json serves
-                cfg = self.cfg = init_from.resumed_tokenizer(cfg, self.run_dir)
-            if distributed.launch_rank() == 0:  # the process that appends to metrics.jsonl
-                rundir.check_resume_metrics(self.run_dir, self.checkpoint)
-                trackers.check_resume(self.run_dir, cfg)
-        elif not resume:
-            rundir.check_new_run_dir(self.run_dir, cfg.overwrite)
-        torch.manual_seed(cfg.seed)
-        device_probe = torch.device("cuda" if cfg.device in ("auto", "cuda") and torch.cuda.is_available()
-                                    else "cpu")
-        self.env = distributed.setup(device_probe)
-        self.device = resolve_device(cfg.device, self.env)
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.autocast = autocast_for(cfg.precision, self.device)
-        rows = self.env.world_size * cfg.grad_accum
-        if cfg.batch_size % rows:
-            raise ConfigError(f"TrainConfig.batch_size = {cfg.batch_size} is not allowed: it must be "
-                              f"divisible by processes x grad_accum = {rows}.")
-        if init is None:  # init_from: the model is the source's, in memory already
-            # before the data, which may take long: the tokenizer's vocabulary is not known yet, so 1
-            # (or model.vocab_size when given) stands in for it, a lower bound; exact once it is known
-            memory.check_training_fits(cfg, cfg.model_config(1), self.device, self.env.world_size)
-
-        # data first: it fixes the vocabulary; rank 0 tokenises, the others read its cache
-        if self.env.is_main:
-            self.data = prepare_data(cfg.data, progress=cfg.progress)
-            for line in skipped_lines(self.data.stats, str(self.run_dir / "data_manifest.json")):
-                say(line)
-        distributed.barrier(self.env)
-        if not self.env.is_main:
-            self.data = prepare_data(cfg.data)
-        self.train_batches = Batches(self.data, "train", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-        self.val_batches = Batches(self.data, "val", cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-        self.token_bytes = torch.as_tensor(self.data.tokenizer.token_bytes, device=self.device)
-
-        # summary.json reports this run's peak from here on: the model and its training, not the
-        # process's lifetime nor the one-off tokenisation of a cold cache
-        memory.reset_peak_memory(self.device)
-        torch.manual_seed(cfg.seed)
-        if init is not None:  # continued pretraining: the source's (retrofitted) config and weights
-            init_from.check_init(cfg, init[0], init[1], self.data.tokenizer)
-            self.model = init[0].to(self.device)
-            self.model_cfg = self.model.cfg
-        else:
-            self.model_cfg = cfg.model_config(self.data.tokenizer.vocab_size)
-            memory.check_training_fits(cfg, self.model_cfg, self.device, self.env.world_size)
-            self.model = LanguageModel(self.model_cfg).to(self.device)
-        self.counts = count_parameters(self.model)
-        self.flops_per_token = flops_per_token(self.model)
-        compile_for_training(self.model, cfg.compile)
-        self.wrapped = distributed.wrap(self.model, self.env, cfg.parallel, self.device)
-        self.tokens_per_step = cfg.batch_size * cfg.seq_len
+    def _build(self, cfg: TrainConfig, resume: bool) -> None:
+        """The run's parts, one step each, in the order of training/build.py's docstring."""
+        start = build.start_run(cfg, resume)
+        self.cfg, self.resume, self.run_dir = start.cfg, resume, start.run_dir
+        where = build.place(self.cfg, start.source)
+        self.env, self.device, self.autocast = where.env, where.device, where.autocast
+        self.data = build.build_data(self.cfg, where, self.run_dir)
+        built = build.build_model(self.cfg, start.source, self.data.tokenizer, where)
+        self.model, self.wrapped, self.model_cfg = built.model, built.wrapped, built.config
+        self.counts, self.flops_per_token = built.counts, built.flops_per_token
+        self.tokens_per_step = self.cfg.batch_size * self.cfg.seq_len
         # after FSDP swaps in sharded params; the tokens per step scale nanochat's learning rates
-        self.optimizers = build_optimizers(self.model, cfg.optim, self.tokens_per_step)
-        self.budget = Budget(cfg, self.tokens_per_step, self.flops_per_token)
+        self.optimizers = build_optimizers(self.model, self.cfg.optim, self.tokens_per_step)
+        self.budget = Budget(self.cfg, self.tokens_per_step, self.flops_per_token)
+        self.checkpoints = Checkpointer(self.cfg, self.run_dir, start.checkpoint, self.wrapped,
+                                        self.optimizers, self.env, self.model_cfg, self.data.tokenizer.hash)
         self.state = ckpt.TrainState()
 
-    # -- run directory -------------------------------------------------------------------------------
     def _prepare_run_dir(self) -> None:
-        if self.checkpoint is not None:
-            _check_resume(self.checkpoint, self.model_cfg, self.data.tokenizer.hash)
-        if not self.env.is_main:
-            return
-        if self.resume:
-            _announce_resume(self.run_dir, self.checkpoint, self.cfg)
-        if self.checkpoint is None and self.cfg.overwrite:
-            rundir.clear_run(self.run_dir)
-        ckpt.remove_partial_writes(self.run_dir)  # left by a process killed while saving
-        rundir.make_run_dir(self.run_dir)
-        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())  # on resume: the new budget, cadence
-        if self.checkpoint is None:
-            (self.run_dir / "model_config.json").write_text(self.model_cfg.to_json())
-            (self.run_dir / "data_manifest.json").write_text(
-                json.dumps({**self.data.manifest, "tokenizer_hash": self.data.tokenizer.hash}, indent=2))
-            self.data.tokenizer.save(self.run_dir)
-
-    def _resume_hint(self) -> str:
-        return ckpt.resume_hint(self.run_dir)
-
-    def _restore(self) -> None:
-        path = self.checkpoint
-        ckpt.verify_checkpoint(path, self.run_dir)  # weights, optimizer, model config, tokenizer
-        try:
-            weights = ckpt.load_weights_file(path / "model.safetensors")
-            ckpt.check_weights(weights, distributed.unwrap(self.wrapped).state_dict(), path)
-            blob = ckpt.load_optimizer_state(path)
-            distributed.load_full_states(self.wrapped, self.optimizers, weights, blob["optimizers"])
-            ckpt.set_rng_state(blob["rng"])
-            self.state, _ = ckpt.read_state(path)
-        except Exception as err:  # any unreadable or mismatched checkpoint: a message, not a traceback
-            raise TrainingError(f"cannot resume from {str(path)!r}: {err}") from err
+        self.checkpoints.check_resume()  # every rank: before anything is written
+        if self.env.is_main:
+            rundir.write_run_files(self.run_dir, self.cfg, self.model_cfg, self.data.prepared, self.resume,
+                                   self.checkpoints.resume_from)
 
     def _save(self, logger: MetricsLogger | None) -> None:
-        weights, optim_states = distributed.full_states(self.wrapped, self.optimizers)
-        if self.env.is_main:
-            # the config these steps were taken with: a resume checks config.yaml against it; the rows
-            # metrics.jsonl holds: a resume checks that none was lost since
-            meta = {"model_config": self.model_cfg.to_dict(), "tokenizer_hash": self.data.tokenizer.hash,
-                    "train_config": self.cfg.to_dict(), "metrics_rows": dict(logger.rows) if logger else None}
-            ckpt.save_checkpoint(self.run_dir, weights, optim_states, self.state, meta,
-                                 self.cfg.keep_checkpoints)
-        distributed.barrier(self.env)
+        self.checkpoints.save(self.state, logger.rows if logger is not None else None)
 
     # -- the loop ----------------------------------------------------------------------------------
     def _micro_batches(self, step: int):
         accum, env = self.cfg.grad_accum, self.env
         for micro in range(accum):  # the global batch, split over accumulation steps, then ranks
-            batch = self.train_batches.get(step, rank=micro * env.world_size + env.rank,
-                                           world_size=accum * env.world_size)
+            batch = self.data.train.get(step, rank=micro * env.world_size + env.rank,
+                                        world_size=accum * env.world_size)
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _stop(self, what: str) -> TrainingError:
@@ -307,8 +174,8 @@ class Trainer:
     def _validate(self, logger: MetricsLogger | None) -> dict[str, float]:
         # every rank scores the same batches of the global batch size: the result does not depend on
         # the number of processes (and FSDP needs every rank in every forward anyway)
-        res = evaluate(self.wrapped, self.val_batches, self.cfg.batch_size, self.cfg.eval_batches,
-                       self.device, self.autocast, self.token_bytes)
+        res = evaluate(self.wrapped, self.data.val, self.cfg.batch_size, self.cfg.eval_batches,
+                       self.device, self.autocast, self.data.token_bytes)
         bpb = None
         if self.model_cfg.causal and res["bytes"]:  # bytes of the targets scored, not the split's average
             bpb = bits_per_byte(res["loss"], res["bytes"] / res["tokens"])
@@ -326,7 +193,7 @@ class Trainer:
 
         if not self.model_cfg.causal:
             return None
-        return run_plateau(self.data, self.val_batches, self.cfg.batch_size, self.cfg.eval_batches)
+        return run_plateau(self.data.prepared, self.data.val, self.cfg.batch_size, self.cfg.eval_batches)
 
     def _logged_val(self, step: int) -> dict[str, Any] | None:
         """The validation row already logged at `step` (a finished run resumed), if any."""
@@ -338,21 +205,14 @@ class Trainer:
         cfg, env = self.cfg, self.env
         logger: MetricsLogger | None = None
         try:
-            with said_plainly("the run's files in", self.run_dir, None, self._resume_hint):
+            with said_plainly("the run's files in", self.run_dir, None, self.checkpoints.resume_hint):
                 self._prepare_run_dir()
-            resumed = self.checkpoint is not None
+            resumed = self.checkpoints.resume_from is not None
             if resumed:
-                self._restore()
+                self.state = self.checkpoints.restore()
                 if not self.budget.done(self.state):  # training goes on from here
                     self.state.resumed_at.append(self.state.step)
-            def open_trackers(run_dir: Path, resume_step: int | None) -> list[trackers.Tracker]:
-                return trackers.open_trackers(run_dir, cfg, resume_step)
-
-            logger = MetricsLogger(self.run_dir, self.state.step if resumed else None,
-                                   open_trackers) if env.is_main else None  # rank 0 alone: metrics, trackers
-            if logger is not None and logger.torn is not None:
-                say(f"{logger.path}: dropped a torn last line ({logger.torn} bytes) left by an interrupted "
-                    "write")
+            logger = build.open_metrics(cfg, self.run_dir, self.state.step if resumed else None, env)
             if not resumed:
                 scalars = learned_scalars(self.model)  # a collective under FSDP: every rank gathers
                 if logger is not None:
@@ -364,7 +224,7 @@ class Trainer:
             if env.is_main:
                 # written last and atomically: a summary.json on disk is what marks a finished run
                 text, path = json.dumps(summary, indent=2), self.run_dir / "summary.json"
-                with said_plainly("the summary", path, len(text), self._resume_hint):
+                with said_plainly("the summary", path, len(text), self.checkpoints.resume_hint):
                     atomic_write_text(path, text)
                 logger.close()
             return RunResult(self.run_dir, distributed.unwrap(self.wrapped), summary)
@@ -444,7 +304,7 @@ class Trainer:
             if cfg.eval_every and state.step % cfg.eval_every == 0 and not done:
                 val = self._validate(logger)
                 window_start = time.perf_counter()  # keep evaluation out of tokens/s
-            if cfg.ckpt_every and state.step % cfg.ckpt_every == 0 and not done:
+            if self.checkpoints.due(state.step) and not done:
                 self._save(logger)
         bar.close()
         trained = state.step > first_step

@@ -1,15 +1,20 @@
-"""The run directory's rules: a new run never writes over a saved one, and a resume keeps its config."""
+"""The run directory's rules: a new run never writes over a saved one, and a resume keeps its config;
+and the files a run writes there before its first step (`write_run_files`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
 
-from blocklab.training.checkpoint import read_state
-from blocklab.training.config import TrainConfig, check_resumable, check_trained_config
+from blocklab.data import PreparedData
+from blocklab.model.config import ModelConfig
+from blocklab.training.checkpoint import read_state, remove_partial_writes
+from blocklab.training.config import TrainConfig, check_resumable, check_trained_config, read_yaml
 from blocklab.training.metrics import resume_rows, row_counts
 from blocklab.util.errors import ConfigError
+from blocklab.util.progress import say
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
@@ -88,3 +93,43 @@ def check_resume_metrics(run_dir: Path, checkpoint: Path) -> None:
                       f"recorded ({ends}): lines were lost after the run wrote them, and a resume would "
                       "leave the gap in its curve for good. Restore metrics.jsonl from a copy, or train the "
                       "run again from the start (overwrite=true).")
+
+
+def write_run_files(run_dir: Path, cfg: TrainConfig, model_cfg: ModelConfig, data: PreparedData,
+                    resume: bool, checkpoint: Path | None) -> None:
+    """The run's folder before its first step (rank 0): config.yaml (on resume: the new budget and
+    cadence) and, for a run that starts at step 0, model_config.json, data_manifest.json and
+    tokenizer.json. With overwrite=true a new run first removes the run there (`clear_run`); leftovers
+    of a process killed while saving a checkpoint go (`checkpoint.remove_partial_writes`)."""
+    if resume:
+        announce_resume(run_dir, checkpoint, cfg)
+    if checkpoint is None and cfg.overwrite:
+        clear_run(run_dir)
+    remove_partial_writes(run_dir)  # left by a process killed while saving
+    make_run_dir(run_dir)
+    (run_dir / "config.yaml").write_text(cfg.to_yaml())
+    if checkpoint is None:
+        (run_dir / "model_config.json").write_text(model_cfg.to_json())
+        (run_dir / "data_manifest.json").write_text(
+            json.dumps({**data.manifest, "tokenizer_hash": data.tokenizer.hash}, indent=2))
+        data.tokenizer.save(run_dir)
+
+
+def announce_resume(run_dir: Path, checkpoint: Path | None, cfg: TrainConfig) -> None:
+    """Say what a resume does when it is not the obvious thing: no checkpoint yet, or a new budget."""
+    if checkpoint is None:
+        say(f"--resume: {run_dir} holds no checkpoint yet (one is written every ckpt_every={cfg.ckpt_every} "
+            f"/ eval_every={cfg.eval_every} steps); training starts from step 0")
+        return
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = TrainConfig.from_dict(read_yaml(saved_path)).budgets()
+    if saved != cfg.budgets():
+        say(f"--resume: the budget changes from {_plain_budget(saved)} to {_plain_budget(cfg.budgets())}; "
+            f"the learning-rate schedule is recomputed for the new budget from {checkpoint.name} on, so the "
+            "curve follows neither the old run's schedule nor a fresh run's")
+
+
+def _plain_budget(budgets: dict[str, int | float]) -> str:
+    return " and ".join(f"{k}={v:g}" for k, v in budgets.items()) or "none"
