@@ -23,7 +23,7 @@ what `mfu` or a piece would run (the bench_gpu.py command, the runs' folder) and
 nothing; `--budget-s` must be a positive number of seconds.
 
 The `gpu-mid` campaign (issue 41) is trained a piece at a time, one piece per GPU call, into the
-committed store (`blocklab.reproduce.pieces`):
+committed store (`blocklab.reproduce.budgeted_launch`):
 
     python benchmarks/gpu_campaign.py status                 # what remains: runs, estimated GPU minutes
     python benchmarks/gpu_campaign.py next --minutes 7 --export OUT/gpu-mid.tgz
@@ -79,9 +79,9 @@ def run_campaign(opts: argparse.Namespace) -> list[str]:
     """`next`: train the campaign's next runs for `--minutes` (`pieces.run_piece`) and print what
     remains; `status` (or `next --dry-run`): only what remains."""
     from blocklab.reproduce import SCALES
+    from blocklab.reproduce.budgeted_launch import run_device, run_piece
     from blocklab.reproduce.estimate import Estimator, remaining
     from blocklab.reproduce.orchestrate import scale_claims
-    from blocklab.reproduce.pieces import run_device, run_piece
     from blocklab.statistics.claims import select
 
     scale = SCALES[opts.scale]

@@ -1,4 +1,4 @@
-"""The gpu-mid campaign: its scale, the budgeted pieces (`blocklab.reproduce.pieces`,
+"""The gpu-mid campaign: its scale, the budgeted pieces (`blocklab.reproduce.budgeted_launch`,
 `benchmarks/gpu_campaign.py next`), their estimates, the export a GPU call sends back, and the
 reproduction page's scale column, end to end at a toy size on the CPU."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,9 @@ from blocklab import ModelConfig
 from blocklab.cli import main as cli
 from blocklab.launch.store import Outcome
 from blocklab.reproduce import SCALES, needed_archs, plan, sweep_plan, unique_runs
+from blocklab.reproduce.budgeted_launch import BudgetLauncher
 from blocklab.reproduce.estimate import PRIOR, TRAINED_ON, Estimator, run_steps
 from blocklab.reproduce.page_scales import NOT_YET_RUN, reading, verdict_rows
-from blocklab.reproduce.pieces import BudgetLauncher
 from blocklab.runtime import LanguageModel
 from blocklab.statistics.claims import select
 from blocklab.statistics.evidence import t_interval, welch_interval
@@ -151,7 +152,7 @@ def test_a_cut_off_run_that_lost_its_config_starts_again(tmp_path):
     """A copy of the tree that refreshed the committed files may leave a cut-off run's checkpoints (ignored
     by git) without its config.yaml: such a run cannot resume, so the piece removes it; a run with its
     config, or finished, stays."""
-    from blocklab.reproduce.pieces import drop_orphans
+    from blocklab.reproduce.budgeted_launch import drop_orphans
 
     runs = tmp_path / "gpu-mid" / "small-steps" / "runs"
     for name, files in [("lost", ["checkpoints/step_000200/state.json"]),
@@ -298,7 +299,11 @@ def test_campaign_in_pieces_end_to_end(tmp_path, monkeypatch, capsys):
                "--out", str(fresh), "--report", str(page)]
     assert cli(command) == 0
     first = page.read_bytes()
-    assert cli(command) == 0 and page.read_bytes() == first
+    assert cli(command) == 0
+    # the same page again, but for the minute it was written in (the Method's date), which a loaded
+    # machine's two calls can straddle
+    stamp = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d UTC")
+    assert stamp.sub(b"DATE", page.read_bytes()) == stamp.sub(b"DATE", first) and stamp.search(first)
     text = first.decode()
     row = next(line for line in text.splitlines() if line.startswith("| resformer-beats-pre-ln | Value"))
     assert row.endswith(f"| {verdicts['resformer-beats-pre-ln']} |")
@@ -326,11 +331,12 @@ def test_campaign_in_pieces_end_to_end(tmp_path, monkeypatch, capsys):
 
 def test_gpu_session_runs_a_campaign_step(tmp_path):
     """benchmarks/gpu_session.sh with CAMPAIGN_MIN and the other steps skipped: the campaign step runs
-    `gpu_campaign.py next` on the real gpu-mid scale within its minutes (on this CPU no run fits in 3
-    seconds) and prints what remains."""
+    `gpu_campaign.py next` on the real gpu-mid scale within its minutes (on this CPU no run fits in a
+    minute) and prints what remains. A minute, not less: the step's limit is the minutes plus 40 s, and
+    a loaded CI machine can take more than 40 s to import torch and read the store."""
     out = tmp_path / "OUT"
     out.mkdir()
-    env = {**os.environ, "OUT": str(out), "SKIP_BENCH": "1", "SKIP_CHECKS": "1", "CAMPAIGN_MIN": "0.05",
+    env = {**os.environ, "OUT": str(out), "SKIP_BENCH": "1", "SKIP_CHECKS": "1", "CAMPAIGN_MIN": "1",
            "CAMPAIGN_OUT": str(tmp_path / "store"), "COMMIT": "abc1234", "LOGS": str(tmp_path / "logs"),
            "PYTHON": sys.executable}
     done = subprocess.run(["bash", "benchmarks/gpu_session.sh"], cwd=ROOT, env=env, capture_output=True,
@@ -365,9 +371,9 @@ def test_next_refuses_a_bad_option_before_anything_trains(option, tmp_path, monk
     """Each bad option: exit status 2 and one line naming it and what is allowed, before any run trains
     (a budget of nan once ran everything; 0 and -5 exited 0 having done nothing; an export under /proc,
     writable to root by its permissions, where no folder can be made, was found after a run trained)."""
-    from blocklab.reproduce import pieces
+    from blocklab.reproduce import budgeted_launch
 
-    monkeypatch.setattr(pieces, "run_piece", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(budgeted_launch, "run_piece", lambda *a, **k: pytest.fail("a run started"))
     (tmp_path / "FILE").write_text("a file, not a folder")
     option = [str(tmp_path / o) if o.startswith("FILE") else o for o in option]
     with pytest.raises(SystemExit) as stop:

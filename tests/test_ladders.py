@@ -1,6 +1,6 @@
 """Ladders as data (`blocklab.scaling.ladder_files`), the user's config and overrides over a ladder
 (`scaling.overrides`), the store's config check (`scaling.orchestrate.check_store`) and the output paths
-checked before anything trains (`scaling.outputs`, `reproduce.pieces.check_export`)."""
+checked before anything trains (`scaling.outputs`, `reproduce.budgeted_launch.check_export`)."""
 
 from __future__ import annotations
 
@@ -332,7 +332,7 @@ def test_export_never_replaces_a_file_blocklab_did_not_write(tmp_path, capsys, n
 
 
 def test_export_rewrites_its_own_tarball_and_refuses_another_stores(tmp_path):
-    from blocklab.reproduce.pieces import check_export, export_store
+    from blocklab.reproduce.budgeted_launch import check_export, export_store
 
     root, other = tmp_path / "s" / "ladder-toy", tmp_path / "t" / "ladder-toy"
     root.mkdir(parents=True)

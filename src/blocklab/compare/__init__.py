@@ -15,7 +15,7 @@ so that the report's speed figures do not depend on how the machine's load chang
 - orchestrate: `compare` itself.
 """
 
-from blocklab.compare.added import WINDOW_FIELDS, added_runs, data_differences
+from blocklab.compare.added_runs import WINDOW_FIELDS, added_runs, data_differences
 from blocklab.compare.configs import (
     DEFAULT_STEPS,
     default_budget,

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from blocklab.compare.added import added_runs, require_finished
+from blocklab.compare.added_runs import added_runs, require_finished
 from blocklab.compare.configs import comparison_identity, run_configs
 from blocklab.compare.grids import Entry
 from blocklab.compare.sweep import sweep_learning_rates, with_best_rates

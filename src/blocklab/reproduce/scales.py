@@ -39,7 +39,7 @@ class Scale:
     timing_steps: int = 3
     caveat: str = ""  # what every verdict at this scale must be read with (printed beside each one)
     # where its runs are meant to train: "cpu", or "gpu" (the report names the GPU and commit of each
-    # run: `blocklab.reproduce.pieces`)
+    # run: `blocklab.reproduce.budgeted_launch`)
     trains_on: str = "cpu"
 
     def base(self, setting: str) -> dict[str, Any]:
@@ -202,7 +202,8 @@ SCALES["gpu-sas-p-short"] = replace(
 
 
 # gpu-mid: the claims of the cpu scale at 22x its parameters and 12x its tokens, trained a piece at a
-# time on whatever GPU a call brings (`benchmarks/gpu_campaign.py next`, `blocklab.reproduce.pieces`).
+# time on whatever GPU a call brings (`benchmarks/gpu_campaign.py next`,
+# `blocklab.reproduce.budgeted_launch`).
 # The shape is the CPU sizes' recipe (ReLU MLP, RMSNorm, tied embeddings, RoPE: size small) widened to
 # d 512 at 8 layers, so a claim's paired difference here and at cpu differs by size, not by recipe;
 # the recipe's rates start the sweep, as at cpu.

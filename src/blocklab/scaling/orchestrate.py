@@ -53,11 +53,10 @@ def train_piece(
     """Train the ladder's next unfinished runs for about `minutes`, one after another, starting a run
     only while its estimated time fits (`reproduce.estimate.Estimator`, from this store's finished runs
     on this device or a prior); each finished run loses its checkpoints and gets its record of what
-    trained it (`reproduce.pieces`), and `export` (a tarball of the small files) is rewritten after
+    trained it (`reproduce.budgeted_launch`), and `export` (a tarball of the small files) is rewritten after
     each. Returns the runs trained and how many are left."""
     from blocklab.launch import RunsFailed
-    from blocklab.reproduce.estimate import Estimator
-    from blocklab.reproduce.pieces import (
+    from blocklab.reproduce.budgeted_launch import (
         BudgetLauncher,
         drop_orphans,
         export_store,
@@ -65,6 +64,7 @@ def train_piece(
         record_run,
         run_device,
     )
+    from blocklab.reproduce.estimate import Estimator
 
     if not 0 < minutes < float("inf"):  # NaN fails this too
         from blocklab.util.errors import ConfigError

@@ -1,6 +1,6 @@
 """Every path `blocklab scaling` writes, checked before anything trains (as benchmarks/gpu_campaign.py
 checks its own): a wrong one found after a run has trained loses that run's time, on a lent GPU the
-call's. The export tarball's rules are `reproduce.pieces.check_export`'s."""
+call's. The export tarball's rules are `reproduce.budgeted_launch.check_export`'s."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from blocklab.util.errors import ConfigError
 def check_outputs(args: argparse.Namespace, root: Path) -> None:
     """--export (a tarball blocklab may write: `check_export`), the report's folder (--report, else the
     store's) and, when training, the store: each a folder this user can write to, or can make."""
-    from blocklab.reproduce.pieces import check_export
+    from blocklab.reproduce.budgeted_launch import check_export
 
     if args.export is not None:
         if not args.export.strip():
