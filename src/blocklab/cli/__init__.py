@@ -184,7 +184,9 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
         raise ConfigError("--partial is allowed only with --no-train: a training call trains every run it "
                           "judges.")
     tracked = tracking.fields(args)
-    fields = cli_args.config_fields(args.overrides)  # on every run of every claim
+    from blocklab.training.command_line import config_fields
+
+    fields = config_fields(args.overrides)  # on every run of every claim
     budget = budget_from_args(args)
     if budget is not None:  # seeds added in rounds until the claims are decided
         from blocklab.rounds.commands import reproduce_command

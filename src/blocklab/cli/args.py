@@ -13,8 +13,7 @@ import argparse
 import shutil
 import textwrap
 
-from blocklab.training.command_line import config_and_overrides, config_fields  # noqa: F401 (cli_args.*)
-from blocklab.util.argtypes import positive_int  # noqa: F401 (cli_args.positive_int)
+from blocklab.util.argtypes import config_and_overrides, positive_int  # noqa: F401 (cli_args.*)
 from blocklab.util.errors import ConfigError
 from blocklab.util.pathtext import is_text, not_text
 

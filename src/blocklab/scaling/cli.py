@@ -8,8 +8,7 @@ from pathlib import Path
 
 from blocklab.launch import cli as launch_cli
 from blocklab.rounds import add_until_decided_arguments, budget_from_args
-from blocklab.training.command_line import config_and_overrides, config_fields
-from blocklab.util.argtypes import positive_int
+from blocklab.util.argtypes import config_and_overrides, positive_int
 from blocklab.util.errors import ConfigError
 
 THREADS_HELP = (
@@ -31,6 +30,8 @@ def user_fields(positionals: list[str] | None) -> dict:
     config, _ = config_and_overrides(positionals or [])
     if config is not None and "rungs" in read_yaml(config):
         raise ConfigError(f"{config} is a ladder file, not a training config: pass it as --ladder {config}")
+    from blocklab.training.command_line import config_fields
+
     return config_fields(positionals or [])
 
 

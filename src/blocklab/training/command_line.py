@@ -1,22 +1,15 @@
-"""The positionals of every command that trains (train, prepare, compare, reproduce, scaling): an
-optional YAML training config, then ``key=value`` overrides of TrainConfig fields, and the fields they
-give the runs of a command that trains several. Below the command line, so that each command's parser
-(`blocklab.cli`, `blocklab.scaling.cli`) reads them the same way without importing another's."""
+"""The TrainConfig fields that a command's positionals (`util.argtypes.config_and_overrides`: an
+optional YAML training config, then ``key=value`` overrides) give every run of a command that trains
+several (compare, reproduce, scaling). Below the command line, so that each command's parser
+(`blocklab.cli`, `blocklab.scaling.cli`) reads them the same way without importing another's; imported
+where a command runs, not when its parser is built (it loads torch)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from blocklab.training.config import apply_overrides, read_yaml
-
-
-def config_and_overrides(positionals: list[str]) -> tuple[str | None, list[str]]:
-    """The positionals of every experiment command (train, prepare, compare, reproduce): an optional
-    YAML config (a file, or a shipped recipe's name) first, then ``key=value`` overrides."""
-    overrides = list(positionals)
-    config = overrides.pop(0) if overrides and "=" not in overrides[0] else None
-    return config, overrides
-
+from blocklab.util.argtypes import config_and_overrides
 
 # What a command that trains several runs gives each itself: a YAML config's value is replaced (a
 # training config names one architecture and one out_dir), an override of one refused by the command.
