@@ -16,7 +16,8 @@ gains, causal, full context (training):
 
 - ``shaped, before``: `ops.shaped_attention` until 2026-11-27 (plain ops: autograd differentiates
   each product, the casts and transposes, and the cumsum by flip-cumsum-flip), kept here;
-- ``shaped, ops``: the library's code now (SDPA, then `ops.ShapedMix` with its own backward);
+- ``shaped, ops``: the library's code now as `LanguageModel` runs it (SDPA, then the fused kernel
+  `runtime.shaped_mix.ShapedMix` with its own backward);
 - ``shaped, ops, other scan``: the same with the prefix sums in the other layout than this device
   takes by default (`KernelChoice.scan_t_innermost`: T innermost on CUDA, T strided on the CPU).
 
@@ -49,7 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from blocklab.model import kernels, ops
+from blocklab.model import ops
+from blocklab.runtime import kernels
+from blocklab.runtime.shaped_mix import ShapedMix, shaped_mix
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -119,8 +122,8 @@ def round_robin(steps: dict, cuda: bool, warmup: int, repeats: int) -> dict[str,
 
 # -- part 2: the whole shaped attention ---------------------------------------------------------
 def before_shaped_attention(q, k, v, alpha, beta, gamma, causal=True, window=None, scale=None,
-                            past_sum=None):
-    """`ops.shaped_attention` as it was until 2026-11-27, kept here to measure against."""
+                            past_sum=None, mix=None):  # noqa: ARG001
+    """`ops.shaped_attention` as it was until 2026-11-27, kept here to measure against (`mix`: ignored)."""
     n_heads, t_q = q.shape[-3], q.shape[-2]
     out = ops._per_head(beta) * ops.attention(q, k, v, causal, window, scale)
     out = out + ops._per_head(alpha) * ops.expand_kv(v[..., -t_q:, :], n_heads)
@@ -147,13 +150,18 @@ def other_scan(device: torch.device, flip: bool = True):
         yield
 
 
+def fused_shaped_attention(*args):
+    """`ops.shaped_attention` with the fused mix that `LanguageModel` swaps in."""
+    return ops.shaped_attention(*args, mix=shaped_mix)
+
+
 def shaped_variants() -> dict:
     """Part 2's variants: name -> (fn, its float64 reference); the `mix` ones start from A V, the
     "other scan" ones run (forward and backward) within `other_scan`."""
-    mix = ops.ShapedMix.apply
+    mix = ShapedMix.apply
     return {"shaped, before": (before_shaped_attention, shaped_reference),
-            "shaped, ops": (ops.shaped_attention, shaped_reference),
-            "shaped, ops, other scan": (ops.shaped_attention, shaped_reference),
+            "shaped, ops": (fused_shaped_attention, shaped_reference),
+            "shaped, ops, other scan": (fused_shaped_attention, shaped_reference),
             "mix, before": (before_mix, mix_reference), "mix, ops": (mix, mix_reference),
             "mix, ops, other scan": (mix, mix_reference)}
 

@@ -3,8 +3,8 @@ projections alone.
 
 With fusion on, the maps that read one input run as one GEMM: x [W_Q; W_K; W_V]^T in Pre-LN (SAS-P
 has identity values, so x [W_Q; W_K]^T), and in SAS-P's parallel block also the MLP's first matrix,
-x [W_Q; W_K; W_fc]^T. The weights are concatenated at every step (`linear_maps.fused_linear`), a copy
-the unfused step does not make; this measures whether the bigger GEMM pays for it.
+x [W_Q; W_K; W_fc]^T. The weights are concatenated at every step (`runtime.fused_projections.fused_linear`),
+a copy the unfused step does not make; this measures whether the bigger GEMM pays for it.
 
 Part 1, training step. Shapes: `small` (6 layers, d 256, context 256) and `d768x4` (`small` widened
 to d 768, 12 heads, MLP 3072, 4 layers), batch 4 x 256 tokens. A step is zero_grad, forward,
@@ -45,8 +45,7 @@ from torch import nn
 
 import blocklab
 from _measure import machine_info, sync, table
-from blocklab.model.block import set_fused_projections
-from blocklab.model.linear_maps import fused_linear
+from blocklab.runtime.fused_projections import fused_linear, set_fused_projections
 
 ARCHS = ("pre-ln", "sas-p")
 SHAPES = {"small": {}, "d768x4": dict(d_model=768, n_heads=12, mlp_hidden=3072, n_layers=4)}

@@ -383,7 +383,8 @@ def test_bench_centering_checks_every_variant_and_restores_shaped_attention(tmp_
     from its JSON: outputs and gradients), the SAS-P step pair is timed and its ops counted, and
     `ops.shaped_attention` and the kernel choice are the library's again after."""
     import bench_centering
-    from blocklab.model import kernels, ops
+    from blocklab.model import ops
+    from blocklab.runtime import kernels
 
     library, choice = ops.shaped_attention, kernels.KERNELS
     out = tmp_path / "centering.json"

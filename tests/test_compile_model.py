@@ -240,7 +240,7 @@ def test_compiling_shaped_attention_where_it_is_not_trusted_is_refused(how):
     """Shaped attention's compiled gradients were wrong on CUDA (benchmarks/RESULTS.md, 2026-11-28):
     compiling it on a device outside `KernelChoice.compiled_shaped` is a ConfigError naming the way
     out (compile=false), before any step; softmax attention compiles there as before."""
-    from blocklab.model import kernels
+    from blocklab.runtime import kernels
     from blocklab.util.errors import ConfigError
 
     sas_p, pre_ln = make_model("sas-p", seed=3).float(), make_model("pre-ln", seed=3).float()

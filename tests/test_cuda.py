@@ -6,6 +6,14 @@ the test itself. References: the same weights in float64 on the CPU (the forward
 ‖out − ref‖ / ‖ref‖), the device's own full forward pass (decoding with the cache must reproduce
 it), and the eager model (for the per-block compiled one). Every parameter is moved away from
 its initial value first (`test_cache.perturb`): many variants are the identity at initialisation.
+
+The float64 reference is the model's definition: each projection on its own and shaped attention's
+mix as plain ops (`reference_copy`). The model on the device runs the kernels `LanguageModel` swaps
+in, so these tests check each of them on CUDA against the reference it replaces: the fused projections
+(runtime/fused_projections.py; "auto" fuses on CUDA) and the fused mix (runtime/shaped_mix.py) in
+`test_forward_matches_float64_reference`, `test_gradients_match_float64_reference` and
+`test_compiled_model_under_bf16_autocast` (the mix compiled), as `test_device_model_runs_the_fast_kernels`
+makes sure.
 """
 
 from __future__ import annotations
@@ -17,8 +25,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from blocklab.model import kernels
+from blocklab.model import ops
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.runtime import kernels
+from blocklab.runtime.fused_projections import FusedLinear, projection_fusion, set_fused_projections
+from blocklab.runtime.shaped_mix import shaped_mix, use_shaped_mix
 from test_cache import archs, build, decode_error, ids_of
 
 DEVICE = os.environ.get("BLOCKLAB_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
@@ -59,9 +70,31 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out - ref).norm() / ref.norm()).item()
 
 
+def reference_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A float64 copy of `model` that runs the definition's reference: no fused projections, the plain
+    mix of shaped attention."""
+    reference = copy.deepcopy(model).double()
+    set_fused_projections(reference, "off")
+    use_shaped_mix(reference, fused=False)
+    return reference
+
+
 def reference_and_device(arch: str, seed: int):
     model = build(arch, seed=seed)
-    return copy.deepcopy(model).double(), model.to(DEVICE)
+    return reference_copy(model), model.to(DEVICE)
+
+
+def test_device_model_runs_the_fast_kernels():
+    """The device model of these tests fuses its projections ("auto" on a device of
+    `KernelChoice.fused_projections`) and mixes shaped attention with the fused kernel; its reference
+    runs neither."""
+    reference, model = reference_and_device("sas-p+standard", seed=1)
+    fuses = torch.device(DEVICE).type in kernels.KERNELS.fused_projections
+    assert DEVICE == "cpu" or fuses  # CUDA is where "auto" fuses
+    for block, ref_block in zip(model.block_list(), reference.block_list(), strict=True):
+        assert projection_fusion(block.attn).mode == "auto" and type(block.attn.q) is FusedLinear
+        assert block.attn.shaped_mix is shaped_mix and ref_block.attn.shaped_mix is ops.plain_mix
+        assert projection_fusion(ref_block.attn).mode == "off"
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -99,7 +132,7 @@ def test_compiled_model_under_bf16_autocast(arch, t):
     at 24, so both lengths are checked."""
     shape = {} if t < 100 else {"context_length": t, "d_model": 128, "n_heads": 2, "mlp_hidden": 256}
     eager = build(arch, seed=12, **shape).train()  # at 1024: head dim 64, as in bench_gpu
-    reference = copy.deepcopy(eager).double()
+    reference = reference_copy(eager)
     eager.to(DEVICE)
     compiled = copy.deepcopy(eager)
     compiled.compile_model()

@@ -1,11 +1,12 @@
-"""Fused projections: the maps that read one input run as one GEMM.
+"""Fused projections (runtime/fused_projections.py): the maps that read one input run as one GEMM.
 
 References: `fused_linear` against x W_i^T + b_i written per map; a fused model against the same
-weights with fusion off (each nn.Linear on its own, the code before fusion), forward and every
-gradient, in float64 with every parameter moved away from its init (many variants are the identity
-there); forward hooks on the maps, which fire only when a map runs on its own, say which maps a block
-fused; a state dict of the unfused model, loaded into a fused one; decoding with the KV cache against
-the full forward pass.
+weights with fusion off (each map on its own, as the model's definition computes them), forward and
+every gradient, in float64 with every parameter moved away from its init (many variants are the
+identity there); F.linear called with a map's own weight, which happens only when the map runs on its
+own, says which maps a block fused; a state dict of the unfused model, loaded into a fused one;
+decoding with the KV cache against the full forward pass. On CUDA, where "auto" fuses, tests/test_cuda.py
+runs the fused model against float64 (`test_training_step_matches_float64`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.testing import assert_close
 
-from blocklab import LanguageModel
-from blocklab.model import kernels
-from blocklab.model.block import Attention, Block, set_fused_projections
-from blocklab.model.linear_maps import fused_linear, plain_linear
+from blocklab import LanguageModel, ModelConfig, Transformer
+from blocklab.model.block import Attention, Block
 from blocklab.model.value_paths import VALUE_PATHS, LayerValues, Registered, ValuePath
 from blocklab.presets import BLOCK_PRESETS
+from blocklab.runtime import kernels
+from blocklab.runtime.fused_projections import (
+    FusedLinear,
+    fused_linear,
+    plain_linear,
+    projection_fusion,
+    set_fused_projections,
+)
 from helpers import make_model, tokens
 
 SOFTMAX_ONLY = {"cross-layer-attn"}  # value paths that need attn_matrix="softmax"
@@ -93,37 +100,34 @@ def assert_same_forward_and_gradients(unfused: LanguageModel, fused: LanguageMod
 
 
 class Calls:
-    """Which of a model's nn.Linear maps ran as modules (their forward hooks fired)."""
+    """Which of a model's linear maps ran on their own: F.linear called with the map's own weight (a
+    fused GEMM runs on a concatenated copy of the weights)."""
 
     def __init__(self, model: nn.Module):
+        self.names = {id(m.weight): name for name, m in model.named_modules() if isinstance(m, nn.Linear)}
         self.ran: set[str] = set()
-        self.handles = [m.register_forward_hook(self.hook(name)) for name, m in model.named_modules()
-                        if type(m) is nn.Linear]
+        self.linear = F.linear
 
-    def hook(self, name: str):
-        return lambda *_: self.ran.add(name)
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
+    def spy(self, x, weight, bias=None):
+        if id(weight) in self.names:
+            self.ran.add(self.names[id(weight)])
+        return self.linear(x, weight, bias)
 
 
-def ran_maps(model: LanguageModel, ids: torch.Tensor, **kwargs) -> set[str]:
+def ran_maps(model: nn.Module, ids: torch.Tensor, **kwargs) -> set[str]:
     calls = Calls(model)
-    with torch.no_grad():
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        patch.setattr(F, "linear", calls.spy)
         model(ids, **kwargs)
-    calls.remove()
     return calls.ran
 
 
 def block_maps(model: LanguageModel, layer: int) -> set[str]:
     """The names of block `layer`'s fusable maps: what a fused forward must not run as modules."""
-    block = model.block(layer)
-    maps = block.attn.projection_maps()
-    if block.layout == "parallel" and maps:
-        maps = [*maps, block.mlp.fc]
-    if block.layout != "parallel" and len(maps) < 2:
-        return set()
+    attn = model.block(layer).attn
+    fusion = projection_fusion(attn)
+    assert fusion is not None
+    maps = fusion.maps(attn)
     names = {id(m): n for n, m in model.named_modules()}
     return {names[id(m)] for m in maps}
 
@@ -160,6 +164,41 @@ def test_plain_linear_only_takes_nn_linear_itself():
     assert plain_linear(lin) is lin
     assert plain_linear(Wrapped(2, 2)) is None and plain_linear(nn.Identity()) is None
     assert plain_linear(None) is None
+
+
+def test_a_fused_linear_returns_its_output_only_for_the_input_it_was_handed():
+    """`FusedLinear` holds the map's own parameters; it returns a handed output once, for that very
+    tensor, and is x W^T + b for any other input (a stale output is never read)."""
+    lin = nn.Linear(3, 2).double()
+    member = FusedLinear(lin)
+    assert member.weight is lin.weight and member.bias is lin.bias
+    assert dict(member.named_parameters()).keys() == {"weight", "bias"}
+    x, other = torch.ones(1, 3, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64)
+    handed = torch.full((1, 2), 7.0, dtype=torch.float64)
+    member.hand(x, handed)
+    assert_close(member(other), x @ lin.weight.T + lin.bias)  # equal values, another tensor
+    assert member(x) is handed
+    assert_close(member(x), x @ lin.weight.T + lin.bias)  # only once
+
+
+def test_the_definition_runs_each_map_and_language_model_fuses_in_auto_mode():
+    """`Transformer` (the reference) has no fusion; `LanguageModel` applies "auto" when built, with the
+    same parameter names and values."""
+    cfg = ModelConfig.from_preset("parallel", "tiny", n_layers=2)
+    torch.manual_seed(0)
+    reference = Transformer(cfg)
+    torch.manual_seed(0)
+    model = LanguageModel(cfg)
+    assert all(type(m) is not FusedLinear for m in reference.modules())
+    assert all(projection_fusion(b.attn) is None for b in reference.block_list())
+    assert [projection_fusion(b.attn).mode for b in model.block_list()] == ["auto", "auto"]
+    assert {type(m) for m in (model.block(0).attn.q, model.block(0).mlp.fc)} == {FusedLinear}
+    state, ref_state = model.state_dict(), reference.state_dict()
+    assert state.keys() == ref_state.keys()
+    assert all(torch.equal(state[k], ref_state[k]) for k in state)
+    set_fused_projections(reference, "on")  # applied to a built definition, it fuses it
+    ids = tokens(batch=1, t=5)
+    assert not ran_maps(reference, ids) & {"blocks.0.attn.q", "blocks.0.mlp.fc"}
 
 
 # -- fused and unfused models agree --------------------------------------------------------------
@@ -239,7 +278,8 @@ def test_a_wrapped_map_runs_as_itself():
         new = Scaled(old.in_features, old.out_features, bias=old.bias is not None).double()
         new.load_state_dict(old.state_dict())
         model.block(1).attn.q = new
-    assert fused.block(1).attn.projection_maps() == []
+    attn = fused.block(1).attn
+    assert projection_fusion(attn).maps(attn) == []
     assert_same_forward_and_gradients(unfused, fused)
 
 
@@ -249,13 +289,12 @@ class OwnMapValues(ValuePath):
 
     fuses_values = False
 
-    def layer_values(self, x, carry, projected):
-        assert projected is None
+    def layer_values(self, x, carry):
         return LayerValues(0.5 * self.w_v(x)), carry
 
 
 def test_a_value_path_that_does_not_declare_fusion_keeps_its_own_w_v(monkeypatch):
-    """A path with `fuses_values = False` gets no `projected` values; Q and K still fuse."""
+    """A path with `fuses_values = False` keeps its W^V as it is; Q and K still fuse."""
     monkeypatch.setitem(VALUE_PATHS, "old-style", Registered(OwnMapValues, "V = x W^V / 2"))
     unfused, fused = pair("parallel+old-style")
     ids = tokens(batch=1, t=5)
@@ -286,7 +325,7 @@ def test_fused_projections_mode_is_checked():
     with pytest.raises(ValueError, match="'auto', 'on', 'off'"):
         set_fused_projections(model, "yes")  # type: ignore[arg-type]
     set_fused_projections(model, "off")
-    assert all(b.fused_projections == "off" for b in model.modules() if isinstance(b, Block))
+    assert all(projection_fusion(b.attn).mode == "off" for b in model.modules() if isinstance(b, Block))
 
 
 # -- checkpoints and decoding ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from blocklab import LanguageModel, ModelConfig
-from blocklab.model.block import set_fused_projections
+from blocklab.runtime.fused_projections import set_fused_projections
 
 # pre-issue40/ (blocklab at da7d2a6, before the model-core refactor): every value path, the block presets,
 # CLA with GQA and RoPE, ResFormer's query and key residuals, the U-net value embeddings, BoV's shared

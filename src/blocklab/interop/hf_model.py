@@ -297,9 +297,10 @@ class BlocklabPreTrainedModel(PreTrainedModel):
     def lora_target_modules(self) -> list[str]:
         """The names of the plain linear maps in the blocks (``q``, ``k``, ``w_v``, ``proj``, ``fc``,
         ``out``, as the variant has them), for ``peft.LoraConfig(target_modules=...)``: identity and
-        reparameterised maps (SAS, SAS-P) are no `nn.Linear`, and PEFT adapts only those."""
+        reparameterised maps (SAS, SAS-P) are no `nn.Linear`, and PEFT adapts only those (a fused
+        projection's `FusedLinear`, runtime/fused_projections.py, is one)."""
         return sorted({name.rsplit(".", 1)[-1] for name, module in self.model.blocks.named_modules()
-                       if type(module) is torch.nn.Linear})
+                       if isinstance(module, torch.nn.Linear)})
 
     @staticmethod
     def _check_ids(input_ids: Tensor | None, inputs_embeds: Tensor | None) -> Tensor:

@@ -16,40 +16,37 @@ Attention-matrix forms (Simplifying Transformer Blocks):
     shaped:   alpha I + beta A - gamma C   Eq. (5), shaped attention (Noci et al., 2023)
 with head-wise alpha_h, beta_h, gamma_h (Eq. 13) when `headwise_gains` is set.
 
-One forward pass: Q and K heads (a CLA follower takes its group's keys from the carry) -> the value
-path gives V (and another layer's keys and values, an output offset) as data -> with a KV cache, the
-cache stores what this layer keeps and returns every visible key and value -> `attend` runs the
-attention through `blocklab.model.ops` -> the projection W^O.
+One forward pass (`Attention.forward`): Q and K heads (`queries_keys`; a CLA follower takes its
+group's keys from the carry) -> the value path gives V (and another layer's keys and values, an output
+offset) as data -> every key and value the queries may see (`visible`: with a KV cache, the cache
+stores what this layer keeps and returns them; in a padded batch, which keys are real) -> `attend`
+runs the attention through `blocklab.model.ops` -> the projection W^O.
 
 MLP (`MLP`): d -> hidden -> d with one of the usual activations, or a gated one.
 
-Fused projections. The linear maps that read one input run as one GEMM, x [W_1; ...; W_n]^T
-(`linear_maps.fused_linear`): W_Q, W_K and W_V (when the value path reads exactly x W^V,
-`ValuePath.input_value_map`) of the attention's input in every layout, and in the parallel layout
-also the MLP's first matrix W_fc, which reads the same N1(X). The maps keep their parameters (names,
-state dicts, checkpoints and HF export are unchanged); identity, reparameterised and wrapped maps run
-as themselves. `Block.fused_projections` ("auto", "on", "off"; `set_fused_projections`) says when:
-"auto" fuses outside decoding on the devices of `KernelChoice.fused_projections`, where it was measured to pay
-(benchmarks/bench_fused_projections.py).
+Each projection runs on its own here (x W_Q, x W_K, x W^V in the value path, x W_fc in the MLP), and
+shaped attention mixes its terms with plain ops (`ops.plain_mix`): this is the reference. The fast
+versions are applied to a built model from outside (blocklab.runtime: `fused_projections` runs the
+maps that read one input as one GEMM, `shaped_mix` swaps in a fused kernel for the mix).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model import kernels, ops
+from blocklab.model import ops
 from blocklab.model.carry import Carry
 from blocklab.model.config import register_checks
 from blocklab.model.gains import Gain
-from blocklab.model.linear_maps import fused_linear, make_proj_map, plain_linear
+from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.norms import norm_of
 from blocklab.model.trunk import ResidualScalars
 from blocklab.model.value_paths import make_value_path
-from blocklab.model.value_paths.base import carried
+from blocklab.model.value_paths.base import LayerValues, carried
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -58,21 +55,6 @@ if TYPE_CHECKING:
 
 def _skip(init: float, trainable: bool) -> Gain | None:
     return Gain(init, trainable) if init != 0 else None
-
-
-FuseMode = Literal["auto", "on", "off"]
-FUSE_MODES: tuple[FuseMode, ...] = ("auto", "on", "off")
-
-
-def set_fused_projections(model: nn.Module, mode: FuseMode) -> None:
-    """Set `Block.fused_projections` of every block in `model`: "auto", "on" (also while decoding with
-    a KV cache) or "off" (each map on its own, as before fusion). The results agree to rounding."""
-    if mode not in FUSE_MODES:
-        raise ValueError(f"fused projections mode {mode!r} is not allowed: choose one of "
-                         f"{', '.join(map(repr, FUSE_MODES))}.")
-    for module in model.modules():
-        if isinstance(module, Block):
-            module.fused_projections = mode
 
 
 class Block(nn.Module):
@@ -103,25 +85,10 @@ class Block(nn.Module):
         self.mlp_branch = Gain(cfg.mlp_branch_gain, trainable)
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.residual = ResidualScalars(layer, cfg.n_layers) if cfg.residual_scalars else None
-        self.fused_projections: FuseMode = "auto"  # see the module docstring
 
     def mix_x0(self, x: Tensor, carry: Carry) -> Tensor:
         """nanochat's residual scalars, x <- lambda_r x + lambda_0 x0, when the config has them."""
         return x if self.residual is None else self.residual(x, carry.x0)
-
-    def fuses(self, x: Tensor, carry: Carry) -> bool:
-        """Whether this forward pass fuses the projections (`fused_projections`)."""
-        mode = self.fused_projections
-        if mode == "auto":  # while decoding the weights' copy would cost more than the GEMMs it joins
-            return carry.cache is None and x.device.type in kernels.KERNELS.fused_projections
-        return mode == "on"
-
-    def attend(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
-        """MHA(x), with x W_Q, x W_K (and x W_V) as one GEMM when fused."""
-        maps = self.attn.projection_maps() if self.fuses(x, carry) else []
-        if len(maps) < 2:
-            return self.attn(x, carry)
-        return self.attn(x, carry, fused_linear(x, maps))
 
 
 class PreLNBlock(Block):
@@ -131,7 +98,7 @@ class PreLNBlock(Block):
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         x = self.mix_x0(x, carry)
-        a, carry = self.attend(self.norm1(x), carry)
+        a, carry = self.attn(self.norm1(x), carry)
         h = add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x)
         m = self.mlp_branch(self.dropout(self.mlp(self.norm2(h))))
         return add_skip(m, self.mlp_skip, h), carry
@@ -149,15 +116,14 @@ class PostLNBlock(Block):
 
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         x = self.mix_x0(x, carry)
-        a, carry = self.attend(x, carry)
+        a, carry = self.attn(x, carry)
         h = self.norm1(add_skip(self.attn_branch(self.dropout(a)), self.attn_skip, x))
         m = self.mlp_branch(self.dropout(self.mlp(h)))
         return self.norm2(add_skip(m, self.mlp_skip, h)), carry
 
 
 class ParallelBlock(Block):
-    """out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))      Simplifying Eq. (7); a_comb is the MLP skip.
-    One norm; x W_Q, x W_K, (x W_V) and x W_fc, which all read N1(X), run as one GEMM when fused."""
+    """out = a_comb X + b_FF MLP(N1(X)) + b_SA MHA(N1(X))      Simplifying Eq. (7); a_comb is the MLP skip."""
 
     layout = "parallel"
     has_second_norm = False
@@ -171,20 +137,10 @@ class ParallelBlock(Block):
     def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
         x = self.mix_x0(x, carry)
         h = self.norm1(x)
-        a, m, carry = self.branches(h, carry)
+        a, carry = self.attn(h, carry)
+        m = self.mlp(h)
         out = self.mlp_branch(self.dropout(m)) + self.attn_branch(self.dropout(a))
         return add_skip(out, self.mlp_skip, x), carry
-
-    def branches(self, h: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
-        """MHA(h) and MLP(h), fused into one GEMM of their input maps when `fuses`."""
-        fc = plain_linear(self.mlp.fc)
-        maps = self.attn.projection_maps() if fc is not None and self.fuses(h, carry) else []
-        if not maps or fc is None:
-            a, carry = self.attn(h, carry)
-            return a, self.mlp(h), carry
-        *projected, hidden = fused_linear(h, [*maps, fc])
-        a, carry = self.attn(h, carry, projected)
-        return a, self.mlp.from_fc(hidden), carry
 
 
 # the block layouts by their `block_layout` name; a new layout is a subclass of `Block` and an entry here
@@ -214,9 +170,16 @@ def add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
 
 # ----------------------------------------------------------------------------------------------
 Gains = tuple[Tensor | float, Tensor | float, Tensor | float | None]  # alpha, beta, gamma (shaped only)
+# what a layer's queries may see: keys, values (heads), another layer's keys and values, the running sum
+# of earlier values, which keys are real (padding)
+Visible = tuple[Tensor, Tensor, tuple[Tensor, Tensor] | None, Tensor | None, Tensor | None]
 
 
 class Attention(nn.Module):
+    """One attention layer; `forward` in the paper's order: queries and keys, the value path's values,
+    every key and value the queries may see (the current tokens', or the KV cache's), the attention
+    matrix's form applied to them, the projection W^O."""
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer = layer
@@ -227,6 +190,9 @@ class Attention(nn.Module):
         self.qk_norm, self.form = cfg.qk_norm, cfg.attn_matrix
         self.logit_scale = cfg.attn_logit_scale  # s in softmax(s q.k / sqrt(d_h)); on q (nanochat: 1.2^2)
         self.explicit = False  # True: build the T x T matrix (diagnostics); False: fused kernels
+        # beta A V + alpha V - gamma C V from A V and V (Eqs. 4, 5): the reference `ops.plain_mix`, for
+        # which runtime/shaped_mix.py swaps in a fused kernel on a built model
+        self.shaped_mix: ops.Mix = ops.plain_mix
         self.values = make_value_path(cfg, layer)
         self.heads = Heads()
         qk_bias = cfg.bias or cfg.qk_bias  # Simplifying's code: biases on Q and K only
@@ -264,7 +230,7 @@ class Attention(nn.Module):
         if self.form == "softmax":
             return ops.attention(q, k, v, self.causal, self.window, valid=valid)
         return ops.shaped_attention(q, k, v, *self.matrix_gains(), self.causal, self.window,
-                                    past_sum=past_sum)
+                                    past_sum=past_sum, mix=self.shaped_mix)
 
     def attention_matrix(self, q: Tensor, k: Tensor, valid: Tensor | None = None) -> Tensor:
         """The full (B, H, T_q, T_k) matrix this layer applies to its values (`valid`: see `attend`)."""
@@ -280,70 +246,53 @@ class Attention(nn.Module):
             x = ops.rotary(x, positions, self.rope_base)
         return x
 
-    def projection_maps(self) -> list[nn.Linear]:
-        """The maps of this layer's input x that one GEMM may compute, in this order: W_Q, W_K (when the
-        layer owns keys), W_V (when the value path reads exactly x W^V, `ValuePath.input_value_map`).
-        Empty when W_Q or W_K is not a plain `nn.Linear` (a wrapped map runs as itself)."""
-        q, k = plain_linear(self.q), plain_linear(self.k)
-        if q is None or (self.k is not None and k is None):
-            return []
-        v = self.values.input_value_map()
-        return [m for m in (q, k, v) if m is not None]
-
-    def queries_keys(self, x: Tensor, positions: Tensor, q_x: Tensor | None = None,
-                     k_x: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """Q and K heads after QK-norm and RoPE; K is None in a layer without W_K (a CLA follower).
-
-        q_x, k_x: x W_Q and x W_K when the block computed them (fused projections).
-        """
-        plain = not self.qk_norm and self.rope_base is None  # nothing to apply: no calls per token
-        q = ops.split_heads(self.q(x) if q_x is None else q_x, self.head_dim)
-        if not plain:
-            q = self._position(q, positions)
+    def queries_keys(self, x: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
+        """Q and K heads (B, H, T, D) after QK-norm and RoPE. A CLA follower (no W_K) takes its group's
+        first layer's keys from the carry, and a layer whose keys others attend over puts them there;
+        ResFormer's query or key residual changes them (`ValuePath.mix_heads`); `heads` shows them to
+        forward hooks."""
+        q = self._position(ops.split_heads(self.q(x), self.head_dim), carry.positions)
         if self.logit_scale != 1.0:  # after QK-norm, which would undo it
             q = q * self.logit_scale
-        k_map = self.k
-        if k_map is None:
-            return q, None
-        k = ops.split_heads(k_map(x) if k_x is None else k_x, self.head_dim)
-        return q, k if plain else self._position(k, positions)
-
-    def forward(self, x: Tensor, carry: Carry,
-                projected: Sequence[Tensor] | None = None) -> tuple[Tensor, Carry]:
-        """MHA(x). projected: the outputs of `projection_maps()` on x, in its order, when the block
-        computed them in one GEMM; None: each map runs on its own."""
-        q_x = k_x = v_x = None
-        if projected is not None:
-            q_x, *rest = projected
-            if self.k is not None:
-                k_x, *rest = rest
-            v_x = rest[0] if rest else None
-        q, k = self.queries_keys(x, carry.positions, q_x, k_x)
         path = self.values
-        if k is None:  # a CLA follower attends over its group's first layer's keys
+        if self.k is None:  # a CLA follower attends over its group's first layer's keys
             k = carried(carry.shared_keys)
-        elif path.shares_keys:
-            carry = carry.update(shared_keys=k)
-        if path.mixes_heads:  # ResFormer's query- or key-residual ablation
+        else:
+            k = self._position(ops.split_heads(self.k(x), self.head_dim), carry.positions)
+            if path.shares_keys:
+                carry = carry.update(shared_keys=k)
+        if path.mixes_heads:
             q, k, carry = path.mix_heads(q, k, carry)
         q, k = self.heads(q, k, carry.key_valid)
-        # for the current tokens only; x W^V goes to a path that declared it reads it (`input_value_map`)
-        out, carry = path(x, carry, v_x)
+        return q, k, carry
+
+    def visible(self, k: Tensor, out: LayerValues, carry: Carry) -> Visible:
+        """Every key and value (heads) the queries may see: the current tokens' own, or while decoding
+        the cached past and the current tokens, after the cache stored what this layer keeps; with
+        the keys and values of another layer it attends over, shaped attention's running sum of
+        earlier values (only from a cache) and, in a padded batch, which of the keys are real (the
+        last T_k columns of `key_valid`: the keys are the last T_k positions)."""
         cache = carry.cache
         if cache is None:
             keys, values = k, ops.split_heads(out.v, self.head_dim)
             if self.contiguous_values:
                 values = values.contiguous()
             other_kv, past_sum = out.other_kv, None
-        else:  # the cached past and the current tokens: every key and value these queries may see
+        else:
             seen = cache.update(self.layer, k, out.v)
-            values = ops.split_heads(path.values_from_cache(seen.value_source, carry), self.head_dim)
             keys, other_kv, past_sum = seen.keys, seen.other_kv, seen.value_sum
+            values = ops.split_heads(self.values.values_from_cache(seen.value_source, carry), self.head_dim)
         valid = carry.key_valid
-        if valid is not None:  # this layer's keys are the last T_k positions
+        if valid is not None:
             valid = valid[:, valid.shape[1] - keys.shape[-2]:]
-        y = self.attend(q, keys, values, other_kv, past_sum, valid)
-        if out.offset is not None:
+        return keys, values, other_kv, past_sum, valid
+
+    def forward(self, x: Tensor, carry: Carry) -> tuple[Tensor, Carry]:
+        """MHA(x) for the current tokens x (B, T, d), and the carry for later layers."""
+        q, k, carry = self.queries_keys(x, carry)
+        out, carry = self.values(x, carry)  # V of the current tokens (another layer's K and V, an offset)
+        y = self.attend(q, *self.visible(k, out, carry))
+        if out.offset is not None:  # an output correction (NeuTRENO)
             y = y + ops.expand_kv(ops.split_heads(out.offset, self.head_dim), self.n_heads)
         return self.proj(ops.merge_heads(y)), carry
 
@@ -391,8 +340,4 @@ class MLP(nn.Module):
         return F.gelu(h)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.from_fc(self.fc(x))
-
-    def from_fc(self, h: Tensor) -> Tensor:
-        """The MLP after its first matrix: W_out act(h) with h = x W_fc (the block may fuse W_fc)."""
-        return self.out(self.activation(h))
+        return self.out(self.activation(self.fc(x)))

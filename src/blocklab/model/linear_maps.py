@@ -4,14 +4,11 @@
 
 with W_init a frozen identity or random orthogonal matrix (a buffer, so it is saved and loaded
 with the weights) and dW trainable and zero at initialisation.
-
-`fused_linear` runs several plain linear maps of one input as one GEMM (fused projections).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -94,33 +91,6 @@ def tie_reparam_inits(values: list[ReparamLinear], projs: list[ReparamLinear], m
             for v, p in zip(values[:-1], projs[:-1], strict=True):
                 m = p.w_init @ v.w_init @ m
             projs[-1].w_init.copy_((values[-1].w_init @ m).T)
-
-
-def plain_linear(module: object) -> nn.Linear | None:
-    """`module` if it is exactly an `nn.Linear` (y = x W^T + b), else None.
-
-    Identity and reparameterised maps are not, and neither is a subclass or a wrapper (a PEFT LoRA
-    layer, a quantised linear) whose forward may do more than x W^T + b: those run as themselves.
-    """
-    return module if type(module) is nn.Linear else None
-
-
-def fused_linear(x: Tensor, maps: Sequence[nn.Linear]) -> list[Tensor]:
-    """[x W_1^T + b_1, ..., x W_n^T + b_n] as one GEMM, y = x [W_1; ...; W_n]^T + [b_1; ...; b_n],
-    split along the last dim.
-
-    The maps stay the parameters' owners: their weights are concatenated at every call (torch.cat's
-    backward is a split, so each gradient lands in its own parameter; names, state dicts and FSDP's
-    per-block sharding are unchanged). A map without a bias adds zeros there. All maps must read
-    inputs of one width; one map is a plain F.linear (no copy).
-    """
-    if len(maps) == 1:
-        return [F.linear(x, maps[0].weight, maps[0].bias)]
-    weight = torch.cat([m.weight for m in maps])
-    bias = None
-    if any(m.bias is not None for m in maps):
-        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in maps])
-    return list(F.linear(x, weight, bias).split([m.out_features for m in maps], dim=-1))
 
 
 def init_projection_(weight: Tensor, cfg: ModelConfig) -> None:

@@ -9,14 +9,11 @@ one sees ``|p - j| < window``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
-
-from blocklab.model import kernels
-from blocklab.model.prefix_sums import prefix_sums, scaled_prefix_sums
 
 
 def _query_positions(t_q: int, t_k: int, device: torch.device | None) -> Tensor:
@@ -207,7 +204,8 @@ def centered_values(v: Tensor, t_q: int, causal: bool = True, window: int | None
 
 def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, beta: Tensor | float,
                      gamma: Tensor | float | None, causal: bool = True, window: int | None = None,
-                     scale: float | None = None, past_sum: Tensor | None = None) -> Tensor:
+                     scale: float | None = None, past_sum: Tensor | None = None,
+                     mix: Mix | None = None) -> Tensor:
     """Shaped attention (alpha I + beta A - gamma C) V, Simplifying Transformer Blocks Eq. (5).
 
     With gamma=None it is the Value-SkipInit matrix alpha I + beta A of Eq. (4). alpha, beta and
@@ -216,19 +214,17 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
     T_k keys (T_q < T_k while decoding with a cache; `past_sum`: see `centered_values`).
 
     Value-SkipInit (any mask) and the causal, full-context case of Eq. (5) (training) run SDPA and
-    then one autograd Function, `ShapedMix`, with a hand-written backward: a few passes over the
-    values instead of a dozen. Every other case (windows, bidirectional C, decoding) combines the
-    same terms with plain ops, C V on the key/value heads before they are repeated for grouped-query
-    attention.
+    then `mix(A V, V, alpha, beta, gamma)`: `plain_mix` by default, or a kernel that computes the
+    same (runtime/shaped_mix.py's, with its own backward). Every other case (windows, bidirectional C,
+    decoding) combines the same terms with plain ops, C V on the key/value heads before they are
+    repeated for grouped-query attention.
     """
     n_heads, t_q, t_k = q.shape[-3], q.shape[-2], k.shape[-2]
     full_causal = causal and t_q == t_k and past_sum is None and (window is None or window >= t_k)
     if gamma is None or full_causal:
         attn = attention(q, k, v, causal, None if full_causal else window, scale)
         own = v if t_q == t_k else v[..., -t_q:, :]  # a full slice would cost a zero-fill backward
-        plain = torch.compiler.is_compiling() and kernels.KERNELS.compiled_mix == "plain"
-        mix = plain_mix if plain else ShapedMix.apply
-        return mix(attn, expand_kv(own, n_heads), alpha, beta, gamma)
+        return (mix or plain_mix)(attn, expand_kv(own, n_heads), alpha, beta, gamma)
     out = _per_head(beta) * attention(q, k, v, causal, window, scale)
     out = out + _per_head(alpha) * expand_kv(v[..., -t_q:, :], n_heads)
     mean = centered_values(v, t_q, causal, window, past_sum)
@@ -238,106 +234,32 @@ def shaped_attention(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor | float, bet
 GainValue = Tensor | float
 
 
-def _gain4(gain: GainValue) -> GainValue:
+# the mix of Eqs. (4) and (5) from A V and V: (a, v, alpha, beta, gamma) -> beta a + alpha v - gamma C V
+Mix = Callable[[Tensor, Tensor, GainValue, GainValue, GainValue | None], Tensor]
+
+
+def gain4(gain: GainValue) -> GainValue:
     """A gain as it multiplies (B, H, T, D): a float, or a tensor broadcast as (1, H | 1, 1, 1)."""
     return gain.reshape(1, -1, 1, 1) if isinstance(gain, Tensor) else gain
 
 
-def _mix_dtype(a: Tensor, v: Tensor, gains: tuple[GainValue | None, ...]) -> torch.dtype:
-    """The dtype of beta a + alpha v - gamma C V as eager PyTorch promotes it: a gain tensor of one
-    or more dimensions takes part, a float or 0-dim tensor does not (same category of dtype)."""
-    dtype = torch.promote_types(a.dtype, v.dtype)
-    for gain in gains:
-        if isinstance(gain, Tensor) and gain.dim() > 0:
-            dtype = torch.promote_types(dtype, gain.dtype)
-    return dtype
+def running_sums(x: Tensor, acc: torch.dtype) -> Tensor:
+    """S[..., i, :] = sum_{j <= i} x[..., j, :] along T, in dtype `acc`."""
+    return torch.cumsum(x, dim=-2, dtype=acc)
 
 
-def _head_sums(x: Tensor, gain: Tensor) -> Tensor:
-    """sum of x (B, H, T, ..) over all but the head axis, shaped like `gain` ((H,), (1,) or ())."""
-    if gain.numel() > 1:
-        return x.sum(dim=[d for d in range(x.dim()) if d != 1]).to(gain.dtype)
-    return x.sum().reshape(gain.shape).to(gain.dtype)
-
-
-def plain_mix(a: Tensor, v: Tensor, alpha: GainValue, beta: GainValue, gamma: GainValue | None) -> Tensor:
-    """`ShapedMix` as plain differentiable ops: beta a + alpha v - gamma S / n, S = cumsum(v)."""
-    out = _gain4(beta) * a + _gain4(alpha) * v
+def plain_mix(a: Tensor, v: Tensor, alpha: GainValue, beta: GainValue, gamma: GainValue | None,
+              scan: Callable[[Tensor, torch.dtype], Tensor] = running_sums) -> Tensor:
+    """beta a + alpha v - gamma C V for a causal, full-context block, where C V is the running mean
+    S_t / t of v (S = `scan`(v), in float32 at least), or beta a + alpha v under any mask when gamma
+    is None (Eq. 4); a = A V, v (B, H, T, D) the values of the same T positions, gains floats or
+    (), (1,), (H,) tensors. Plain differentiable ops: the reference a fused kernel is tested against."""
+    out = gain4(beta) * a + gain4(alpha) * v
     if gamma is None:
         return out
     acc = torch.promote_types(v.dtype, torch.float32)
     count = torch.arange(1, v.shape[-2] + 1, device=v.device, dtype=acc)[:, None]
-    return out - _gain4(gamma) * (prefix_sums(v, acc) / count).to(v.dtype)
-
-
-class ShapedMix(torch.autograd.Function):
-    """beta a + alpha v - gamma C V for a causal, full-context block (C V the running mean of v), or
-    beta a + alpha v under any mask when gamma is None (Eq. 4); a = A V from SDPA, v (B, H, T, D)
-    the values of the same T positions, gains floats or (), (1,), (H,) tensors. Once
-    differentiable (no second derivatives).
-
-    Forward: out = beta a; out += alpha v; out += S * coef with S = cumsum(v) (float32 at least,
-    one call) and coef_t = -gamma / t (a (H, T, 1) tensor: the division folded into the gain).
-    Backward, for the incoming gradient g:
-        da = beta g;   dv = alpha g - gamma * revcumsum(g / n) = (alpha + coef) g + G_T - G,
-    with G = cumsum(g coef) and G_T its last row (a reversed cumulative sum without flips), and per
-    head dbeta = sum g a, dalpha = sum g v, dgamma = -sum_t (1/t) sum_{b,d} g S.
-    """
-
-    @staticmethod
-    def forward(ctx, a: Tensor, v: Tensor, alpha: GainValue, beta: GainValue,
-                gamma: GainValue | None) -> Tensor:
-        dtype = _mix_dtype(a, v, (alpha, beta, gamma))
-        acc = torch.promote_types(v.dtype, torch.float32)
-        alpha4, beta4, gamma4 = _gain4(alpha), _gain4(beta), None if gamma is None else _gain4(gamma)
-        out = a * beta4
-        if out.dtype != dtype:
-            out = out.to(dtype)
-        if isinstance(alpha4, Tensor):
-            out.addcmul_(v, alpha4)
-        else:
-            out.add_(v, alpha=alpha4)
-        sums, coef, neg_inv = None, None, None
-        if gamma4 is not None:
-            sums = prefix_sums(v, acc)
-            t = v.shape[-2]
-            neg_inv = torch.arange(-1, -t - 1, -1, device=v.device, dtype=acc).reciprocal_()[:, None]
-            coef = gamma4 * neg_inv  # -gamma / n_t: (1, H | 1, T, 1) or (T, 1)
-            out.addcmul_(sums, coef)
-        ctx.floats = tuple(None if isinstance(x, Tensor) else x for x in (alpha, beta))
-        ctx.dtypes = (a.dtype, v.dtype)
-        grads = ctx.needs_input_grad
-        tensors = tuple(x if isinstance(x, Tensor) else None for x in (alpha, beta, gamma))
-        ctx.save_for_backward(a if grads[3] else None, v if grads[2] else None,
-                              sums if grads[4] else None, coef, neg_inv, *tensors)
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, g: Tensor):
-        a, v, sums, coef, neg_inv, alpha_t, beta_t, gamma = ctx.saved_tensors
-        alpha = alpha_t if alpha_t is not None else ctx.floats[0]
-        beta = beta_t if beta_t is not None else ctx.floats[1]
-        alpha4, beta4 = _gain4(alpha), _gain4(beta)
-        need = ctx.needs_input_grad
-        da = dv = dalpha = dbeta = dgamma = None
-        if need[0]:
-            da = (g * beta4).to(ctx.dtypes[0])
-        if need[1]:
-            if coef is None:
-                dv = g * alpha4
-            else:
-                cums = scaled_prefix_sums(g, coef)
-                dv = torch.addcmul(cums[..., -1:, :], g, alpha4 + coef).sub_(cums)
-            dv = dv.to(ctx.dtypes[1])
-        if need[2]:
-            dalpha = _head_sums(g * v, alpha)
-        if need[3]:
-            dbeta = _head_sums(g * a, beta)
-        if need[4]:
-            per_step = (g * sums).sum(dim=(0, 3) if gamma.numel() > 1 else (0, 1, 3))  # (H, T) or (T,)
-            dgamma = (per_step @ neg_inv[:, 0]).reshape(gamma.shape).to(gamma.dtype)
-        return da, dv, dalpha, dbeta, dgamma
+    return out - gain4(gamma) * (scan(v, acc) / count).to(v.dtype)
 
 
 def cross_layer_attention(q: Tensor, k: Tensor, v: Tensor, other_k: Tensor, other_v: Tensor,

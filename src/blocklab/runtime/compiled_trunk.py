@@ -23,7 +23,7 @@ import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
-from blocklab.model import kernels
+from blocklab.runtime import kernels
 from blocklab.runtime.compiled_step import compile_errors, describe_compile_error, own_code
 from blocklab.util.errors import ConfigError
 

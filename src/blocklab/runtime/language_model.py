@@ -12,7 +12,10 @@ under the same seed. What it adds is how the model runs:
 - ``new_cache``, ``generate`` (runtime/generate.py), ``decode_step`` and ``token_step``;
 - ``compile_blocks``, ``compile_model`` (runtime/compiled_trunk.py) and ``compile_decoding``
   (runtime/compiled_step.py), compile applied to the built model;
-- ``offload_value_tables`` (runtime/offload.py).
+- ``offload_value_tables`` (runtime/offload.py);
+- the fast kernels, swapped into the definition when the model is built: the projections that read one
+  input as one GEMM (runtime/fused_projections.py, mode "auto") and shaped attention's fused mix
+  (runtime/shaped_mix.py).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from blocklab.model.transformer import Transformer
 from blocklab.runtime.cache import KVCache
 from blocklab.runtime.compiled_step import CompiledStep, Step
 from blocklab.runtime.compiled_trunk import CompiledTrunk, check_compile_trusted
+from blocklab.runtime.fused_projections import set_fused_projections
 from blocklab.runtime.generate import generate as generate_tokens
 from blocklab.runtime.head_loss import linear_cross_entropy, padded_rows
 from blocklab.runtime.offload import host_tables, offload_tables
+from blocklab.runtime.shaped_mix import use_shaped_mix
 
 
 class LanguageModel(Transformer):
@@ -46,6 +51,8 @@ class LanguageModel(Transformer):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
+        set_fused_projections(self, "auto")
+        use_shaped_mix(self)
         self._decoding: CompiledStep | None = None  # set by `compile_decoding`
         self._trunk: CompiledTrunk | None = None  # set by `compile_model`
 

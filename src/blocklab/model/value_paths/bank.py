@@ -165,9 +165,9 @@ class BankOfValues(_Substitutive):
         """Which offloaded table this layer reads (runtime/offload.py): its own (its index), or None."""
         return None if self.opts.shared else self.layer
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:
-            return LayerValues(self.value_projection(x, projected)), carry
+            return LayerValues(self.value_projection(x)), carry
         rows = value_rows_of(carry)
         if rows is not None:  # offloaded tables: the current tokens' slots in the compact rows
             assert rows.current is not None, "the cache assigns slots when the forward pass begins"
@@ -224,10 +224,10 @@ class ResFormerBank(BankOfValues):
     def role(cls, cfg: ModelConfig, opts: BankOfValuesOptions, layer: int) -> LayerRole:
         return replace(super().role(cfg, opts, layer), first_values=layer == 0)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.target or self.layer == 0:
-            return super().layer_values(x, carry, projected)
-        v = self.value_projection(x, projected)
+            return super().layer_values(x, carry)
+        v = self.value_projection(x)
         return LayerValues(0.5 * (v + carried(carry.first_values))), carry
 
     @classmethod
@@ -305,15 +305,15 @@ class X0Value(_Substitutive):
         by_id = layer in cls.targets(cfg, opts) and not opts.add and opts.x0 == "embedding"
         return LayerRole(layer, None if by_id else layer, value_map=True)  # W^V in every layer
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if not self.target:
-            return LayerValues(self.value_projection(x, projected)), carry
+            return LayerValues(self.value_projection(x)), carry
         v = self.x0_values(carried(carry.token_embeddings if self.opts.x0 == "embedding" else carry.x0))
         if self.adds:
-            v = self.main(self.value_projection(x, projected)) + v
+            v = self.main(self.value_projection(x)) + v
         return LayerValues(v), carry
 
-    def input_value_map(self) -> nn.Linear | None:
+    def input_value_map(self) -> nn.Module | None:
         """A substitutive target layer keeps W^V only for RMSNorm(x0) W^V: it reads no x W^V."""
         return super().input_value_map() if self.adds or not self.target else None
 
@@ -340,10 +340,10 @@ class V1Value(_Substitutive):
     def role(cls, cfg: ModelConfig, opts: BankOptions, layer: int) -> LayerRole:
         return LayerRole(layer, 0 if layer in cls.targets(cfg, opts) else layer, first_values=layer == 0)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.target:
             return LayerValues(self.coef(carried(carry.first_values))), carry
-        return LayerValues(self.value_projection(x, projected)), carry
+        return LayerValues(self.value_projection(x)), carry
 
     def values_from_cache(self, source: Tensor, carry: Carry) -> Tensor:
         return self.coef(source) if self.target else source
@@ -366,7 +366,7 @@ class VScale(_Substitutive):
     init 1), Bank of Values Table 1's "V gamma" row, the control that separates what a learned
     scale alone does from what the new value sources do."""
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         return LayerValues(self.coef(v) if self.target else v), carry
 

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from blocklab.model.carry import Carry
 from blocklab.model.gains import Gain
-from blocklab.model.linear_maps import make_value_map, plain_linear
+from blocklab.model.linear_maps import make_value_map
 from blocklab.model.value_paths.options import ValuePathOptions
 
 if TYPE_CHECKING:
@@ -75,9 +75,9 @@ class ValuePath(nn.Module):
 
     options: ClassVar[type[ValuePathOptions]] = ValuePathOptions
     opts: ValuePathOptions
-    # True: `layer_values` reads x W^V of its input through `value_projection`, so the block may
-    # compute it in one GEMM with W_Q, W_K (`input_value_map`); a path that calls its W^V otherwise
-    # sets False
+    # True: `layer_values` reads x W^V of its input x through `value_projection` (`input_value_map`),
+    # so a runtime may compute it in one GEMM with W_Q, W_K (runtime/fused_projections.py); a path that
+    # calls its W^V otherwise sets False
     fuses_values: ClassVar[bool] = True
     mixes_heads = False  # True: `mix_heads` changes this layer's queries or keys (ResFormer's ablation)
 
@@ -127,31 +127,29 @@ class ValuePath(nn.Module):
         return self.key_sets > 1
 
     # -- the forward pass ----------------------------------------------------------------------
-    def forward(self, x: Tensor, carry: Carry, projected: Tensor | None = None) -> tuple[LayerValues, Carry]:
+    def forward(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         """This layer's values for the current tokens and the carry for later layers.
 
-        x: the normed block input (B, T, d); projected: x W^V (B, T, kv_dim) computed by the block in
-        one GEMM with the other maps of x, passed only when `input_value_map` names a map. A layer
-        whose `role` says it produces V_1 puts its values into the carry here, the one place that does.
+        x: the normed block input (B, T, d). A layer whose `role` says it produces V_1 puts its values
+        into the carry here, the one place that does.
         """
-        values, carry = self.layer_values(x, carry, projected)
+        values, carry = self.layer_values(x, carry)
         if self.writes_first_values:
             carry = carry.update(first_values=values.v)
         return values, carry
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         """V = x W^V: the standard path. Subclasses override this."""
-        return LayerValues(self.value_projection(x, projected)), carry
+        return LayerValues(self.value_projection(x)), carry
 
-    def value_projection(self, x: Tensor, projected: Tensor | None) -> Tensor:
-        """x W^V: the block's fused `projected` when given, else this layer's own map on x."""
-        return projected if projected is not None else value_map_of(self)(x)
+    def value_projection(self, x: Tensor) -> Tensor:
+        """x W^V: this layer's value map on x, the attention's input."""
+        return value_map_of(self)(x)
 
-    def input_value_map(self) -> nn.Linear | None:
-        """The W^V whose output on the block's input x `layer_values` reads, when it is a plain
-        `nn.Linear` and the path declares `fuses_values`; None: nothing to fuse (no W^V in this layer,
-        identity or reparameterised W^V, values from elsewhere)."""
-        return plain_linear(self.w_v) if self.fuses_values else None
+    def input_value_map(self) -> nn.Module | None:
+        """The W^V (``w_v``) whose output on the attention's input x `layer_values` reads, when the path
+        declares `fuses_values`; None: no W^V in this layer, or its values come from elsewhere."""
+        return value_map(self) if self.fuses_values else None
 
     def mix_heads(self, q: Tensor, k: Tensor, carry: Carry) -> tuple[Tensor, Tensor, Carry]:
         """Queries and keys (B, H, T, D) after QK-norm and RoPE, changed; only when `mixes_heads`."""

@@ -37,8 +37,8 @@ class NeuTRENO(ValuePath):
     def role(cls, cfg: ModelConfig, opts: NeuTRENOOptions, layer: int) -> LayerRole:
         return LayerRole(layer, layer, first_values=layer == 0)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         if self.layer == 0:
             return LayerValues(v), carry
         return LayerValues(v, offset=self.opts.lambda_ * (carried(carry.first_values) - v)), carry
@@ -125,9 +125,9 @@ class CrossLayerKV(ValuePath):
         leader = layer - layer % opts.group  # one cache entry per group
         return LayerRole(key_layer=leader, value_layer=leader)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:  # the group's first layer: its V is this path's state
-            v = self.value_projection(x, projected)
+            v = self.value_projection(x)
             return LayerValues(v), carry.update(path_state=v)
         return LayerValues(carried(carry.path_state)), carry
 
@@ -157,8 +157,8 @@ class CrossLayerAttention(ValuePath):
     def role(cls, cfg: ModelConfig, opts: ValuePathOptions, layer: int) -> LayerRole:
         return LayerRole(layer, layer, reads_layer=None if layer == 0 else 0, first_values=layer == 0)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         if self.layer == 0:
             return LayerValues(v), carry
         first = (carried(carry.shared_keys), ops.split_heads(carried(carry.first_values), self.head_dim))

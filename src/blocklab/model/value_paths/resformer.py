@@ -121,8 +121,8 @@ class ValueResidual(ValuePath):
         weights = source_state(carry).weights
         return self.lambda1(source) if weights is None else weights[self.mix_index] * source
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         if not self.mixes or self.opts.residual_on != "value":
             return LayerValues(v), carry
         v1 = carried(carry.first_values)
@@ -241,8 +241,8 @@ class DenseResFormer(ValuePath):
             init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
             self.lambdas = Gain(init, trainable=True)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         raw = (*(carry.path_state or ()), v)  # its state: the raw V of every layer so far
         carry = carry.update(path_state=raw)
         if self.layer > 0:
@@ -277,9 +277,9 @@ class SVFormer(ValuePath):
         anchor = max(a for a in (0, *opts.anchors) if a <= layer)
         return LayerRole(layer, anchor, first_values=anchor == layer)
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
         if self.w_v is not None:  # a projecting layer
-            return LayerValues(self.value_projection(x, projected)), carry
+            return LayerValues(self.value_projection(x)), carry
         return LayerValues(carried(carry.first_values)), carry
 
     @classmethod

@@ -82,8 +82,8 @@ class ValueEmbed(ValuePath):
             return self.value_table
         return carry.path_state[self.table_index]
 
-    def layer_values(self, x: Tensor, carry: Carry, projected: Tensor | None) -> tuple[LayerValues, Carry]:
-        v = self.value_projection(x, projected)
+    def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
+        v = self.value_projection(x)
         lam = self.opts.gate == "lambda"
         if lam:
             v = self.lambda0(v)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from blocklab.model import kernels
+from blocklab.runtime import kernels
 
 
 def _scan_innermost(x: Tensor) -> bool:
@@ -46,7 +46,7 @@ def _(x: Tensor, acc: torch.dtype) -> Tensor:  # the layout _eager_prefix_sums r
     return x.new_empty(x.shape, dtype=acc)
 
 
-def _prefix_sums_setup(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ARG001 (torch calls it so)
+def _prefix_sums_setup(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ARG001 (torch's signature)
     ctx.dtype = inputs[0].dtype
 
 
