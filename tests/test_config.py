@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from blocklab import ConfigError, ModelConfig
-from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS, SIZE_PRESETS
 
 NON_DEFAULT = dict(n_kv_heads=2, head_dim=16, window_size=4, window_pattern="SSL", logit_softcap=15.0,
                    causal=False, rope_base=500.0, positions="rope", qk_norm=True, mlp_act="swiglu",
@@ -354,7 +354,7 @@ def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
     import torch
 
     from blocklab import LanguageModel
-    from blocklab.model.config import AttentionShape
+    from blocklab.model.fields import AttentionShape
 
     cfg = ModelConfig.from_dict(json.loads(json.dumps(SAVED_BEFORE_SHAPES)))
     assert cfg.to_dict() == SAVED_BEFORE_SHAPES  # saved back as it was, None values included

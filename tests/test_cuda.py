@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.model import kernels
-from blocklab.presets import BLOCK_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS
 from test_cache import archs, build, decode_error, ids_of
 
 DEVICE = os.environ.get("BLOCKLAB_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")

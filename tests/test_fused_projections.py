@@ -23,8 +23,8 @@ from blocklab import LanguageModel
 from blocklab.model import kernels
 from blocklab.model.block import Attention, Block, set_fused_projections
 from blocklab.model.linear_maps import fused_linear, plain_linear
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS, LayerValues, Registered, ValuePath
-from blocklab.presets import BLOCK_PRESETS
 from helpers import make_model, tokens
 
 SOFTMAX_ONLY = {"cross-layer-attn"}  # value paths that need attn_matrix="softmax"

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
-    from blocklab.model.config import Norm, NormShape
+    from blocklab.model.fields import Norm, NormShape
 
 
 class RMSNormEpsOutside(nn.Module):
