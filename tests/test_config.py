@@ -380,3 +380,20 @@ def test_the_fields_keep_their_order_and_the_old_shim_is_gone():
 
     assert list(ModelConfig().to_dict()) == list(SAVED_BEFORE_SHAPES)
     assert importlib.util.find_spec("blocklab.config") is None
+
+
+def test_the_norm_checks_its_own_settings():
+    """The norm's rules live with the norm (`NormShape.check`, model/norms.py), each error named by the
+    ModelConfig field it comes from, and ModelConfig raises them on construction."""
+    from blocklab.model.norms import NormShape
+
+    with pytest.raises(ConfigError, match=r"ModelConfig.norm_eps = None is not allowed: None \(the dtype"):
+        NormShape("layernorm", 8, None, eps_outside=False, bias=False, affine=True).check()
+    with pytest.raises(ConfigError, match="ModelConfig.rmsnorm_eps = 'outside' is not allowed"):
+        NormShape("layernorm", 8, 1e-5, eps_outside=True, bias=False, affine=True).check()
+    with pytest.raises(ConfigError, match="ModelConfig.norm_eps = -1.0 is not allowed: it must be > 0"):
+        NormShape("rmsnorm", 8, -1.0, eps_outside=False, bias=False, affine=True).check()
+    NormShape("rmsnorm", 8, None, eps_outside=False, bias=False, affine=False).check()  # nanochat's
+    with pytest.raises(ConfigError, match="ModelConfig.rmsnorm_eps = 'outside' is not allowed"):
+        ModelConfig(norm="layernorm", rmsnorm_eps="outside")
+    assert ModelConfig(norm="rmsnorm", rmsnorm_eps="outside").norm_shape.eps_outside

@@ -21,15 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from blocklab.model.norms import Norm, NormShape, RMSNormEps
 from blocklab.model.trunk import SMEAR_CHANNELS
-from blocklab.util.configbase import ConfigBase, check_types, config_dataclass
-from blocklab.util.errors import ConfigError
+from blocklab.util.configbase import ConfigBase, check_types, config_dataclass, field_error
 
 # The choices of the choice fields: mypy checks them where the code reads a field, and `check_types`
 # reads the allowed values from these same types.
-Norm = Literal["layernorm", "rmsnorm", "none"]
 NormLayers = Literal["all", "first"]
-RMSNormEps = Literal["inside", "outside"]
 Positions = Literal["learned", "sinusoidal", "rope", "none"]
 MLPAct = Literal["relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu"]  # gelu_tanh: GPT-2
 InitScheme = Literal["normal", "nanochat"]
@@ -70,19 +68,6 @@ class MLPShape:
     act: MLPAct
     bias: bool
     leaky_relu_slope: float  # for act="leaky_relu"
-
-
-@dataclass(frozen=True)
-class NormShape:
-    """The settings every norm of the model shares (`ModelConfig.norm_shape`); where a norm sits
-    and whether a layer keeps it is the block's and the Transformer's to say."""
-
-    kind: Norm
-    d_model: int
-    eps: float | None  # None: the dtype's machine epsilon (RMSNorm only)
-    eps_outside: bool  # RMSNorm with eps outside the root (the Simplifying code)
-    bias: bool
-    affine: bool  # a learnable scale (and shift)
 
 
 @config_dataclass
@@ -192,7 +177,7 @@ class ModelFields(ConfigBase):
 # -- the checks: each failure names the field, the value and what is allowed ------------------------
 def _fail(name: str, value: Any, allowed: str) -> None:
     """The ConfigError for field `name`, under the name users build: ``ModelConfig.<name> = ...``."""
-    raise ConfigError(f"ModelConfig.{name} = {value!r} is not allowed: {allowed}")
+    raise field_error("ModelConfig", name, value, allowed)
 
 
 def _positive(cfg: ModelFields, name: str, optional: bool = False) -> None:
@@ -213,9 +198,6 @@ def check_field_rules(cfg: ModelFields) -> None:
     if cfg.qk_bias and cfg.bias:
         _fail("qk_bias", cfg.qk_bias, "it gives Q and K alone a bias, and bias=True already gives every "
               "linear map one; set one of the two.")
-    if cfg.rmsnorm_eps == "outside" and (cfg.norm != "rmsnorm" or cfg.norm_eps is None):
-        _fail("rmsnorm_eps", cfg.rmsnorm_eps, "eps outside the root applies to norm='rmsnorm' with a "
-              "numeric norm_eps.")
 
     if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
         _fail("d_model", cfg.d_model,
@@ -228,11 +210,7 @@ def check_field_rules(cfg: ModelFields) -> None:
         _fail("head_dim", shape.head_dim, "rotary positions need an even head size.")
     if cfg.positions == "sinusoidal" and cfg.d_model % 2:
         _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
-    if cfg.norm_eps is None and cfg.norm == "layernorm":
-        _fail("norm_eps", None, "None (the dtype's epsilon) is for RMSNorm; LayerNorm needs a number "
-              "such as 1e-5.")
-    if cfg.norm_eps is not None and cfg.norm_eps <= 0:
-        _fail("norm_eps", cfg.norm_eps, "it must be > 0 (or None for RMSNorm: the dtype's epsilon).")
+    cfg.norm_shape.check()  # the norm's own rules (model/norms.py)
     _check_trunk(cfg)
     if cfg.embed_init_std is not None and cfg.init_scheme != "normal":
         _fail("embed_init_std", cfg.embed_init_std, f"init_scheme={cfg.init_scheme!r} sets the embedding's "
