@@ -2,15 +2,15 @@
 named presets and its reading and writing of JSON and YAML.
 
 A `ModelConfig` is the flat fields of `ModelFields` (model/fields.py: the fields, the views the
-components read and the rules between the fields alone); what this class adds are the rules of the
-components, each owned by its component and called here, in order:
+components read and the rules between the fields alone); on construction it calls each rule, imported
+from the module that owns it, in this order:
 
-    check_field_rules   each field's type and the rules between fields     model/fields.py
-    check_block_layout  `block_layout` names a layout, and that layout's rules    model/block.py
-    check_value_path    `value_path` and its options, and what it needs of the sizes  model/value_paths/
+    check_field_rules   each field's type, the rules between fields (and the norm's)   model/fields.py
+    check_block_layout  `block_layout` names a layout, and that layout's `check`       model/block.py
+    check_value_path    `value_path`, its options, and what it needs of the sizes      model/value_paths/
 
-`from_preset` reads the named presets (model/presets.py). This module sits at the top of the model's
-definition: it imports the components, and they read the fields, never this module.
+`from_preset` reads the named presets (model/presets.py). This module sits above the components it
+checks: they read `ModelFields`, never this module, so nothing needs to register itself here.
 """
 
 from __future__ import annotations

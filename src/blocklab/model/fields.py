@@ -2,16 +2,17 @@
 component reads, and the rules between the fields alone.
 
 The fields are grouped by the paper concept they control (sizes, components, block layout,
-attention-matrix form, value/projection form, value path). This is the bottom of the model's layers:
-every component reads its fields from here (a block, a value path and a norm take a `ModelFields`).
-Sizes with a default (None) are read resolved, one name per concept, through `attention_shape` and
-`mlp_shape`; the norms read `norm_shape`.
+attention-matrix form, value/projection form, value path). This is the bottom of the model's config:
+every component reads its fields from here (a block and a value path take a `ModelFields`; a norm its
+`norm_shape`). Sizes with a default (None) are read resolved, one name per concept, through
+`attention_shape` and `mlp_shape`; the norms read `norm_shape`, which the norm owns with its rules
+(model/norms.py).
 
 A `ModelFields` checks, on construction, each field against its annotated type
-(`blocklab.util.configbase.check_types`) and the rules between fields below. The model's config,
-`blocklab.model.config.ModelConfig`, is this class with the components' rules added (the block
-layout's and the value path's, which need the components' classes) and the named presets; it is
-what everyone builds.
+(`blocklab.util.configbase.check_types`) and the rules between fields below (`check_field_rules`).
+The model's config, `blocklab.model.config.ModelConfig`, is this class with the rules of the
+components that need their classes (the block layout's and the value path's) and the named presets;
+it is what everyone builds, and what the error messages name.
 """
 
 from __future__ import annotations
