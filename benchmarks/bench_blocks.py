@@ -43,7 +43,7 @@ from _measure import (
     timed,
 )
 from blocklab.model import ops
-from blocklab.presets import BLOCK_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
 HEADS, HEAD_DIM = 2, 64

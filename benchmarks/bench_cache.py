@@ -50,8 +50,8 @@ import torch
 import blocklab
 from _measure import machine_info
 from bench_decode import HandDecoder
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.runtime.cache import cache_bytes_per_token
 
 SIZES = {

@@ -77,7 +77,7 @@ import blocklab
 from _measure import _worker, bench_training, in_child, machine_info, memory_mark, memory_unit, prime, table
 from _measure import train_steps as timed_steps
 from blocklab.interop import config_from_hf, from_hf
-from blocklab.presets import BLOCK_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.training import train
 from blocklab.training.metrics import read_metrics
 from blocklab.training.step import lm_loss

@@ -8,7 +8,7 @@ import torch
 
 import reference as R
 from blocklab import LanguageModel, ModelConfig
-from blocklab.presets import BLOCK_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS
 
 PRESETS = list(BLOCK_PRESETS)
 CAUSAL_PRESETS = PRESETS  # every block preset is causal unless causal=False is set

@@ -21,7 +21,8 @@ from blocklab.model.value_paths import VALUE_PATHS, Registered, ValuePath
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "blocklab"
 # The bottom layers: they may import only each other (and torch, the standard library). The model owns
-# its config (model/config.py), so presets, training, interop and the rest sit above and import it.
+# its config (model/config.py) and its named presets (model/presets.py), so training, interop and the
+# rest sit above and import them.
 
 
 def _module_name(path: Path) -> str:
@@ -84,13 +85,22 @@ def test_the_import_graph_has_no_circle():
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
-def test_one_module_holds_the_model_config():
-    """ModelConfig, its fields and its checks are model/config.py: the old shim
-    `blocklab.config` and `model/validation.py` are gone, and the config reads nothing of the value-path
-    registry, which registers its checks with it (so the registry may import the config)."""
+def test_the_model_config_composes_its_components_checks_by_import():
+    """ModelConfig (model/config.py) checks its fields (model/fields.py), its block layout (model/block.py)
+    and its value path (the registry) by importing each check, and reads the presets (model/presets.py)
+    directly: nothing registers itself by import. The components read the fields from below and never
+    import the config above them; the old shim `blocklab.config`, `model/validation.py` and the presets
+    above the model are gone."""
     graph = import_graph()
     assert "blocklab.config" not in graph and "blocklab.model.validation" not in graph
-    assert not {m for m in graph["blocklab.model.config"] if m.startswith("blocklab.model.value_paths")}
+    assert "blocklab.presets" not in graph
+    assert {"blocklab.model.fields", "blocklab.model.block", "blocklab.model.value_paths",
+            "blocklab.model.presets"} <= graph["blocklab.model.config"]
+    readers = {m for m, deps in graph.items() if m.startswith("blocklab.model.")
+               and "blocklab.model.config" in deps}
+    assert readers <= {"blocklab.model.transformer", "blocklab.model.init_schemes"}, readers
+    config_source = (SRC / "model" / "config.py").read_text() + (SRC / "model" / "fields.py").read_text()
+    assert "def register" not in config_source and "global " not in config_source
 
 
 def test_the_catalog_describes_the_registered_value_paths_from_above_the_model():
@@ -102,7 +112,7 @@ def test_the_catalog_describes_the_registered_value_paths_from_above_the_model()
     graph = import_graph()
     assert not [m for m, deps in graph.items()
                 if m.startswith("blocklab.model") and "blocklab.catalog" in deps]
-    assert layer("blocklab.catalog") == LAYER_OF["presets"] + 1 < layer("blocklab.interop.model_card")
+    assert layer("blocklab.catalog") == LAYER_OF["runtime"] + 1 < layer("blocklab.interop.model_card")
 
 
 # The layers, bottom first: a module may import its own layer and those below, never one above. A module
@@ -112,7 +122,7 @@ def test_the_catalog_describes_the_registered_value_paths_from_above_the_model()
 LAYERS: list[tuple[str, ...]] = [
     ("util",),  # errors, the config base, locks, disk-full, checksums, file modes, path text, figures
     ("model",),  # the definition
-    ("runtime", "presets", "statistics"),  # what runs a model; named presets; claims and statistics
+    ("runtime", "statistics"),  # what runs a model; claims and statistics
     ("catalog",),  # what tooling reads about each variant: papers, plot titles, optimizer roles, rules
     ("accounting", "recipes", "data"),
     ("interop",),
@@ -156,8 +166,8 @@ def test_no_import_runs_up_the_layers():
     assert not up, f"imports that run back up the layers: {up}"
     assert graph["blocklab.util.errors"] == set()
     assert graph["blocklab.util.configbase"] == {"blocklab.util.errors"}
-    # the model's config needs nothing of the presets: they register themselves with it
-    assert "blocklab.model.config" in graph["blocklab.presets"]
+    # the model's config reads its presets from below it, in the model
+    assert "blocklab.model.presets" in graph["blocklab.model.config"]
     # blocklab.cli (the `blocklab` command) is imported by no other package: a package's own cli.py
     # reads its arguments with helpers from below (training.command_line, util.argtypes)
     outside = {m: deps for m, deps in graph.items()
@@ -188,27 +198,26 @@ def test_the_import_finder_counts_type_checking_and_function_level_imports():
     assert _imports(tree, {"blocklab.a", "blocklab.b", "blocklab.c"}) == {"blocklab.a", "blocklab.b"}
 
 
-def test_the_model_config_loads_without_the_presets():
-    """`import blocklab.model.config` loads no preset but checks the value path (whose registry registers
-    its checks when the model package loads); `from_preset` works once presets are imported."""
+def test_the_model_config_checks_and_reads_presets_on_its_own_import():
+    """`import blocklab.model.config` alone gives a config that checks its value path and block layout and
+    reads the named presets: nothing else has to be imported first to register them."""
     code = "\n".join([
-        "import sys, blocklab.model.config as c",
+        "import blocklab.model.config as c",
         "from blocklab.util.errors import ConfigError",
-        "assert 'blocklab.presets' not in sys.modules",
-        "try:",
-        "    c.ModelConfig(value_path='nope')",
-        "    raise SystemExit('an unknown value path passed')",
-        "except ConfigError as e:",
-        "    assert \"value_path = 'nope' is not allowed\" in str(e), e",
-        "cfg = c.ModelConfig(n_layers=2)",
-        "import blocklab.presets",
+        "for bad, message in ((dict(value_path='nope'), \"value_path = 'nope' is not allowed\"),",
+        "                     (dict(block_layout='nope'), \"block_layout = 'nope' is not allowed\")):",
+        "    try:",
+        "        c.ModelConfig(**bad)",
+        "        raise SystemExit(f'{bad} passed')",
+        "    except ConfigError as e:",
+        "        assert message in str(e), e",
         "assert c.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2",
     ])
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-def test_blocklab_model_config_reads_the_presets():
-    """The public `blocklab.ModelConfig` is the model's class, with the named presets loaded."""
+def test_blocklab_model_config_is_the_models_class():
+    """The public `blocklab.ModelConfig` is the model's class, which reads the named presets."""
     code = ("import blocklab, blocklab.model, blocklab.model.config as c; "
             "assert blocklab.ModelConfig is blocklab.model.ModelConfig is c.ModelConfig; "
             "assert blocklab.ModelConfig.from_preset('sas-p', 'tiny', n_layers=2).n_layers == 2")
@@ -354,8 +363,8 @@ def test_layout_example_follows_its_equation_decodes_and_trains(two_norm_layout)
     "from blocklab.util.configbase import ConfigBase; from blocklab.model.config import ModelConfig",
 ])
 def test_model_config_works_on_its_own_import(first_import):
-    """`ModelConfig()` checks its block layout and value path however the config was first imported (the
-    checks register as the model package loads, which any import of the config loads first)."""
+    """`ModelConfig()` checks its block layout and value path however the config was first imported (it
+    imports the checks it runs)."""
     code = "\n".join([
         first_import,
         "cfg = ModelConfig()",

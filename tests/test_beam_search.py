@@ -17,8 +17,8 @@ import torch
 
 from blocklab import LanguageModel, ModelConfig
 from blocklab.cli import main
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.runtime.beam_search import beam_search
 from helpers import padded_prompts
 from reference import perturb

@@ -198,7 +198,7 @@ def test_bench_train_sas_p_is_the_preset_at_the_gpt2_shape():
     """The sas-p contender: the GPT-2 config with SAS-P's block fields on top; fewer FLOPs per token."""
     pytest.importorskip("transformers")
     import bench_train
-    from blocklab.presets import BLOCK_PRESETS
+    from blocklab.model.presets import BLOCK_PRESETS
 
     shape = bench_train.SHAPES["small"]
     pre, sas = (bench_train.blocklab_config(k, shape) for k in ("blocklab", "blocklab-sas-p"))

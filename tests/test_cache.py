@@ -17,8 +17,8 @@ import torch
 
 from blocklab import ConfigError, LanguageModel, ModelConfig
 from blocklab.model import ops
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.runtime.cache import cache_bytes_per_token
 from blocklab.runtime.generate import sample_next
 

@@ -9,7 +9,7 @@ import torch
 
 from blocklab import LanguageModel, ModelConfig, count_parameters
 from blocklab.cli import main
-from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS, SIZE_PRESETS
 
 
 def total_params(arch, size):

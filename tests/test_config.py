@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from blocklab import ConfigError, ModelConfig
-from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS, SIZE_PRESETS
 
 NON_DEFAULT = dict(n_kv_heads=2, head_dim=16, window_size=4, window_pattern="SSL", logit_softcap=15.0,
                    causal=False, rope_base=500.0, positions="rope", qk_norm=True, mlp_act="swiglu",
@@ -354,7 +354,7 @@ def test_a_config_saved_before_the_shape_groups_builds_the_same_model():
     import torch
 
     from blocklab import LanguageModel
-    from blocklab.model.config import AttentionShape
+    from blocklab.model.fields import AttentionShape
 
     cfg = ModelConfig.from_dict(json.loads(json.dumps(SAVED_BEFORE_SHAPES)))
     assert cfg.to_dict() == SAVED_BEFORE_SHAPES  # saved back as it was, None values included
@@ -380,3 +380,20 @@ def test_the_fields_keep_their_order_and_the_old_shim_is_gone():
 
     assert list(ModelConfig().to_dict()) == list(SAVED_BEFORE_SHAPES)
     assert importlib.util.find_spec("blocklab.config") is None
+
+
+def test_the_norm_checks_its_own_settings():
+    """The norm's rules live with the norm (`NormShape.check`, model/norms.py), each error named by the
+    ModelConfig field it comes from, and ModelConfig raises them on construction."""
+    from blocklab.model.norms import NormShape
+
+    with pytest.raises(ConfigError, match=r"ModelConfig.norm_eps = None is not allowed: None \(the dtype"):
+        NormShape("layernorm", 8, None, eps_outside=False, bias=False, affine=True).check()
+    with pytest.raises(ConfigError, match="ModelConfig.rmsnorm_eps = 'outside' is not allowed"):
+        NormShape("layernorm", 8, 1e-5, eps_outside=True, bias=False, affine=True).check()
+    with pytest.raises(ConfigError, match="ModelConfig.norm_eps = -1.0 is not allowed: it must be > 0"):
+        NormShape("rmsnorm", 8, -1.0, eps_outside=False, bias=False, affine=True).check()
+    NormShape("rmsnorm", 8, None, eps_outside=False, bias=False, affine=False).check()  # nanochat's
+    with pytest.raises(ConfigError, match="ModelConfig.rmsnorm_eps = 'outside' is not allowed"):
+        ModelConfig(norm="layernorm", rmsnorm_eps="outside")
+    assert ModelConfig(norm="rmsnorm", rmsnorm_eps="outside").norm_shape.eps_outside

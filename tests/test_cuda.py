@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from blocklab.model import ops
-from blocklab.presets import BLOCK_PRESETS
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.runtime import kernels
 from blocklab.runtime.fused_projections import FusedLinear, projection_fusion, set_fused_projections
 from blocklab.runtime.shaped_mix import shaped_mix, use_shaped_mix

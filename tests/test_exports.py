@@ -27,7 +27,7 @@ from blocklab import LanguageModel, ModelConfig  # noqa: E402
 from blocklab.data.tokenizer import byte_tokenizer, train_bpe  # noqa: E402
 from blocklab.interop import save_pretrained  # noqa: E402
 from blocklab.interop.model_card import BANK_OF_VALUES, SIMPLIFYING, VALUE_RESIDUAL, architecture  # noqa: E402
-from blocklab.presets import BLOCK_PRESETS  # noqa: E402
+from blocklab.model.presets import BLOCK_PRESETS  # noqa: E402
 from helpers import SMALL  # noqa: E402
 from reference import perturb  # noqa: E402
 from timeouts import patient  # noqa: E402

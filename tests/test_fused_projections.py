@@ -22,8 +22,8 @@ from torch.testing import assert_close
 
 from blocklab import LanguageModel, ModelConfig, Transformer
 from blocklab.model.block import Attention, Block
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS, LayerValues, Registered, ValuePath
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.runtime import kernels
 from blocklab.runtime.fused_projections import (
     FusedLinear,

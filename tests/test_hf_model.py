@@ -346,8 +346,8 @@ def test_cli_exports_a_trained_run_with_its_card(tmp_path, capsys):
 
 
 def _every_arch() -> list[str]:
+    from blocklab.model.presets import BLOCK_PRESETS
     from blocklab.model.value_paths import VALUE_PATHS
-    from blocklab.presets import BLOCK_PRESETS
 
     return [*BLOCK_PRESETS, *(f"pre-ln+{p}" for p in VALUE_PATHS if p != "standard"), "sas-p+svformer",
             "sas-p+bov"]

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from blocklab import LanguageModel, ModelConfig
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.util.errors import ConfigError
 
 

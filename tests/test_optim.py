@@ -17,8 +17,8 @@ from torch import nn
 
 from blocklab import ConfigError, LanguageModel, ModelConfig
 from blocklab.model.gains import Gain
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS
 from blocklab.training import TrainConfig
 from blocklab.training.optim import (
     GROUPS,

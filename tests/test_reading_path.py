@@ -25,7 +25,7 @@ def test_a_comprehension_or_lambda_inside_a_function_counts_with_it_once():
 def test_the_forward_pass_is_part_of_the_path_from_the_config():
     whole = reading_path.reading_path("pre-ln")
     forward = reading_path.reading_path("pre-ln", path="forward pass")
-    assert {"blocklab/presets.py", "blocklab/model/config.py", "blocklab/model/init_schemes.py"} <= set(
+    assert {"blocklab/model/presets.py", "blocklab/model/config.py", "blocklab/model/init_schemes.py"} <= set(
         whole["files"])
     assert set(forward["files"]) < set(whole["files"])
     assert all(name.startswith("blocklab/model/") for name in forward["files"])

@@ -221,8 +221,8 @@ def table_names(text: str, header: str) -> set[str]:
 def test_the_architecture_tables_name_every_preset_and_value_path():
     """Compared with the registries the command line resolves names from: a preset or value path added
     without a row, or a row left behind by one removed, fails."""
+    from blocklab.model.presets import BLOCK_PRESETS, SIZE_PRESETS
     from blocklab.model.value_paths import VALUE_PATHS
-    from blocklab.presets import BLOCK_PRESETS, SIZE_PRESETS
 
     text = README.read_text()
     assert table_names(text, "block preset") == set(BLOCK_PRESETS)

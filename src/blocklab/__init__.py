@@ -11,26 +11,24 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-# public name -> the module to read it from: the one that defines it, except `ModelConfig` (defined in
-# blocklab.model.config), read from blocklab.presets, which registers the presets `from_preset` reads
+# public name -> the module that defines it
 _EXPORTS = {
     "ConfigError": "blocklab.util.errors",
-    "ModelConfig": "blocklab.presets",
+    "ModelConfig": "blocklab.model.config",
     "LanguageModel": "blocklab.runtime",
     "Transformer": "blocklab.model",
     "count_parameters": "blocklab.accounting",
     "flops_per_token": "blocklab.accounting",
-    "list_presets": "blocklab.presets",
+    "list_presets": "blocklab.model.presets",
 }
-_SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "model", "presets", "runtime",
-               "training"}
+_SUBMODULES = {"analysis", "compare", "data", "eval", "finetune", "interop", "model", "runtime", "training"}
 
 if TYPE_CHECKING:
     from blocklab import interop, runtime
     from blocklab.accounting import count_parameters, flops_per_token
     from blocklab.model import Transformer
     from blocklab.model.config import ModelConfig
-    from blocklab.presets import list_presets
+    from blocklab.model.presets import list_presets
     from blocklab.runtime import LanguageModel
     from blocklab.util.errors import ConfigError
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from blocklab.model.config import ModelConfig
+from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS, target_layers
-from blocklab.presets import BLOCK_PRESETS
 
 SIMPLIFYING = "He & Hofmann, *Simplifying Transformer Blocks*, ICLR 2024 (arXiv:2311.01906)"
 VASWANI = "Vaswani et al., *Attention Is All You Need*, NeurIPS 2017 (arXiv:1706.03762)"

@@ -57,7 +57,7 @@ def cmd_params(args: argparse.Namespace) -> None:
 
 
 def cmd_presets(_args: argparse.Namespace) -> None:
-    from blocklab.presets import list_presets
+    from blocklab.model.presets import list_presets
 
     for group, entries in list_presets().items():
         print(f"{group}:")

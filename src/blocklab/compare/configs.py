@@ -14,8 +14,8 @@ import torch
 from blocklab.catalog import grid_options
 from blocklab.compare.grids import GRIDS, Entry
 from blocklab.model.config import ModelConfig
+from blocklab.model.presets import split_arch
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import split_arch
 from blocklab.recipes import recipe_optim
 from blocklab.training import TrainConfig
 from blocklab.training.config import (

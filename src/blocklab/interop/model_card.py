@@ -28,8 +28,8 @@ from blocklab.catalog import (  # the papers a card cites, read from here too (t
     variant,
 )
 from blocklab.model.config import ModelConfig
+from blocklab.model.presets import BLOCK_PRESETS, split_arch
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS, split_arch
 from blocklab.runtime import LanguageModel
 from blocklab.runtime.cache import cache_bytes_per_token
 

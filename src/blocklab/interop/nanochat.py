@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
 from blocklab.model.config import ModelConfig
 from blocklab.runtime import LanguageModel
 from blocklab.util.errors import ConfigError

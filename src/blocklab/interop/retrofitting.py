@@ -36,8 +36,8 @@ from typing import Any
 import torch
 
 from blocklab.catalog import baseline_options
+from blocklab.model.presets import BLOCK_PRESETS, split_arch
 from blocklab.model.value_paths import VALUE_PATHS
-from blocklab.presets import BLOCK_PRESETS, split_arch
 from blocklab.runtime import LanguageModel
 from blocklab.util.errors import ConfigError
 

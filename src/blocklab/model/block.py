@@ -40,7 +40,6 @@ from torch import Tensor, nn
 
 from blocklab.model import ops
 from blocklab.model.carry import Carry
-from blocklab.model.config import register_checks
 from blocklab.model.gains import Gain
 from blocklab.model.linear_maps import make_proj_map
 from blocklab.model.norms import norm_of
@@ -50,7 +49,7 @@ from blocklab.model.value_paths.base import LayerValues, carried
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import MLPShape, ModelConfig
+    from blocklab.model.fields import MLPShape, ModelFields
 
 
 def _skip(init: float, trainable: bool) -> Gain | None:
@@ -66,10 +65,10 @@ class Block(nn.Module):
     norm2: nn.Module  # a layout with `has_second_norm` only
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ModelFields) -> None:
         """The layout's own rules on the config's other fields (a ConfigError naming the field); none here."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
         has_norm = cfg.norm_layers == "all" or layer == 0
         norm = cfg.norm if has_norm else "none"
@@ -110,7 +109,7 @@ class PostLNBlock(Block):
     layout = "post-ln"
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ModelFields) -> None:
         if cfg.norm == "none":
             cfg.fail("norm", cfg.norm, "a post-LN block needs a norm ('layernorm' or 'rmsnorm').")
 
@@ -129,7 +128,7 @@ class ParallelBlock(Block):
     has_second_norm = False
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ModelFields) -> None:
         if cfg.attn_skip_gain != 0:
             cfg.fail("attn_skip_gain", cfg.attn_skip_gain, "a parallel block has a single skip, alpha_comb = "
                      "mlp_skip_gain (Eq. 7); set attn_skip_gain=0.")
@@ -147,20 +146,18 @@ class ParallelBlock(Block):
 BLOCK_LAYOUTS: dict[str, type[Block]] = {cls.layout: cls for cls in (PreLNBlock, PostLNBlock, ParallelBlock)}
 
 
-def make_block(cfg: ModelConfig, layer: int) -> Block:
+def make_block(cfg: ModelFields, layer: int) -> Block:
     """Block `layer` of the layout `cfg.block_layout`."""
     return BLOCK_LAYOUTS[cfg.block_layout](cfg, layer)
 
 
-def check_block_layout(cfg: ModelConfig) -> None:
-    """The layout is a registered one, and the config keeps its rules (`Block.check`)."""
+def check_block_layout(cfg: ModelFields) -> None:
+    """The layout is one of `BLOCK_LAYOUTS`, and the config keeps its rules (`Block.check`): what
+    `ModelConfig` checks of the block on construction."""
     if cfg.block_layout not in BLOCK_LAYOUTS:
         raise ConfigError(f"block_layout = {cfg.block_layout!r} is not allowed: choose one of "
                           f"{', '.join(map(repr, BLOCK_LAYOUTS))}.")
     BLOCK_LAYOUTS[cfg.block_layout].check(cfg)
-
-
-register_checks(check_block_layout)
 
 
 def add_skip(branch: Tensor, skip: Gain | None, x: Tensor) -> Tensor:
@@ -180,7 +177,7 @@ class Attention(nn.Module):
     every key and value the queries may see (the current tokens', or the KV cache's), the attention
     matrix's form applied to them, the projection W^O."""
 
-    def __init__(self, cfg: ModelConfig, layer: int):
+    def __init__(self, cfg: ModelFields, layer: int):
         super().__init__()
         self.layer = layer
         shape = cfg.attention_shape

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from blocklab.model.gains import Gain
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 class ReparamLinear(nn.Module):
@@ -60,14 +60,14 @@ def make_linear_map(form: str, d_in: int, d_out: int, bias: bool) -> nn.Module:
     raise AssertionError(f"{form} maps are built by make_value_map / make_proj_map")
 
 
-def make_value_map(form: str, cfg: ModelConfig) -> nn.Module:
+def make_value_map(form: str, cfg: ModelFields) -> nn.Module:
     if form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.value_skip_gain,
                              cfg.value_resid_gain, cfg.trainable_reparam_gains)
     return make_linear_map(form, cfg.d_model, cfg.attention_shape.kv_dim, cfg.bias)
 
 
-def make_proj_map(cfg: ModelConfig) -> nn.Module:
+def make_proj_map(cfg: ModelFields) -> nn.Module:
     if cfg.proj_form == "reparam":
         return ReparamLinear(cfg.d_model, cfg.reparam_init, cfg.proj_skip_gain,
                              cfg.proj_resid_gain, cfg.trainable_reparam_gains)
@@ -93,7 +93,7 @@ def tie_reparam_inits(values: list[ReparamLinear], projs: list[ReparamLinear], m
             projs[-1].w_init.copy_((values[-1].w_init @ m).T)
 
 
-def init_projection_(weight: Tensor, cfg: ModelConfig) -> None:
+def init_projection_(weight: Tensor, cfg: ModelFields) -> None:
     """A Q, K or V projection's weight under the config's scheme: N(0, init_std), or nanochat's U(-s, s)."""
     if cfg.init_scheme == "nanochat":
         s = math.sqrt(3.0 / cfg.d_model)

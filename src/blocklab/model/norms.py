@@ -1,14 +1,42 @@
-"""Normalisation layers: LayerNorm, RMSNorm or none."""
+"""Normalisation layers: LayerNorm, RMSNorm or none, and their settings (`NormShape`) with its rules."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from blocklab.model.config import Norm, NormShape
+from blocklab.util.configbase import field_error
+
+Norm = Literal["layernorm", "rmsnorm", "none"]
+RMSNormEps = Literal["inside", "outside"]  # inside: x / sqrt(ms + eps) (torch); outside: x / (sqrt(ms) + eps)
+
+
+@dataclass(frozen=True)
+class NormShape:
+    """The settings every norm of the model shares (`ModelConfig.norm_shape`); where a norm sits
+    and whether a layer keeps it is the block's and the Transformer's to say."""
+
+    kind: Norm
+    d_model: int
+    eps: float | None  # None: the dtype's machine epsilon (RMSNorm only)
+    eps_outside: bool  # RMSNorm with eps outside the root (the Simplifying code)
+    bias: bool
+    affine: bool  # a learnable scale (and shift)
+
+    def check(self) -> None:
+        """The norm's rules, each error named by the `ModelConfig` field it comes from."""
+        if self.eps_outside and (self.kind != "rmsnorm" or self.eps is None):
+            raise field_error("ModelConfig", "rmsnorm_eps", "outside", "eps outside the root applies to "
+                              "norm='rmsnorm' with a numeric norm_eps.")
+        if self.eps is None and self.kind == "layernorm":
+            raise field_error("ModelConfig", "norm_eps", None, "None (the dtype's epsilon) is for RMSNorm; "
+                              "LayerNorm needs a number such as 1e-5.")
+        if self.eps is not None and self.eps <= 0:
+            raise field_error("ModelConfig", "norm_eps", self.eps, "it must be > 0 (or None for RMSNorm: the "
+                              "dtype's epsilon).")
 
 
 class RMSNormEpsOutside(nn.Module):

@@ -37,7 +37,7 @@ def recipe_optim(arch: str, size: str) -> dict[str, Any]:
     rows = recipe_table()["sizes"].get(size)
     if rows is None:
         return {}
-    from blocklab.presets import split_arch  # here: the CLI reads COMPARE_CONFIG without torch
+    from blocklab.model.presets import split_arch  # here: the CLI reads COMPARE_CONFIG without torch
 
     block, value_path = split_arch(arch)
     names = ["default", block]

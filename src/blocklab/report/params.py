@@ -13,8 +13,8 @@ def params_rows(archs: list[str] | None, sizes: list[str]) -> list[dict[str, Any
     Pre-LN block."""
     from blocklab.accounting import count_parameters, flops_per_token
     from blocklab.model.config import ModelConfig
+    from blocklab.model.presets import BLOCK_PRESETS
     from blocklab.model.value_paths import VALUE_PATHS
-    from blocklab.presets import BLOCK_PRESETS
     from blocklab.runtime import LanguageModel
 
     if archs is None:

@@ -137,7 +137,7 @@ def _positive(value: Any) -> bool:
 
 
 def _check_size(size: str, where: str) -> None:
-    from blocklab.presets import SIZE_PRESETS
+    from blocklab.model.presets import SIZE_PRESETS
 
     if size not in SIZE_PRESETS:
         raise ConfigError(f"{where} = {size!r} is not a size preset: choose one of {', '.join(SIZE_PRESETS)}")

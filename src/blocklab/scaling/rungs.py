@@ -98,7 +98,7 @@ class Ladder:
 
 
 def check_archs(archs: list[str]) -> None:
-    from blocklab.presets import resolve
+    from blocklab.model.presets import resolve
 
     if not archs:
         raise ConfigError(

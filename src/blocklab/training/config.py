@@ -23,7 +23,6 @@ from typing import Any
 
 import yaml
 
-import blocklab.presets  # noqa: F401 (registers the named presets that ModelConfig.from_preset reads)
 from blocklab.data import DataConfig
 from blocklab.model.config import ModelConfig
 from blocklab.training.optim import OptimConfig
@@ -430,7 +429,7 @@ def _validate_trackers(cfg: TrainConfig) -> None:
 def _check_preset_names(cfg: TrainConfig) -> None:
     """With init_from: arch and size must be names (the Trainer then checks them against the source,
     `init_from.with_source_preset`); size may be UNNAMED_SIZE, what a source of no size preset records."""
-    from blocklab.presets import SIZE_PRESETS, resolve
+    from blocklab.model.presets import SIZE_PRESETS, resolve
 
     if cfg.arch is not None:  # an unknown architecture: the presets' own message
         resolve(cfg.arch, next(iter(SIZE_PRESETS)))

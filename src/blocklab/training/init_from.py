@@ -99,7 +99,7 @@ def source_preset(model: LanguageModel) -> tuple[str, str]:
     model card names it), and the size preset whose fields it has (vocabulary and context aside, which
     follow the data), else UNNAMED_SIZE."""
     from blocklab.interop.model_card import architecture
-    from blocklab.presets import SIZE_PRESETS
+    from blocklab.model.presets import SIZE_PRESETS
 
     m = model.cfg
     size = next((name for name, preset in SIZE_PRESETS.items()
@@ -113,7 +113,7 @@ def with_source_preset(cfg: TrainConfig, model: LanguageModel) -> TrainConfig:
     (`source_preset`), so that summary.json, the result line, plots and model cards name what trained.
     An arch or size given (not None) that is not the source's is refused, the defaults' names too: the
     source fixes the model, so that name would be a model that never trained."""
-    from blocklab.presets import split_arch
+    from blocklab.model.presets import split_arch
 
     arch, size = source_preset(model)
 

@@ -120,6 +120,11 @@ def check_fields(cls: type, data: Any) -> None:
                               f"Known fields: {', '.join(names)}.")
 
 
+def field_error(owner: str, name: str, value: Any, allowed: str) -> ConfigError:
+    """The error for field `name` of the config `owner` (``"ModelConfig"``): its value and what is allowed."""
+    return ConfigError(f"{owner}.{name} = {value!r} is not allowed: {allowed}")
+
+
 def floats_from_strings(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     """PyYAML (YAML 1.1) reads `1e-5` as a string; read such strings in `cls`'s float fields as floats."""
     out = dict(data)
@@ -179,4 +184,4 @@ class ConfigBase:
     @classmethod
     def fail(cls, name: str, value: Any, allowed: str) -> None:
         """Raise the ConfigError for field `name`: its class, its value and what is allowed."""
-        raise ConfigError(f"{cls.__name__}.{name} = {value!r} is not allowed: {allowed}")
+        raise field_error(cls.__name__, name, value, allowed)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from blocklab.model.config import register_checks
 from blocklab.model.value_paths.bank import (
     BankOfValues,
     ResFormerBank,
@@ -45,7 +44,7 @@ from blocklab.model.value_paths.value_embed import ValueEmbed
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class Registered:
     description: str
     defaults: dict[str, Any] = field(default_factory=dict)
 
-    def options(self, cfg: ModelConfig) -> Any:
+    def options(self, cfg: ModelFields) -> Any:
         """The options of `cfg`'s value path, built from these defaults and the config, checked."""
         return read_options(self.module.options, cfg.value_path_options, self.defaults, cfg.value_path)
 
@@ -105,7 +104,7 @@ VALUE_PATHS: dict[str, Registered] = {
 }
 
 
-def _entry(cfg: ModelConfig) -> Registered:
+def _entry(cfg: ModelFields) -> Registered:
     if cfg.value_path not in VALUE_PATHS:
         raise ConfigError(
             f"ModelConfig.value_path = {cfg.value_path!r} is not allowed: choose one of "
@@ -114,30 +113,30 @@ def _entry(cfg: ModelConfig) -> Registered:
     return VALUE_PATHS[cfg.value_path]
 
 
-def make_value_path(cfg: ModelConfig, layer: int) -> ValuePath:
+def make_value_path(cfg: ModelFields, layer: int) -> ValuePath:
     entry = _entry(cfg)
     return entry.module(cfg, layer, entry.options(cfg))
 
 
-def make_shared_module(cfg: ModelConfig) -> SharedModule | None:
+def make_shared_module(cfg: ModelFields) -> SharedModule | None:
     entry = _entry(cfg)
     return entry.module.make_shared(cfg, entry.options(cfg))
 
 
-def value_layers(cfg: ModelConfig) -> list[int]:
+def value_layers(cfg: ModelFields) -> list[int]:
     """The layers that own a value projection W^V."""
     entry = _entry(cfg)
     opts = entry.options(cfg)
     return [i for i in range(cfg.n_layers) if entry.module.has_value_map(cfg, opts, i)]
 
 
-def validate_value_path(cfg: ModelConfig) -> None:
+def validate_value_path(cfg: ModelFields) -> None:
     """The value path's name, its options (their types and values) and its checks that need the sizes."""
     entry = _entry(cfg)
     entry.module.validate(cfg, entry.options(cfg))
 
 
-def check_value_path(cfg: ModelConfig) -> None:
+def check_value_path(cfg: ModelFields) -> None:
     """What `ModelConfig` checks through the registry: the value path, and that tied reparameterised
     inits find a W^V in every layer."""
     validate_value_path(cfg)
@@ -148,9 +147,6 @@ def check_value_path(cfg: ModelConfig) -> None:
                               f"W_P,init to the layers' W_V,init, but value_path={cfg.value_path!r} has no "
                               f"W_V in layers {bare} (0-based); use reparam_tie='none' with this value path.")
 
-
-# ModelConfig runs these checks on construction (it imports nothing of the registry)
-register_checks(check_value_path)
 
 __all__ = ["VALUE_PATHS", "LayerRole", "LayerValues", "Registered", "ResFormerOptions", "SharedModule",
            "ValuePath", "ValuePathOptions", "check_value_path", "is_value_table", "make_shared_module",

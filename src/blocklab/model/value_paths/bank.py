@@ -40,7 +40,7 @@ from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, targ
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 TableKey = int | None  # a target layer's own table (its index), or None: the table all targets share
 
@@ -117,18 +117,18 @@ class _Substitutive(ValuePath):
     options: ClassVar[type[BankOptions]] = BankOptions
     opts: BankOptions
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: BankOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: BankOptions):
         super().__init__(cfg, layer, opts)
         self.target = layer in self.targets(cfg, opts)
         if self.target:
             self.coef = Gain(opts.coef, opts.learnable)
 
     @classmethod
-    def targets(cls, cfg: ModelConfig, opts: BankOptions) -> frozenset[int]:
+    def targets(cls, cfg: ModelFields, opts: BankOptions) -> frozenset[int]:
         return target_layers(opts.layers, cfg.n_layers)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: BankOptions) -> None:
         cls.targets(cfg, opts)
 
 
@@ -145,14 +145,14 @@ class BankOfValues(_Substitutive):
     options: ClassVar[type[BankOfValuesOptions]] = BankOfValuesOptions
     opts: BankOfValuesOptions
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: BankOfValuesOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: BankOfValuesOptions):
         super().__init__(cfg, layer, opts)
         self.cfg = cfg
         if self.target and not opts.shared:
             self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: BankOfValuesOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: BankOfValuesOptions, layer: int) -> LayerRole:
         return LayerRole(layer, None if layer in cls.targets(cfg, opts) else layer)
 
     def table(self, carry: Carry) -> Tensor:
@@ -203,7 +203,7 @@ class BankOfValues(_Substitutive):
                                       w_v=value_map(baseline[self.layer]))
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig, opts: BankOfValuesOptions) -> SharedModule | None:
+    def make_shared(cls, cfg: ModelFields, opts: BankOfValuesOptions) -> SharedModule | None:
         if not opts.shared:
             return None
         return SharedValueTable(cfg, min(cls.targets(cfg, opts)))  # validation made the targets non-empty
@@ -221,7 +221,7 @@ class ResFormerBank(BankOfValues):
     """
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: BankOfValuesOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: BankOfValuesOptions, layer: int) -> LayerRole:
         return replace(super().role(cfg, opts, layer), first_values=layer == 0)
 
     def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -231,7 +231,7 @@ class ResFormerBank(BankOfValues):
         return LayerValues(0.5 * (v + carried(carry.first_values))), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: BankOptions) -> None:
         if 0 in cls.targets(cfg, opts):
             raise ConfigError(f"value_path_options['layers'] = {opts.layers!r} is not "
                               "allowed for bov-resformer: layer 0 is the source of V_1, so the table layers "
@@ -239,7 +239,7 @@ class ResFormerBank(BankOfValues):
 
 
 @torch.no_grad()
-def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig, layer: int,
+def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelFields, layer: int,
                               w_v: nn.Module | None = None) -> None:
     """E_v <- RMSNorm(embedding) W^V, with W^V a fresh value map of `layer` unless one is given."""
     if w_v is None:
@@ -255,7 +255,7 @@ def init_table_from_embedding(table: Tensor, embedding: Tensor, cfg: ModelConfig
 class SharedValueTable(SharedModule):
     """One BoV table used by every target layer, initialised from the first target layer."""
 
-    def __init__(self, cfg: ModelConfig, first_target: int):
+    def __init__(self, cfg: ModelFields, first_target: int):
         super().__init__()
         self.cfg, self.first_target = cfg, first_target
         self.value_table = nn.Parameter(torch.empty(cfg.vocab_size, cfg.attention_shape.kv_dim))
@@ -292,7 +292,7 @@ class X0Value(_Substitutive):
     options: ClassVar[type[X0ValueOptions]] = X0ValueOptions
     opts: X0ValueOptions
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: X0ValueOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: X0ValueOptions):
         super().__init__(cfg, layer, opts)
         self.adds = self.target and opts.add
         if self.adds:  # a, b replace the coefficient c
@@ -300,7 +300,7 @@ class X0Value(_Substitutive):
             self.coef = Gain(0.0 if opts.learnable else 0.5, opts.learnable)
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: X0ValueOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: X0ValueOptions, layer: int) -> LayerRole:
         # a target layer whose v is a function of the token id: the cache keeps ids and recomputes v
         by_id = layer in cls.targets(cfg, opts) and not opts.add and opts.x0 == "embedding"
         return LayerRole(layer, None if by_id else layer, value_map=True)  # W^V in every layer
@@ -337,7 +337,7 @@ class V1Value(_Substitutive):
     """
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: BankOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: BankOptions, layer: int) -> LayerRole:
         return LayerRole(layer, 0 if layer in cls.targets(cfg, opts) else layer, first_values=layer == 0)
 
     def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -349,13 +349,13 @@ class V1Value(_Substitutive):
         return self.coef(source) if self.target else source
 
     @classmethod
-    def targets(cls, cfg: ModelConfig, opts: BankOptions) -> frozenset[int]:
+    def targets(cls, cfg: ModelFields, opts: BankOptions) -> frozenset[int]:
         if opts.layers == "all":  # every layer after the source of V_1
             return target_layers(list(range(1, cfg.n_layers)), cfg.n_layers)
         return target_layers(opts.layers, cfg.n_layers)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: BankOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: BankOptions) -> None:
         if 0 in cls.targets(cfg, opts):
             raise ConfigError("value_path='v1-value' cannot target layer 0: it is the source of V_1; "
                               "choose value_path_options['layers'] without 0 ('all' means layers >= 1).")

@@ -32,7 +32,7 @@ from blocklab.model.linear_maps import make_value_map
 from blocklab.model.value_paths.options import ValuePathOptions
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 @dataclass
@@ -81,7 +81,7 @@ class ValuePath(nn.Module):
     fuses_values: ClassVar[bool] = True
     mixes_heads = False  # True: `mix_heads` changes this layer's queries or keys (ResFormer's ablation)
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ValuePathOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ValuePathOptions):
         super().__init__()
         self.layer, self.opts = layer, opts
         roles = [self.role(cfg, opts, i) for i in range(cfg.n_layers)]
@@ -95,12 +95,12 @@ class ValuePath(nn.Module):
         self.w_v = make_value_map(cfg.value_form_of(layer), cfg) if has_map else None
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: Any, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: Any, layer: int) -> LayerRole:
         """Where `layer`'s keys and values come from: by default its own."""
         return LayerRole(key_layer=layer, value_layer=layer)
 
     @classmethod
-    def has_value_map(cls, cfg: ModelConfig, opts: Any, layer: int) -> bool:
+    def has_value_map(cls, cfg: ModelFields, opts: Any, layer: int) -> bool:
         """Whether `layer` owns a value projection W^V (False: SVFormer, CLA followers, BoV targets)."""
         role = cls.role(cfg, opts, layer)
         return role.value_layer == layer if role.value_map is None else role.value_map
@@ -181,12 +181,12 @@ class ValuePath(nn.Module):
 
     # -- rules read by the rest of blocklab --------------------------------------------------------
     @classmethod
-    def make_shared(cls, cfg: ModelConfig, opts: Any) -> SharedModule | None:
+    def make_shared(cls, cfg: ModelFields, opts: Any) -> SharedModule | None:
         """The model-level module of this value path, if it has one."""
         return None
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: Any) -> None:
+    def validate(cls, cfg: ModelFields, opts: Any) -> None:
         """Raise ConfigError for combinations that make no sense (checks that need the model's sizes)."""
 
 

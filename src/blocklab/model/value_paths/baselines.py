@@ -15,7 +15,7 @@ from blocklab.model.value_paths.options import ValuePathOptions
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class NeuTRENO(ValuePath):
     opts: NeuTRENOOptions
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: NeuTRENOOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: NeuTRENOOptions, layer: int) -> LayerRole:
         return LayerRole(layer, layer, first_values=layer == 0)
 
     def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -72,7 +72,7 @@ class DenseFormer(ValuePath):
     options: ClassVar[type[DenseFormerOptions]] = DenseFormerOptions
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig, opts: DenseFormerOptions) -> SharedModule:
+    def make_shared(cls, cfg: ModelFields, opts: DenseFormerOptions) -> SharedModule:
         return DepthWeights(cfg.n_layers, opts.dilation, opts.period)
 
 
@@ -121,7 +121,7 @@ class CrossLayerKV(ValuePath):
     opts: CrossLayerKVOptions
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: CrossLayerKVOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: CrossLayerKVOptions, layer: int) -> LayerRole:
         leader = layer - layer % opts.group  # one cache entry per group
         return LayerRole(key_layer=leader, value_layer=leader)
 
@@ -132,7 +132,7 @@ class CrossLayerKV(ValuePath):
         return LayerValues(carried(carry.path_state)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: CrossLayerKVOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: CrossLayerKVOptions) -> None:
         group = opts.group
         if not (isinstance(group, int) and 2 <= group <= cfg.n_layers):
             raise ConfigError(f"value_path_options['group'] = {group!r} is not allowed: a CLA group "
@@ -149,12 +149,12 @@ class CrossLayerAttention(ValuePath):
     V_1; while decoding, the cache supplies both (`reads_layer`).
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ValuePathOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ValuePathOptions):
         super().__init__(cfg, layer, opts)
         self.head_dim = cfg.attention_shape.head_dim
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: ValuePathOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: ValuePathOptions, layer: int) -> LayerRole:
         return LayerRole(layer, layer, reads_layer=None if layer == 0 else 0, first_values=layer == 0)
 
     def layer_values(self, x: Tensor, carry: Carry) -> tuple[LayerValues, Carry]:
@@ -165,7 +165,7 @@ class CrossLayerAttention(ValuePath):
         return LayerValues(v, other_kv=first), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: ValuePathOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: ValuePathOptions) -> None:
         if cfg.attn_matrix != "softmax":
             raise ConfigError(f"value_path='cross-layer-attn' needs attn_matrix='softmax' (got "
                               f"{cfg.attn_matrix!r}): Eq. (2) is defined for plain softmax attention.")

@@ -29,7 +29,7 @@ from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, targ
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 @dataclass
@@ -102,7 +102,7 @@ class ValueResidual(ValuePath):
     opts: ResFormerOptions
     adaptive = False  # True: lambda_{n,1} comes from the model-level `AdaptiveSourceWeights`
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ResFormerOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ResFormerOptions):
         super().__init__(cfg, layer, opts)
         self.mixes = layer in mixing_layers(opts, cfg.n_layers)
         self.mixes_heads = opts.residual_on != "value" and (self.mixes or layer == opts.source)
@@ -113,7 +113,7 @@ class ValueResidual(ValuePath):
         self.mix_index = mixing_layers(opts, cfg.n_layers).index(layer) if self.mixes else -1
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: ResFormerOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: ResFormerOptions, layer: int) -> LayerRole:
         return LayerRole(layer, layer, first_values=layer == opts.source and opts.residual_on == "value")
 
     def source_term(self, source: Tensor, carry: Carry) -> Tensor:
@@ -144,7 +144,7 @@ class ValueResidual(ValuePath):
         return (mixed, k, carry) if query else (q, mixed, carry)
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: ResFormerOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: ResFormerOptions) -> None:
         if not 0 <= opts.source < cfg.n_layers - 1:
             raise ConfigError(f"value_path_options['source'] = {opts.source!r} is not allowed: it is the "
                               f"0-based source layer and must lie in [0, {cfg.n_layers - 1}).")
@@ -172,7 +172,7 @@ class LearnedMixResFormer(ValueResidual):
 
     options = LearnedMixOptions
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ResFormerOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ResFormerOptions):
         super().__init__(cfg, layer, opts)
         self.n_kv_heads, self.init_std = cfg.attention_shape.n_kv_heads, cfg.init_std
         if self.mixes:
@@ -225,7 +225,7 @@ class LearnableResFormerPlus(ValueResidual):
     adaptive = True
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig, opts: ResFormerOptions) -> SharedModule:
+    def make_shared(cls, cfg: ModelFields, opts: ResFormerOptions) -> SharedModule:
         return AdaptiveSourceWeights(mixing_layers(opts, cfg.n_layers), cfg.n_layers)
 
 
@@ -235,7 +235,7 @@ class DenseResFormer(ValuePath):
     Initialised as Identity-ResFormer (lambda_{n,n} = lambda_{n,1} = 1/2, the rest 0).
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ValuePathOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ValuePathOptions):
         super().__init__(cfg, layer, opts)
         if layer > 0:
             init = [0.5] + [0.0] * (layer - 1) + [0.5]  # weights on V_1 .. V_{n-1}, V_n
@@ -273,7 +273,7 @@ class SVFormer(ValuePath):
     opts: SVFormerOptions
 
     @classmethod
-    def role(cls, cfg: ModelConfig, opts: SVFormerOptions, layer: int) -> LayerRole:
+    def role(cls, cfg: ModelFields, opts: SVFormerOptions, layer: int) -> LayerRole:
         anchor = max(a for a in (0, *opts.anchors) if a <= layer)
         return LayerRole(layer, anchor, first_values=anchor == layer)
 
@@ -283,7 +283,7 @@ class SVFormer(ValuePath):
         return LayerValues(carried(carry.first_values)), carry
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: SVFormerOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: SVFormerOptions) -> None:
         anchors = opts.anchors
         if not all(isinstance(a, int) and not isinstance(a, bool) and 0 < a < cfg.n_layers for a in anchors):
             raise ConfigError(f"value_path_options['anchors'] = {anchors!r} is not allowed: "

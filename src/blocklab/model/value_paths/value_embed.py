@@ -20,7 +20,7 @@ from blocklab.model.value_paths.options import LayerSpec, ValuePathOptions, targ
 from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
-    from blocklab.model.config import ModelConfig
+    from blocklab.model.fields import ModelFields
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class ValueEmbed(ValuePath):
     options: ClassVar[type[ValueEmbedOptions]] = ValueEmbedOptions
     opts: ValueEmbedOptions
 
-    def __init__(self, cfg: ModelConfig, layer: int, opts: ValueEmbedOptions):
+    def __init__(self, cfg: ModelFields, layer: int, opts: ValueEmbedOptions):
         super().__init__(cfg, layer, opts)
         o = opts
         shape = cfg.attention_shape
@@ -114,12 +114,12 @@ class ValueEmbed(ValuePath):
             self.lambda0.param.fill_(1.0)
 
     @classmethod
-    def make_shared(cls, cfg: ModelConfig, opts: ValueEmbedOptions) -> SharedModule | None:
+    def make_shared(cls, cfg: ModelFields, opts: ValueEmbedOptions) -> SharedModule | None:
         n = opts.shared_tables
         return ValueEmbedTables(n, cfg.vocab_size, cfg.attention_shape.kv_dim, cfg.d_model) if n else None
 
     @classmethod
-    def validate(cls, cfg: ModelConfig, opts: ValueEmbedOptions) -> None:
+    def validate(cls, cfg: ModelFields, opts: ValueEmbedOptions) -> None:
         target_layers(opts.layers, cfg.n_layers)
         n = opts.shared_tables
         if not 0 <= 2 * n <= cfg.n_layers:

@@ -3,9 +3,9 @@
 An architecture name is a block preset, optionally joined with a value path by ``+``:
 ``"sas-p"``, ``"pre-ln+resformer"``. A bare value-path name means ``pre-ln+<value path>``.
 
-This module sits above the model: it imports `ModelConfig` and registers `resolve` with it, so that
-`ModelConfig.from_preset` reads these names without the model importing upward. `blocklab.ModelConfig`
-is read from here, so that its `from_preset` always finds them.
+The presets belong to the model's definition, as a model's named flavours do in torchtitan: they are
+plain data over the value-path registry's names, and `ModelConfig.from_preset` (model/config.py, above
+this module) reads `resolve`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-from blocklab.model.config import ModelConfig, register_presets  # noqa: F401 (blocklab.ModelConfig)
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.util.errors import ConfigError
 
@@ -179,5 +178,3 @@ def list_presets() -> dict[str, dict[str, str]]:
         "sizes": {k: p.description for k, p in SIZE_PRESETS.items()},
     }
 
-
-register_presets(resolve)
