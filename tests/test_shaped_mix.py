@@ -89,20 +89,27 @@ def test_shaped_attention_gradients_match_float64_reference(t_q, t_k, causal, wi
 GAIN_SHAPES = {"float": None, "scalar-tensor": (), "one": (1,), "headwise": (3,)}
 
 
-@pytest.mark.parametrize("gamma_none", [False, True], ids=["shaped", "skipinit"])
-@pytest.mark.parametrize("kind", list(GAIN_SHAPES))
-def test_shaped_mix_gradcheck(kind, gamma_none, scan_layout):
-    """The hand-written backward of `ShapedMix` against finite differences (float64)."""
-    a = rand(2, 3, 6, 4, seed=31).requires_grad_(True)
-    v = rand(2, 3, 6, 4, seed=32).add_(0.5).requires_grad_(True)
+def mix_inputs(kind: str, gamma_none: bool, t: int, seed: int) -> tuple:
+    """A V and V (2, 3, t, 4) and gains alpha, beta, gamma away from init (float64), as floats or
+    tensors of GAIN_SHAPES[kind] that need gradients; gamma None for Value-SkipInit."""
+    a = rand(2, 3, t, 4, seed=seed).requires_grad_(True)
+    v = rand(2, 3, t, 4, seed=seed + 1).add_(0.5).requires_grad_(True)
     shape = GAIN_SHAPES[kind]
     if shape is None:
         gains = [1.3, 0.6, 0.45]
     else:
-        gains = [(c + 0.3 * rand(math.prod(shape), seed=33 + i).reshape(shape)).requires_grad_(True)
+        gains = [(c + 0.3 * rand(math.prod(shape), seed=seed + 2 + i).reshape(shape)).requires_grad_(True)
                  for i, c in enumerate((1.3, 0.6, 0.45))]
     if gamma_none:
         gains[2] = None
+    return a, v, gains
+
+
+@pytest.mark.parametrize("gamma_none", [False, True], ids=["shaped", "skipinit"])
+@pytest.mark.parametrize("kind", list(GAIN_SHAPES))
+def test_shaped_mix_gradcheck(kind, gamma_none, scan_layout):
+    """The hand-written backward of `ShapedMix` against finite differences (float64)."""
+    a, v, gains = mix_inputs(kind, gamma_none, 6, seed=31)
     assert torch.autograd.gradcheck(ShapedMix.apply, (a, v, *gains))
 
 
@@ -212,16 +219,7 @@ def test_compiled_shaped_attention_calls_the_opaque_scan():
 def test_shaped_mix_equals_the_reference_mix(kind, gamma_none, scan_layout):
     """`shaped_mix` against `ops.plain_mix` on the same A V and V (float64, gains away from init):
     the output and the gradients of a, v and every gain tensor."""
-    a = rand(2, 3, 9, 4, seed=81).requires_grad_(True)
-    v = rand(2, 3, 9, 4, seed=82).add_(0.5).requires_grad_(True)
-    shape = GAIN_SHAPES[kind]
-    if shape is None:
-        gains = [1.3, 0.6, 0.45]
-    else:
-        gains = [(c + 0.3 * rand(math.prod(shape), seed=83 + i).reshape(shape)).requires_grad_(True)
-                 for i, c in enumerate((1.3, 0.6, 0.45))]
-    if gamma_none:
-        gains[2] = None
+    a, v, gains = mix_inputs(kind, gamma_none, 9, seed=81)
     leaves = [a, v, *(g for g in gains if isinstance(g, torch.Tensor))]
     grad_out = rand(2, 3, 9, 4, seed=84)
     out, expected = shaped_mix(a, v, *gains), ops.plain_mix(a, v, *gains)
