@@ -17,29 +17,29 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch._functorch.config as functorch_config
 from torch import Tensor, nn
 
+from blocklab.model.fields import ModelFields
 from blocklab.runtime import kernels
 from blocklab.runtime.compiled_step import compile_errors, describe_compile_error, own_code
 from blocklab.util.errors import ConfigError
 
 
-def check_compile_trusted(cfg: Any, device: torch.device | str) -> None:
-    """Refuse to compile a model (of ModelConfig `cfg`) on a device where its compiled gradients are
-    known to be wrong (`kernels.KernelChoice.compiled_shaped`): a loud error, not a silently wrong run."""
+def check_compile_trusted(cfg: ModelFields, device: torch.device | str) -> None:
+    """Refuse to compile a model of config `cfg` on a device where its compiled gradients are known to
+    be wrong (`kernels.KernelChoice.compiled_shaped`): a loud error, not a silently wrong run."""
     device_type = torch.device(device).type
     if cfg.attn_matrix != "shaped" or device_type in kernels.KERNELS.compiled_shaped:
         return
     raise ConfigError(
         f"torch.compile of shaped attention (attn_matrix='shaped': SAS, SAS-P) on {device_type} is "
-        "refused: on an H200 "
-        "with torch 2.11 its compiled gradients at sequence 1024 were far from the eager ones (relative "
-        "error 0.82 for SAS-P against eager's 0.04, both from float64; benchmarks/RESULTS.md, "
-        "2026-11-28). Train it with compile=false (eager), or on the CPU.")
+        "refused: on an H200 with torch 2.11 its compiled gradients at sequence 1024 were far from the "
+        "eager ones (relative error 0.82 for SAS-P against eager's 0.04, both from float64; "
+        "benchmarks/RESULTS.md, 2026-11-28). Train it with compile=false (eager), or on the CPU.")
 
 
 @functools.cache
@@ -61,7 +61,7 @@ class CompiledTrunk:
 
     def __init__(self, model: nn.Module, eager: Callable[[Tensor], Tensor],
                  fall_back: Callable[..., None], compile_kwargs: dict[str, Any]):
-        self.owner, self.cfg = id(model), model.cfg
+        self.owner, self.cfg = id(model), cast(ModelFields, model.cfg)
         self.checked = ""  # the device type check_compile_trusted last passed
         self.compile_kwargs = compile_kwargs
         self._run, self._fall_back_to = eager, fall_back
