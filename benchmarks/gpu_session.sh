@@ -2,6 +2,11 @@
 # One lent-GPU call (the device tool allows 10 minutes a command), in order of what matters most, each
 # step under its own time limit and none past TOTAL_S (default 570 s) from the start, so a slow step
 # cannot starve the rest or the call. Seconds are estimates unless marked measured:
+#   0. with SHAPED_CHECK=1 only: compiled_shaped_check.py, where compiled SAS-P's gradients go wrong on
+#      CUDA (each variant turns off one CUDA-only piece; sas-p and pre-ln at sequence 1024; ~10
+#      compiles of 15-30 s, limit 300 s); table in shaped-check.log, rows in compiled-shaped-check.json.
+#      Until it finds the fault, compile_model() of shaped attention on CUDA is refused, so bench_gpu's
+#      compiled SAS-P and SAS rows (step 1) are skipped.
 #   1. bench_gpu.py against the hand-written model (hand_gpt.py) in one process: hand, pre-ln, sas-p and
 #      sas, eager, then compiled (the hand model under torch.compile; blocklab's "compile", the
 #      trainer's compile=true: compile_model(), per-block if inductor fails), GPT-2 small's shape,
@@ -85,6 +90,9 @@ step() {  # step NAME SECONDS COMMAND...: log to $LOGS/NAME.log, within what is 
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$LOGS/gpu.txt" 2>&1
 cat "$LOGS/gpu.txt"
+[ -z "${SHAPED_CHECK:-}" ] || step shaped-check 300 "$PY" benchmarks/compiled_shaped_check.py \
+    --out "$LOGS/compiled-shaped-check.json"
+[ -z "${SHAPED_CHECK:-}" ] || grep '^|' "$LOGS/shaped-check.log"
 [ -n "${SKIP_BENCH:-}" ] || step hand-vs-blocklab "${BENCH_S:-200}" "$PY" benchmarks/bench_gpu.py --archs pre-ln,sas-p,sas \
     --modes eager,compile --batch "${BATCH:-8}" --vocab "${VOCAB:-50257}" --decode-batches none \
     --budget-s "$(( ${BENCH_S:-200} - 25 ))" --out "$LOGS/gpu-vs-hand.json"

@@ -449,3 +449,17 @@ def test_bench_prepare_smoke_times_every_contender_on_the_same_tokens(tmp_path, 
         assert r["best_over_blocklab_best"] == pytest.approx(r["this_over_blocklab"])  # one round
     assert json.loads(out.read_text())["table"] == result["table"]
     assert result["table"] in capsys.readouterr().out
+
+
+@pytest.mark.slow  # about 15 s of compiling: CI's slow tier runs it
+def test_compiled_shaped_check_judges_a_variant_against_float64(tmp_path):
+    """benchmarks/compiled_shaped_check.py (prepared for a GPU call) on the CPU: the compiled model's
+    gradients are as close to float64 as the eager model's, and the JSON names each variant."""
+    import compiled_shaped_check
+
+    out = tmp_path / "check.json"
+    rows = compiled_shaped_check.main(["--device", "cpu", "--t", "24", "--archs", "sas-p",
+                                       "--variants", "default,blocks", "--out", str(out)])
+    assert [r["variant"] for r in rows] == ["default", "blocks"]
+    assert all(r["ok"] and 0 < r["eager"] < 0.1 for r in rows), rows
+    assert json.loads(out.read_text())["rows"][0]["worst"]
