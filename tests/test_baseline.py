@@ -63,9 +63,9 @@ def test_embed_scale_multiplies_the_token_embedding_only():
     model = LanguageModel(cfg)
     ids = torch.tensor([[3, 7, 9]])
     positions = torch.arange(3)
-    from blocklab.model import ops
+    from blocklab.model.positions import sinusoidal_positions
 
-    expected = 11.3 * model.tok_emb.weight[ids] + ops.sinusoidal_positions(positions, cfg.d_model)
+    expected = 11.3 * model.tok_emb.weight[ids] + sinusoidal_positions(positions, cfg.d_model)
     torch.testing.assert_close(model.embed(model.tok_emb(ids), positions), expected)
 
 

@@ -397,3 +397,47 @@ def test_the_norm_checks_its_own_settings():
     with pytest.raises(ConfigError, match="ModelConfig.rmsnorm_eps = 'outside' is not allowed"):
         ModelConfig(norm="layernorm", rmsnorm_eps="outside")
     assert ModelConfig(norm="rmsnorm", rmsnorm_eps="outside").norm_shape.eps_outside
+
+
+def test_positions_and_the_mlp_check_their_own_configs():
+    """Positions and the MLP own a frozen config each (`PositionShape`, `MLPShape`) with its rules,
+    checked alone, without a ModelConfig; ModelConfig builds them resolved from its flat fields and
+    raises their errors on construction."""
+    from blocklab.model.mlp import MLPShape
+    from blocklab.model.positions import PositionShape
+
+    with pytest.raises(ConfigError, match="ModelConfig.head_dim = 7 is not allowed: rotary positions need"):
+        PositionShape("rope", 64, 7, 10000.0).check()
+    PositionShape("learned", 64, 7, 10000.0).check()  # an odd head size is fine without rotations
+    with pytest.raises(ConfigError, match="ModelConfig.d_model = 63 is not allowed: sinusoidal positions"):
+        PositionShape("sinusoidal", 63, 8, 10000.0).check()
+    with pytest.raises(ConfigError, match="ModelConfig.rope_base = -1.0 is not allowed"):
+        PositionShape("rope", 64, 8, -1.0).check()
+    with pytest.raises(ConfigError, match="ModelConfig.leaky_relu_slope = -0.5 is not allowed"):
+        MLPShape(16, 64, "leaky_relu", False, -0.5).check()
+    MLPShape(16, 64, "leaky_relu", False, 0.1).check()
+
+    cfg = ModelConfig(d_model=48, n_heads=4, positions="rope", mlp_hidden=96, mlp_act="relu2",
+                      rope_base=500.0)
+    assert cfg.position_shape == PositionShape("rope", 48, 12, 500.0)
+    assert cfg.mlp_shape == MLPShape(48, 96, "relu2", False, 0.0)
+    with pytest.raises(ConfigError, match="ModelConfig.head_dim = 11 is not allowed: rotary"):
+        ModelConfig(d_model=44, n_heads=4, positions="rope")
+
+
+def test_each_component_rule_is_called_by_the_config():
+    """`ModelConfig.__post_init__` calls every component's rules (model/config.py lists them): one
+    config breaking each component's rule, refused with that component's message."""
+    broken = {"attention": (dict(n_heads=5), "ModelConfig.d_model = 768 is not allowed: it must be"),
+              "windows": (dict(window_pattern="SX"), "ModelConfig.window_pattern = 'SX'"),
+              "positions": (dict(positions="sinusoidal", d_model=63, n_heads=7), "sinusoidal positions need"),
+              "norm": (dict(norm="layernorm", norm_eps=None), r"ModelConfig.norm_eps = None"),
+              "mlp": (dict(mlp_act="leaky_relu", leaky_relu_slope=-1.0), "negative-side slope"),
+              "trunk": (dict(backout=True, n_layers=1), "ModelConfig.backout = True"),
+              "linear maps": (dict(value_form="identity", n_kv_heads=4), "grouped-query value is narrower"),
+              "block layout": (dict(block_layout="parallel"), "ModelConfig.attn_skip_gain = 1.0"),
+              "value path": (dict(value_path="nope"), "value_path")}
+    for component, (fields, message) in broken.items():
+        with pytest.raises(ConfigError, match=message):
+            ModelConfig(**fields)
+            pytest.fail(f"the {component}'s rule was not called")

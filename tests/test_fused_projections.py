@@ -21,7 +21,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from blocklab import LanguageModel, ModelConfig, Transformer
-from blocklab.model.block import Attention, Block
+from blocklab.model.attention import Attention
+from blocklab.model.block import Block
 from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.model.value_paths import VALUE_PATHS, LayerValues, Registered, ValuePath
 from blocklab.runtime import kernels

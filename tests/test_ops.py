@@ -14,7 +14,7 @@ import torch
 from torch.testing import assert_close
 
 import reference as R
-from blocklab.model import ops
+from blocklab.model import ops, positions
 
 F64 = torch.float64
 EXACT = dict(rtol=1e-12, atol=1e-12)
@@ -225,14 +225,14 @@ def test_masked_mean_equals_centering_matrix_times_v(t_q, t_k, causal, window, d
 def test_rotary_matches_reference_and_is_relative():
     x = rand(2, 3, 9, 8, seed=6)
     pos = torch.arange(9)
-    assert_close(ops.rotary(x, pos, 100.0), R.rope(x, pos, 100.0), **FUSED)
+    assert_close(positions.rotary(x, pos, 100.0), R.rope(x, pos, 100.0), **FUSED)
     # a rotation: norms are kept, and <rope(q, p), rope(k, j)> depends on p - j only
-    assert_close(ops.rotary(x, pos).norm(dim=-1), x.norm(dim=-1), **FUSED)
+    assert_close(positions.rotary(x, pos).norm(dim=-1), x.norm(dim=-1), **FUSED)
     q, k = rand(8, seed=7), rand(8, seed=8)
 
     def dot(p, j):
-        rq = ops.rotary(q.reshape(1, 1, 1, 8), torch.tensor([p]))
-        rk = ops.rotary(k.reshape(1, 1, 1, 8), torch.tensor([j]))
+        rq = positions.rotary(q.reshape(1, 1, 1, 8), torch.tensor([p]))
+        rk = positions.rotary(k.reshape(1, 1, 1, 8), torch.tensor([j]))
         return (rq * rk).sum().item()
 
     assert dot(5, 2) == pytest.approx(dot(13, 10), abs=1e-5)
@@ -240,7 +240,7 @@ def test_rotary_matches_reference_and_is_relative():
 
 
 def test_sinusoidal_positions_match_reference():
-    pe = ops.sinusoidal_positions(torch.arange(20), 16, F64)
+    pe = positions.sinusoidal_positions(torch.arange(20), 16, F64)
     assert_close(pe, R.sinusoidal(20, 16), **FUSED)
     # pe(p) . pe(j) = sum_i cos((p - j) w_i) depends on p - j only
     assert_close(pe[7] @ pe[3], pe[15] @ pe[11], **FUSED)
@@ -253,10 +253,10 @@ PRECISION_CASES = {
         R.centering_matrix(R.mask_matrix(64, 64, True, 7)) @ (rand(2, 3, 64, 5, seed=9) + 3.0),
     ),
     "rotary": lambda: (
-        ops.rotary(rand(1, 2, 32, 8, seed=10), torch.arange(32)),
+        positions.rotary(rand(1, 2, 32, 8, seed=10), torch.arange(32)),
         R.rope(rand(1, 2, 32, 8, seed=10), torch.arange(32), 10000.0),
     ),
-    "sinusoidal": lambda: (ops.sinusoidal_positions(torch.arange(32), 16, F64), R.sinusoidal(32, 16)),
+    "sinusoidal": lambda: (positions.sinusoidal_positions(torch.arange(32), 16, F64), R.sinusoidal(32, 16)),
 }
 
 

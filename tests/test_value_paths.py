@@ -198,7 +198,7 @@ def test_float64_model_has_float64_precision(arch, overrides):
     """A model cast to float64 should compute in float64 (as torch.autograd.gradcheck needs).
 
     Fails where src computes pieces in float32 regardless of the model's dtype: the sinusoidal
-    angles (ops.sinusoidal_positions) and the prefix sums of C V (ops.masked_mean, shaped attention).
+    angles (positions.sinusoidal_positions) and the prefix sums of C V (ops.masked_mean, shaped attention).
     """
     model = build(arch, **overrides)
     ids = random_ids(2, 9)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from blocklab.model import ops
-from blocklab.model.block import Attention
+from blocklab.model.attention import Attention
 
 
 @dataclass

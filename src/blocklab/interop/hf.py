@@ -7,7 +7,7 @@ Both are Pre-LN blocks, Eq. (1) of Simplifying Transformer Blocks with alpha = b
     GPT-2: learned positions, LayerNorm (with bias), MLP W_2 GELU_tanh(W_1 x), biases everywhere,
            tied head. HF's Conv1D computes y = x W + b, so its weight is (in, out): the transpose
            of torch's nn.Linear layout; c_attn packs [W_Q | W_K | W_V] along the output axis.
-    Llama: RoPE (half-split, HF's rotate_half, frequencies theta^(-2i/D) = `ops.rotary`), RMSNorm
+    Llama: RoPE (half-split, HF's rotate_half, frequencies theta^(-2i/D) = `positions.rotary`), RMSNorm
            w * x / sqrt(mean(x^2) + eps), SwiGLU MLP W_down (silu(W_gate x) * W_up x), grouped-query
            attention, optional biases, untied head by default.
 

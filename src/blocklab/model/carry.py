@@ -82,7 +82,7 @@ class Carry:
     # cross-layer attention; written by `ValuePath.forward` in the layer whose role says so
     first_values: Tensor | None = None
     # (B, H_kv, T, D) the keys (after RoPE) of the last layer whose keys others attend over: a CLA group's
-    # first layer, cross-layer attention's layer 0; written by that layer's attention (model/block.py)
+    # first layer, cross-layer attention's layer 0; written by that layer's attention (model/attention.py)
     shared_keys: Tensor | None = None
     # -- the value path's own state, set by its layers or its model-level module -------------------
     # (None until it sets one): e.g. DenseFormer's block outputs, CLA's shared V, BoV's shared table

@@ -2,12 +2,18 @@
 named presets and its reading and writing of JSON and YAML.
 
 A `ModelConfig` is the flat fields of `ModelFields` (model/fields.py: the fields, the views the
-components read and the rules between the fields alone); on construction it calls each rule, imported
-from the module that owns it, in this order:
+components read and the rules of the fields alone); on construction it calls each component's rules,
+imported from the module that owns them, in this order:
 
-    check_field_rules   each field's type, the rules between fields (and the norm's)   model/fields.py
-    check_block_layout  `block_layout` names a layout, and that layout's `check`       model/block.py
-    check_value_path    `value_path`, its options, and what it needs of the sizes      model/value_paths/
+    check_field_rules        sizes, each field's type, standard deviations, finite numbers  model/fields.py
+    check_attention          head sizes, grouped-query heads, biases, logit scale, windows  model/attention.py
+    position_shape.check     the sizes rotary and sinusoidal positions need, their base    model/positions.py
+    norm_shape.check         the norm's kind, eps and affine settings                      model/norms.py
+    mlp_shape.check          the activation's settings                                     model/mlp.py
+    check_trunk              nanochat's trunk: smear, backout, its init                    model/trunk.py
+    check_linear_forms       identity and reparameterised value and projection maps  model/linear_maps.py
+    check_block_layout       `block_layout` names a layout, and that layout's `check`      model/block.py
+    check_value_path         `value_path`, its options, and what it needs of the sizes     model/value_paths/
 
 `from_preset` reads the named presets (model/presets.py). This module sits above the components it
 checks: they read `ModelFields`, never this module, so nothing needs to register itself here.
@@ -20,8 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from blocklab.model import presets
+from blocklab.model.attention import check_attention
 from blocklab.model.block import check_block_layout
 from blocklab.model.fields import ModelFields, check_field_rules
+from blocklab.model.linear_maps import check_linear_forms
+from blocklab.model.trunk import check_trunk
 from blocklab.model.value_paths import check_value_path
 from blocklab.util.configbase import check_fields, config_dataclass
 
@@ -32,6 +41,12 @@ class ModelConfig(ModelFields):
 
     def __post_init__(self) -> None:
         check_field_rules(self)
+        check_attention(self)
+        self.position_shape.check()
+        self.norm_shape.check()
+        self.mlp_shape.check()
+        check_trunk(self)
+        check_linear_forms(self)
         check_block_layout(self)
         check_value_path(self)
 

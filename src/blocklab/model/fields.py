@@ -1,18 +1,18 @@
 """`ModelFields`: the flat fields that describe every model blocklab builds, the views of them each
-component reads, and the rules between the fields alone.
+component reads, and the rules of the fields alone.
 
 The fields are grouped by the paper concept they control (sizes, components, block layout,
-attention-matrix form, value/projection form, value path). This is the bottom of the model's config:
-every component reads its fields from here (a block and a value path take a `ModelFields`; a norm its
-`norm_shape`). Sizes with a default (None) are read resolved, one name per concept, through
-`attention_shape` and `mlp_shape`; the norms read `norm_shape`, which the norm owns with its rules
-(model/norms.py).
+attention-matrix form, value/projection form, value path); users set them flat (``d_model=256``, in
+YAML, JSON and on the command line). Each component reads its own config as a view with the defaults
+resolved, which it owns with its rules: `attention_shape` (sizes, for the attention, the value paths
+and the KV cache), `position_shape` (model/positions.py), `norm_shape` (model/norms.py) and
+`mlp_shape` (model/mlp.py); a block layout and a value path read the fields they need from a
+`ModelFields`.
 
 A `ModelFields` checks, on construction, each field against its annotated type
-(`blocklab.util.configbase.check_types`) and the rules between fields below (`check_field_rules`).
-The model's config, `blocklab.model.config.ModelConfig`, is this class with the rules of the
-components that need their classes (the block layout's and the value path's) and the named presets;
-it is what everyone builds, and what the error messages name.
+(`blocklab.util.configbase.check_types`) and the rules of the fields alone (`check_field_rules`). The
+model's config, `blocklab.model.config.ModelConfig`, is this class with every component's rules and
+the named presets; it is what everyone builds, and what the error messages name.
 """
 
 from __future__ import annotations
@@ -22,15 +22,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from blocklab.model.mlp import MLPAct, MLPShape
 from blocklab.model.norms import Norm, NormShape, RMSNormEps
-from blocklab.model.trunk import SMEAR_CHANNELS
+from blocklab.model.positions import Positions, PositionShape
 from blocklab.util.configbase import ConfigBase, check_types, config_dataclass, field_error
 
 # The choices of the choice fields: mypy checks them where the code reads a field, and `check_types`
 # reads the allowed values from these same types.
 NormLayers = Literal["all", "first"]
-Positions = Literal["learned", "sinusoidal", "rope", "none"]
-MLPAct = Literal["relu", "gelu", "gelu_tanh", "relu2", "leaky_relu", "swiglu", "geglu"]  # gelu_tanh: GPT-2
 InitScheme = Literal["normal", "nanochat"]
 BlockLayout = str  # a name of model/block.py's `BLOCK_LAYOUTS`: "pre-ln", "post-ln", "parallel"
 AttnMatrix = Literal["softmax", "skipinit", "shaped"]
@@ -58,17 +57,6 @@ class AttentionShape:
     def kv_dim(self) -> int:
         """The width of K and of V: what a layer's value projection gives and the cache keeps."""
         return self.n_kv_heads * self.head_dim
-
-
-@dataclass(frozen=True)
-class MLPShape:
-    """The MLP's sizes and form with every default resolved (`ModelConfig.mlp_shape`)."""
-
-    d_model: int
-    hidden: int  # the hidden width (for GLU MLPs the gated width)
-    act: MLPAct
-    bias: bool
-    leaky_relu_slope: float  # for act="leaky_relu"
 
 
 @config_dataclass
@@ -160,6 +148,10 @@ class ModelFields(ConfigBase):
                          self.norm_affine)
 
     @property
+    def position_shape(self) -> PositionShape:
+        return PositionShape(self.positions, self.d_model, self.attention_shape.head_dim, self.rope_base)
+
+    @property
     def mlp_shape(self) -> MLPShape:
         return MLPShape(self.d_model, self.mlp_hidden or 4 * self.d_model, self.mlp_act, self.bias,
                         self.leaky_relu_slope)
@@ -190,29 +182,13 @@ def _positive(cfg: ModelFields, name: str, optional: bool = False) -> None:
 
 
 def check_field_rules(cfg: ModelFields) -> None:
-    """Every check of the fields alone; the block layout's and the value path's are `ModelConfig`'s."""
+    """The rules of the fields alone: sizes, types, standard deviations, finite numbers. What a
+    component reads is checked by that component's own rules, which `ModelConfig` calls after these."""
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "context_length"):
         _positive(cfg, name)
     for name in ("n_kv_heads", "head_dim", "mlp_hidden", "window_size"):
         _positive(cfg, name, optional=True)
     check_types(cfg)  # each field's annotated type; a choice field's `Literal` names its choices
-    if cfg.qk_bias and cfg.bias:
-        _fail("qk_bias", cfg.qk_bias, "it gives Q and K alone a bias, and bias=True already gives every "
-              "linear map one; set one of the two.")
-
-    if cfg.head_dim is None and cfg.d_model % cfg.n_heads:
-        _fail("d_model", cfg.d_model,
-              f"it must be divisible by n_heads={cfg.n_heads} (or set head_dim explicitly).")
-    shape = cfg.attention_shape
-    if shape.n_kv_heads > cfg.n_heads or cfg.n_heads % shape.n_kv_heads:
-        _fail("n_kv_heads", cfg.n_kv_heads,
-              f"it must divide n_heads={cfg.n_heads} (grouped-query attention).")
-    if cfg.positions == "rope" and shape.head_dim % 2:
-        _fail("head_dim", shape.head_dim, "rotary positions need an even head size.")
-    if cfg.positions == "sinusoidal" and cfg.d_model % 2:
-        _fail("d_model", cfg.d_model, "sinusoidal positions need an even d_model.")
-    cfg.norm_shape.check()  # the norm's own rules (model/norms.py)
-    _check_trunk(cfg)
     if cfg.embed_init_std is not None and cfg.init_scheme != "normal":
         _fail("embed_init_std", cfg.embed_init_std, f"init_scheme={cfg.init_scheme!r} sets the embedding's "
               "own init; embed_init_std applies to init_scheme='normal' (or leave it None).")
@@ -222,74 +198,13 @@ def check_field_rules(cfg: ModelFields) -> None:
     for name in ("init_std", "query_init_std", "embed_init_std"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
             _fail(name, getattr(cfg, name), "a standard deviation must be >= 0.")
-    if cfg.rope_base <= 0:
-        _fail("rope_base", cfg.rope_base, "the rotary base must be > 0 (10000 is usual).")
     if not 0.0 <= cfg.dropout < 1.0:
         _fail("dropout", cfg.dropout, "it must lie in [0, 1).")
     if cfg.logit_softcap is not None and cfg.logit_softcap <= 0:
         _fail("logit_softcap", cfg.logit_softcap, "it must be > 0 or None.")
-    if cfg.leaky_relu_slope < 0:
-        _fail("leaky_relu_slope", cfg.leaky_relu_slope, "the negative-side slope must be >= 0 (0 is ReLU).")
     # a NaN or infinite gain, eps or std would poison every step (mypy sees no dataclass through
     # config_dataclass)
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             _fail(f.name, value, "it must be a finite number.")
-    _check_windows(cfg)
-    _check_layout_and_forms(cfg)
-
-
-def _check_trunk(cfg: ModelFields) -> None:
-    """nanochat's trunk fields (model/trunk.py)."""
-    if cfg.attn_logit_scale <= 0:
-        _fail("attn_logit_scale", cfg.attn_logit_scale, "it must be > 0 (1 is the usual 1/sqrt(d_h)).")
-    if cfg.smear and cfg.d_model < SMEAR_CHANNELS:
-        _fail("smear", cfg.smear, f"the smear gate reads the first {SMEAR_CHANNELS} channels: it needs "
-              f"d_model >= {SMEAR_CHANNELS} (d_model={cfg.d_model}).")
-    if cfg.smear and not cfg.causal:
-        _fail("smear", cfg.smear, "it mixes in the previous token, which only a causal model reads in order; "
-              "set causal=True or smear=False.")
-    if cfg.backout and cfg.n_layers < 2:
-        _fail("backout", cfg.backout, "it subtracts the output of block n_layers // 2, which needs "
-              "n_layers >= 2.")
-    if cfg.init_scheme == "nanochat" and cfg.tie_embeddings:
-        _fail("init_scheme", cfg.init_scheme, "nanochat's init gives the embedding std 0.8 and the head "
-              "std 0.001, which one tied matrix cannot have; set tie_embeddings=False.")
-
-
-def _check_windows(cfg: ModelFields) -> None:
-    """Sliding windows: the pattern, and a window size exactly when some layer uses it."""
-    if not cfg.window_pattern or set(cfg.window_pattern) - {"S", "L"}:
-        _fail("window_pattern", cfg.window_pattern,
-              "use a non-empty string of 'S' (sliding window) and 'L' (full context), e.g. 'SSSL'.")
-    if "S" in cfg.window_pattern and cfg.window_size is None:
-        _fail("window_size", None, f"window_pattern={cfg.window_pattern!r} has 'S' layers; set window_size.")
-    if cfg.window_size is not None and "S" not in cfg.window_pattern:
-        _fail("window_size", cfg.window_size, f"no layer would use it: window_pattern={cfg.window_pattern!r} "
-              "has no 'S' (sliding-window) layers; set a pattern such as 'SSSL', or window_size=None.")
-    if cfg.window_size is not None and cfg.window_size > cfg.context_length:
-        _fail("window_size", cfg.window_size,
-              f"a window cannot be larger than the context (context_length={cfg.context_length}).")
-
-
-def _check_layout_and_forms(cfg: ModelFields) -> None:
-    """The value and projection forms (identity and reparameterised maps); a block layout's own rules
-    are its class's (`Block.check`, model/block.py)."""
-    shape = cfg.attention_shape
-    square = shape.q_dim == cfg.d_model
-    forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
-             "proj_form": cfg.proj_form}
-    for name, form in forms.items():
-        if form in ("identity", "reparam"):
-            if not square:
-                _fail(name, form, "identity and reparameterised maps need n_heads * head_dim == d_model.")
-            if name != "proj_form" and shape.n_kv_heads != shape.n_heads:
-                _fail(name, form, "identity or reparameterised values need n_kv_heads == n_heads "
-                      "(a grouped-query value is narrower than d_model).")
-    if cfg.reparam_tie != "none":
-        every_value = {cfg.value_form, cfg.first_value_form or cfg.value_form}
-        if every_value != {"reparam"} or cfg.proj_form != "reparam" or cfg.reparam_init != "orthogonal":
-            _fail("reparam_tie", cfg.reparam_tie,
-                  "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
-                  "with reparam_init='orthogonal'.")

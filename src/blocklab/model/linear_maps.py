@@ -21,6 +21,27 @@ if TYPE_CHECKING:
     from blocklab.model.fields import ModelFields
 
 
+def check_linear_forms(cfg: ModelFields) -> None:
+    """The value and projection forms' rules: identity and reparameterised maps are square, and tied
+    initialisations tie reparameterised maps (a ConfigError naming the field and what is allowed)."""
+    shape = cfg.attention_shape
+    forms = {"value_form": cfg.value_form, "first_value_form": cfg.first_value_form,
+             "proj_form": cfg.proj_form}
+    for name, form in forms.items():
+        if form in ("identity", "reparam"):
+            if shape.q_dim != cfg.d_model:
+                cfg.fail(name, form, "identity and reparameterised maps need n_heads * head_dim == d_model.")
+            if name != "proj_form" and shape.n_kv_heads != shape.n_heads:
+                cfg.fail(name, form, "identity or reparameterised values need n_kv_heads == n_heads "
+                         "(a grouped-query value is narrower than d_model).")
+    if cfg.reparam_tie != "none":
+        every_value = {cfg.value_form, cfg.first_value_form or cfg.value_form}
+        if every_value != {"reparam"} or cfg.proj_form != "reparam" or cfg.reparam_init != "orthogonal":
+            cfg.fail("reparam_tie", cfg.reparam_tie,
+                     "tied initialisations need value_form, first_value_form and proj_form all 'reparam' "
+                     "with reparam_init='orthogonal'.")
+
+
 class ReparamLinear(nn.Module):
     """y = x W^T with W = alpha * W_init + beta * dW (weights in torch's (out, in) layout)."""
 

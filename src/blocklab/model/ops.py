@@ -345,27 +345,3 @@ def shaped_attention_matrix(q: Tensor, k: Tensor, alpha: Tensor | float, beta: T
         out = out - _per_head(gamma) * c
     return out
 
-
-def _angles(positions: Tensor, half: int, base: float, dtype: torch.dtype) -> Tensor:
-    """position * base^(-i/half) for i < half, in `dtype` (at least float32: positions reach 1e5);
-    positions (T,) or (B, T) give (T, half) or (B, T, half)."""
-    inv_freq = base ** (-torch.arange(half, device=positions.device, dtype=dtype) / half)
-    return positions.to(dtype)[..., None] * inv_freq
-
-
-def rotary(x: Tensor, positions: Tensor, base: float = 10000.0) -> Tensor:
-    """Rotary position embedding (Su et al., 2021) on the last dim of x (B, H, T, D), half-split;
-    `positions` (T,), or (B, T) where each row has its own (a padded batch)."""
-    half = x.shape[-1] // 2
-    angles = _angles(positions, half, base, torch.promote_types(x.dtype, torch.float32))
-    if angles.dim() == 3:  # per row: broadcast over the heads
-        angles = angles[:, None]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-
-
-def sinusoidal_positions(positions: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """Fixed sine/cosine position encodings (Vaswani et al., 2017), shape (T, dim) (or (B, T, dim))."""
-    angles = _angles(positions, dim // 2, 10000.0, torch.promote_types(dtype, torch.float32))
-    return torch.cat((angles.sin(), angles.cos()), dim=-1).to(dtype)

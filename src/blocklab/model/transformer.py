@@ -9,11 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model import masking, ops
+from blocklab.model import masking
 from blocklab.model.block import Block, make_block
 from blocklab.model.carry import Carry, DecodingCache
 from blocklab.model.init_schemes import init_nanochat, init_normal
 from blocklab.model.norms import norm_of
+from blocklab.model.positions import sinusoidal_positions
 from blocklab.model.trunk import Backout, Smear
 from blocklab.model.value_paths import make_shared_module
 
@@ -165,7 +166,7 @@ class Transformer(nn.Module):
         if self.pos_emb is not None:
             x = x + self.pos_emb(positions)
         elif self.cfg.positions == "sinusoidal":
-            x = x + ops.sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
+            x = x + sinusoidal_positions(positions, self.cfg.d_model, x.dtype)
         return x if self.embed_norm is None else self.embed_norm(x)
 
     def _smear(self, smear: Smear, x: Tensor, positions: Tensor, cache: DecodingCache | None,

@@ -14,12 +14,33 @@ one model-level vector as in nanochat, so that an FSDP-sharded block owns every 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor, nn
 
 from blocklab.model.gains import Gain
 
+if TYPE_CHECKING:
+    from blocklab.model.fields import ModelFields
+
 SMEAR_CHANNELS = 24  # the gate reads this many leading channels of the embedding
+
+
+def check_trunk(cfg: ModelFields) -> None:
+    """The trunk's rules (a ConfigError naming the field and what is allowed)."""
+    if cfg.smear and cfg.d_model < SMEAR_CHANNELS:
+        cfg.fail("smear", cfg.smear, f"the smear gate reads the first {SMEAR_CHANNELS} channels: it needs "
+                 f"d_model >= {SMEAR_CHANNELS} (d_model={cfg.d_model}).")
+    if cfg.smear and not cfg.causal:
+        cfg.fail("smear", cfg.smear, "it mixes in the previous token, which only a causal model reads in "
+                 "order; set causal=True or smear=False.")
+    if cfg.backout and cfg.n_layers < 2:
+        cfg.fail("backout", cfg.backout, "it subtracts the output of block n_layers // 2, which needs "
+                 "n_layers >= 2.")
+    if cfg.init_scheme == "nanochat" and cfg.tie_embeddings:
+        cfg.fail("init_scheme", cfg.init_scheme, "nanochat's init gives the embedding std 0.8 and the head "
+                 "std 0.001, which one tied matrix cannot have; set tie_embeddings=False.")
 
 
 class Smear(nn.Module):

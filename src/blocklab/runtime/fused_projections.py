@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from blocklab.model.block import Attention, Block
+from blocklab.model.attention import Attention
+from blocklab.model.block import Block
 from blocklab.runtime import kernels
 
 FuseMode = Literal["auto", "on", "off"]

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from blocklab.model.block import Attention
+from blocklab.model.attention import Attention
 from blocklab.model.ops import GainValue, gain4, plain_mix
 from blocklab.runtime import kernels
 from blocklab.runtime.prefix_sums import prefix_sums, scaled_prefix_sums

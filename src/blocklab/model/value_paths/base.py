@@ -11,7 +11,7 @@ A value path answers, for one layer, with data rather than callbacks:
    values), and how its new parameters start (`init_weights`) or start from a pretrained baseline
    (`start_at_baseline`, `init_from_baseline`).
 
-Queries and keys are the attention's (model/block.py): the one ablation that changes them,
+Queries and keys are the attention's (model/attention.py): the one ablation that changes them,
 ResFormer's query or key residual, answers `mix_heads`. What the rest of blocklab reads about a
 value path is its registry entry (`Registered`, model/value_paths/__init__.py: its equation, its
 options' defaults) and its catalog entry above the model (blocklab/catalog.py: its paper, the titles
