@@ -232,3 +232,33 @@ def test_the_method_says_once_which_seeds_it_left_out_at_every_rung():
     assert _left_out_text(["r0/pre-ln-seed3", "r1/pre-ln-seed3", "r0/bov-seed5"], ["r0", "r1"]) == (
         "seed 3 of pre-ln at every rung; r0/bov-seed5")
     assert _left_out_text(["r0/pre-ln-seed3"], ["r0", "r1"]) == "r0/pre-ln-seed3"
+
+
+def test_two_until_decided_calls_kept_apart_by_report_both_reach_the_page(
+        ladder, tmp_path, monkeypatch, capsys):
+    """A second call on other claims, given a --report folder beside the first (`until-decided-<name>`),
+    leaves the first call's record and block as they were, and adds its own block after it."""
+    import blocklab.scaling.orchestrate as orchestrate
+
+    store = tmp_path / "data"
+    root = store / "ladder-cpu"
+    train = fake_runs({"resformer": 0.2, "sas-p": 0.2}, 0.01, random.Random(5))
+    train(ARCHS, ladder, "ladder-cpu", store)  # the fixed-seed ladder: 3 seeds of every architecture
+    monkeypatch.setattr(orchestrate, "train_ladder", train)
+    first = ["scaling", "--ladder", "cpu", "--archs", "pre-ln,sas-p", "--out", str(store),
+             "--claims", "sas-p-fewer-parameters", "--until-decided", "--max-seeds", "3"]
+    assert cli(first) == 0
+    alone = headline_section(store, tmp_path)
+    second = ["scaling", "--ladder", "cpu", "--archs", "pre-ln,resformer", "--out", str(store),
+              "--claims", "resformer-less-data", "--until-decided", "--max-seeds", "4",
+              "--report", str(root / "until-decided-less-data")]
+    assert cli(second) == 0
+    capsys.readouterr()
+    assert json.loads((root / "until-decided" / "until_decided.json").read_text())["claims"] == [
+        "sas-p-fewer-parameters"]
+    both = headline_section(store, tmp_path)
+    assert both[:len(alone)] == alone
+    added = both[len(alone):]
+    assert "[`ladder-cpu` until decided (`until-decided-less-data`)]" \
+           "(data/ladder-cpu/until-decided-less-data/scaling.md)" in added[1]
+    assert list(table(added, "| claim | verdict | ours | seeds |")) == ["resformer-less-data"]

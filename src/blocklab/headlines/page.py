@@ -121,21 +121,28 @@ ROUNDS_HEAD = ["claim", "verdict", "ours", "seeds", "how the rounds stopped"]
 
 
 def rounds_lines(root: Path, ladder, page_dir: Path) -> list[str]:
-    """The claims `scaling --until-decided` waited for on this ladder (its record in
-    root/until-decided/until_decided.json), rebuilt from the runs as the rounds' last look read them:
-    seeds 0..n-1 (`rounds.commands.look_data`), every interval the confidence sequence; [] without a
-    record. A record whose look the runs no longer give (runs missing) is quoted, and said to be."""
+    """The claims each `scaling --until-decided` call waited for on this ladder: its record in
+    root/until-decided/, or in a folder beside it whose name starts so (a call given such a --report, to
+    keep its claims apart from another call's); [] without a record."""
+    from blocklab.rounds.commands import RECORD, SCALING_FOLDER
+
+    folders = sorted(p.parent for p in root.glob(f"{SCALING_FOLDER}*/{RECORD}"))
+    return [line for folder in folders for line in _rounds_block(root, folder, ladder, page_dir)]
+
+
+def _rounds_block(root: Path, folder: Path, ladder, page_dir: Path) -> list[str]:
+    """One until-decided call's block, rebuilt from the runs as the rounds' last look read them: seeds
+    0..n-1 (`rounds.commands.look_data`), every interval the confidence sequence. A record whose look
+    the runs no longer give (runs missing) is quoted, and said to be."""
     from blocklab.rounds.commands import RECORD, SCALING_FOLDER, look_data
     from blocklab.scaling.judge import judge_ladder
     from blocklab.statistics import sequential
 
-    folder = root / SCALING_FOLDER
-    if not (folder / RECORD).is_file():
-        return []
     record = json.loads((folder / RECORD).read_text())
     link = os.path.relpath(folder / "scaling.md", page_dir)
     n, archs = record["seeds"], record.get("archs")
-    title = f"**[`{root.name}` until decided]({link})**"
+    named = "" if folder.name == SCALING_FOLDER else f" (`{folder.name}`)"
+    title = f"**[`{root.name}` until decided{named}]({link})**"
     data = look_data(root, ladder, archs, root.name, n) if archs else None
     if data is None or data.seeds() != list(range(n)):
         return ["", f"{title}: {record['headline']}. Quoted from [its report]({link}): the runs of its last "
