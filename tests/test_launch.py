@@ -316,7 +316,8 @@ def test_launch_flags_need_their_launcher_and_name_what_is_allowed(capsys):
 
 # -- submitit --------------------------------------------------------------------------------------------
 submitit = pytest.importorskip("submitit")
-from blocklab.launch.slurm import SlurmLauncher, SlurmSettings, parse_time  # noqa: E402
+from blocklab.launch.slurm import SlurmLauncher, SlurmSettings  # noqa: E402
+from blocklab.launch.slurm_settings import parse_time  # noqa: E402
 from timeouts import patient  # noqa: E402
 
 

@@ -21,7 +21,8 @@ submitit = pytest.importorskip("submitit")
 from submitit.core.utils import cloudpickle_dump  # noqa: E402
 
 from blocklab.launch.failures import failure_reason, last_error  # noqa: E402
-from blocklab.launch.slurm import JobStates, SlurmLauncher, SlurmSettings, outcome_path  # noqa: E402
+from blocklab.launch.outcome import outcome_path  # noqa: E402
+from blocklab.launch.slurm import JobStates, SlurmLauncher, SlurmSettings  # noqa: E402
 
 NO_ACCOUNTING = "sacct: error: Slurm accounting storage is disabled\n"
 SCONTROL_UNKNOWN = "slurm_load_jobs error: Invalid job id specified\n"

@@ -25,7 +25,7 @@ from torch import nn
 
 from blocklab.model.linear_maps import ReparamLinear
 from blocklab.model.value_paths import is_value_table
-from blocklab.runtime.cache import cache_bytes_per_token, table_layers
+from blocklab.runtime.cache_layout import cache_bytes_per_token, table_layers
 from blocklab.runtime.offload import SLOT_DTYPE
 
 if TYPE_CHECKING:

@@ -162,27 +162,47 @@ def diagnose(model: nn.Module, batches: Iterable, layers: Sequence[int] | None =
     The model runs in eval mode under no_grad with explicit attention matrices; its flags are
     restored afterwards, also on error.
     """
+    _check_arguments(model, max_batches, map_tokens)
+    sums = _read_batches(model, batches, layers, heads, max_batches, map_tokens)
+    return _diagnostics(model, sums)
+
+
+def _check_arguments(model: nn.Module, max_batches: int | None, map_tokens: int) -> None:
+    """`diagnose` refuses a model that is not a blocklab Transformer, and a bad batch or map count."""
     if not hasattr(model, "blocks") or len(model.blocks) == 0:
         raise ValueError("diagnose needs a blocklab Transformer (a model with a non-empty `blocks` list)")
     if max_batches is not None and (not isinstance(max_batches, int) or max_batches < 1):
         raise ValueError(f"max_batches = {max_batches!r} is not allowed: give a positive integer or None")
     if not isinstance(map_tokens, int) or map_tokens < 1:
         raise ValueError(f"map_tokens = {map_tokens!r} is not allowed: give a positive integer")
+
+
+def _read_batches(model: nn.Module, batches: Iterable, layers: Sequence[int] | None,
+                  heads: Sequence[int] | None, max_batches: int | None, map_tokens: int) -> _Sums:
+    """The sums over the first `max_batches` batches of every statistic (`trace`), and of the maps of
+    `layers` and `heads`, the model in `diagnostic_mode`."""
     cfg = getattr(model, "cfg", None)
     first = model.blocks[0].attn
-    n_layers, n_heads, form = len(model.blocks), first.n_heads, first.form
+    n_layers = len(model.blocks)
     map_layers = _indices(layers, n_layers, "layers")
     map_layers = list(range(n_layers)) if map_layers is None else map_layers
-    heads = _indices(heads, n_heads, "heads")
+    heads = _indices(heads, first.n_heads, "heads")
     device = next(model.parameters()).device
-    sums = _Sums(n_layers, map_layers, heads, map_tokens, shaped=form != "softmax")
-
+    sums = _Sums(n_layers, map_layers, heads, map_tokens, shaped=first.form != "softmax")
     with diagnostic_mode(model):
         for batch in itertools.islice(batches, max_batches):
             sums.add(trace(model, _as_ids(batch, getattr(cfg, "vocab_size", None), device)))
     if sums.sequences == 0:
         raise ValueError("diagnose got no batches: give at least one LongTensor (B, T) of token ids")
+    return sums
 
+
+def _diagnostics(model: nn.Module, sums: _Sums) -> dict[str, Any]:
+    """`diagnose`'s result: each statistic's mean over the sequences read, per layer, with the model's
+    description (`meta`) and notes."""
+    cfg = getattr(model, "cfg", None)
+    first = model.blocks[0].attn
+    n_layers, n_heads, form = len(model.blocks), first.n_heads, first.form
     layer_ids = range(n_layers)
     uniform = [uniform_importance(b.attn, sums.seq_len) for b in model.blocks]
     per_head = [sums.mean("entropy", i) for i in layer_ids]

@@ -12,8 +12,9 @@ bpb = bits_per_byte(val_loss, data.bytes_per_token["val"])
 """
 
 from blocklab.data.batches import Batches, bits_per_byte
+from blocklab.data.cache_folder import cache_root
 from blocklab.data.config import DataConfig
-from blocklab.data.prepare import PreparedData, cache_root, prepare_data
+from blocklab.data.prepare import PreparedData, prepare_data
 from blocklab.data.snapshot import iter_snapshot, snapshot_info
 from blocklab.data.sources import open_source, split_of
 from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe

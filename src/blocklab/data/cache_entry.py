@@ -1,4 +1,5 @@
-"""A token-cache entry's layout, its checks and its repair (the cache itself: `prepare`).
+"""A token-cache entry's layout, its checks and its repair, and a cached BPE tokenizer read and stored
+(the cache itself: `prepare`; its folder and the disk-full refusal of a write into it: `cache_folder`).
 
 An entry (``shards/<key>/``) is checked before it is used, once per process: the manifest must
 parse, hold the fields `prepare_data` reads and name the tokenizer in use; each shard must have the
@@ -28,12 +29,15 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from blocklab.data.tokenizer import Tokenizer
+from blocklab.data.cache_folder import cache_write
+from blocklab.data.config import DataConfig
+from blocklab.data.tokenizer import Tokenizer, tokenizer_from_json
 from blocklab.util import locks
 from blocklab.util.errors import ConfigError
 
@@ -204,6 +208,37 @@ def check_tokenizer_entry(entry: Path) -> bytes:
     return data
 
 
+def cached_bpe(cfg: DataConfig, entry: Path) -> Tokenizer:
+    """The cached BPE in `entry`, once its tokenizer.json has the size and sha256 its manifest recorded;
+    raises DamagedEntry when it has not or cannot be loaded."""
+    data = check_tokenizer_entry(entry)
+    try:
+        return tokenizer_from_json(data.decode("utf-8"), cfg.eos_token, cfg.mask_token,
+                                   name=str(entry / TOKENIZER_FILE))
+    except (ConfigError, UnicodeDecodeError) as err:
+        why = first_line(err.__cause__ or err)
+        raise DamagedEntry(f"{TOKENIZER_FILE} cannot be loaded ({why})") from None
+
+
+def store_bpe(cfg: DataConfig, tok: Tokenizer, settings: dict[str, Any], entry: Path) -> bool:
+    """Write `tok` and its manifest into cache entry `entry` through a temporary folder and a rename;
+    False when a concurrent run put its own there first. Nothing is left behind when a write fails."""
+    data = tok.to_str().encode("utf-8")
+    manifest = json.dumps(tokenizer_manifest(data, tok, settings), indent=2, default=str) + "\n"
+    with cache_write(cfg, "the cached tokenizer", entry, lambda: len(data) + len(manifest)):
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(entry)
+        tmp = aside(entry, "tmp")
+        try:
+            tmp.mkdir()
+            (tmp / TOKENIZER_FILE).write_bytes(data)
+            (tmp / "manifest.json").write_text(manifest)
+            return put_in_place(tmp, entry)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
 # -- writing and repairing ---------------------------------------------------------------------------
 
 
@@ -285,3 +320,12 @@ def repair_lock(target: Path) -> contextlib.AbstractContextManager[None]:
     if not os.access(target.parent, os.W_OK):
         return contextlib.nullcontext()
     return locks.hold(target, wait=True)
+
+
+@contextlib.contextmanager
+def locked(cfg: DataConfig, target: Path) -> Iterator[None]:
+    """`repair_lock(target)`, a lock file the disk refuses said like any other write to the cache."""
+    with contextlib.ExitStack() as stack:
+        with cache_write(cfg, "a lock for", target, lambda: None):
+            stack.enter_context(repair_lock(target))
+        yield

@@ -23,7 +23,11 @@ tokenizer.json edited, even into another valid tokenizer) is trained again.
 
 A write that the disk refuses (full, or over quota) leaves nothing behind and raises a DiskFullError
 naming the entry, the space free and needed, and the cache's folder with what chose it
-(data.cache_dir, BLOCKLAB_CACHE or the default).
+(data.cache_dir, BLOCKLAB_CACHE or the default; `cache_folder`).
+
+This module builds the entries: the tokenizer (a cached BPE read, or trained and stored), the shards
+(tokenised, counted and hashed as they are written) and `prepare_data` over them; an entry's layout,
+its checks and its repair are `cache_entry`'s, the cache's folder and its writes `cache_folder`'s.
 """
 
 from __future__ import annotations
@@ -32,11 +36,10 @@ import contextlib
 import hashlib
 import itertools
 import json
-import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,34 +50,32 @@ import tokenizers
 from blocklab.data.cache_entry import (
     FORMAT,
     SPLITS,
-    TOKENIZER_FILE,
     DamagedEntry,
     aside,
+    cached_bpe,
     check_entry,
-    check_tokenizer_entry,
     discard,
-    first_line,
+    locked,
     put_in_place,
     remove_leftovers,
     repair_lock,
+    store_bpe,
     token_dtype,
-    tokenizer_manifest,
 )
+from blocklab.data.cache_folder import cache_root, cache_write, entry_key
 from blocklab.data.config import DataConfig
 from blocklab.data.digests import DigestRecord
 from blocklab.data.sources import (
     FileSource,
     Source,
+    no_documents,
     open_source,
-    skipped_files,
     split_budgets,
-    split_census,
     split_documents,
     utf8_size,
 )
 from blocklab.data.tokenise import write_documents
-from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, tokenizer_from_json, train_bpe
-from blocklab.util import diskfull
+from blocklab.data.tokenizer import Tokenizer, byte_tokenizer, load_tokenizer, train_bpe
 from blocklab.util.errors import ConfigError
 
 # The BPE cache key's own version: kept apart from FORMAT so that a shard layout change does not train
@@ -103,57 +104,6 @@ class PreparedData:
         return self.train if name == "train" else self.val
 
 
-def cache_root(cfg: DataConfig) -> Path:
-    root = cfg.cache_dir or os.environ.get("BLOCKLAB_CACHE") or Path.home() / ".cache" / "blocklab"
-    return Path(root).expanduser()
-
-
-def _cache_origin(cfg: DataConfig) -> str:
-    """What to do when the cache's disk is full, naming the cache folder and what chose it."""
-    root = cache_root(cfg)
-    if cfg.cache_dir:
-        return (f"The token cache is {root}, set by data.cache_dir: free some space there, or set "
-                "data.cache_dir (which takes precedence over BLOCKLAB_CACHE) to a folder on a disk with "
-                "room, then run again.")
-    chosen = "set by BLOCKLAB_CACHE" if os.environ.get("BLOCKLAB_CACHE") else "the default"
-    return (f"The token cache is {root} ({chosen}): free some space there, or set BLOCKLAB_CACHE to a "
-            "folder on a disk with room, then run again.")
-
-
-@contextlib.contextmanager
-def _cache_write(cfg: DataConfig, what: str, path: Path, needed: Callable[[], int | None]) -> Iterator[None]:
-    """Writes into the cache, a refusal for want of space said as a DiskFullError naming `what` at
-    `path`, the space free there and the size `needed()` estimates (called only then), and the cache
-    folder (`_cache_origin`). The writes inside remove what a failed one left before it gets here, so
-    that the free space said is what a retry finds."""
-    try:
-        yield
-    except Exception as err:
-        if diskfull.failed_write(err) is None:
-            raise
-        raise diskfull.disk_full(err, what, path, needed(), "Nothing half-written was left. "
-                                 + _cache_origin(cfg)) from err
-
-
-def _key(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:24]
-
-
-def _no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
-    """The error for a split left empty: what the source holds and where each document went."""
-    skipped = f"; {skipped_files(source.skipped)}" if source.skipped else ""
-    found = f" ({split_census(source, cfg)}{skipped})"
-    if split == "val":
-        return ConfigError(
-            f"no document of {source.description} fell into the validation split (val_fraction = "
-            f"{cfg.val_fraction}, split by a hash of each document's name){found}. Add documents, raise "
-            "val_fraction, or set val_fraction = 0 to train without validation.")
-    one_file = " (or give that one file as the source: a file is split by paragraphs)" \
-        if getattr(source, "file_count", 0) == 1 else ""
-    return ConfigError(f"no training documents in {source.description}{found}. Add documents, or lower "
-                       f"val_fraction{one_file}.")
-
-
 def _say(message: str) -> None:
     """A message on stderr ("blocklab: ..."), written above any progress bar."""
     from tqdm import tqdm
@@ -179,41 +129,20 @@ def get_tokenizer(cfg: DataConfig, source: Source, corpus: dict[str, Any],
     settings = {"format": TOKENIZER_FORMAT, "corpus": corpus, "vocab_size": cfg.vocab_size,
                 "min_frequency": cfg.bpe_min_frequency, "train_chars": cfg.bpe_train_chars,
                 "special": cfg.special_tokens, "tokenizers": tokenizers.__version__}
-    entry = root / "tokenizers" / f"bpe-{_key(settings)}"
+    entry = root / "tokenizers" / f"bpe-{entry_key(settings)}"
     if not entry.exists():
         return _train_cached_bpe(cfg, source, settings, entry, progress), True
     try:
-        return _cached_bpe(cfg, entry), False
+        return cached_bpe(cfg, entry), False
     except DamagedEntry:
         pass
-    with _locked(cfg, entry):
+    with locked(cfg, entry):
         try:  # another process may have trained it again while this one waited
-            return _cached_bpe(cfg, entry), False
+            return cached_bpe(cfg, entry), False
         except DamagedEntry as damage:
             _say(f"cached tokenizer {entry}: {damage}; training it again")
         discard(entry)
         return _train_cached_bpe(cfg, source, settings, entry, progress), True
-
-
-def _cached_bpe(cfg: DataConfig, entry: Path) -> Tokenizer:
-    """The cached BPE in `entry`, once its tokenizer.json has the size and sha256 its manifest recorded;
-    raises DamagedEntry when it has not or cannot be loaded."""
-    data = check_tokenizer_entry(entry)
-    try:
-        return tokenizer_from_json(data.decode("utf-8"), cfg.eos_token, cfg.mask_token,
-                                   name=str(entry / TOKENIZER_FILE))
-    except (ConfigError, UnicodeDecodeError) as err:
-        why = first_line(err.__cause__ or err)
-        raise DamagedEntry(f"{TOKENIZER_FILE} cannot be loaded ({why})") from None
-
-
-@contextlib.contextmanager
-def _locked(cfg: DataConfig, target: Path) -> Iterator[None]:
-    """`repair_lock(target)`, a lock file the disk refuses said like any other write to the cache."""
-    with contextlib.ExitStack() as stack:
-        with _cache_write(cfg, "a lock for", target, lambda: None):
-            stack.enter_context(repair_lock(target))
-        yield
 
 
 def _train_cached_bpe(cfg: DataConfig, source: Source, settings: dict[str, Any], entry: Path,
@@ -239,36 +168,17 @@ def _train_cached_bpe(cfg: DataConfig, source: Source, settings: dict[str, Any],
              f"{source.description}{at_most} ...")
     tok = train_bpe(texts(), cfg.vocab_size, cfg.bpe_min_frequency, cfg.eos_token, cfg.mask_token)
     if n_docs == 0:
-        raise _no_documents(source, "train", cfg)
+        raise no_documents(source, "train", cfg)
     if progress:
         _say(f"tokenizer trained in {time.perf_counter() - start:.1f} s on {n_chars / 1e6:.1f} M characters "
              f"({n_docs:,} documents); cached for the next run")
-    if _store_bpe(cfg, tok, settings, entry):
+    if store_bpe(cfg, tok, settings, entry):
         return tok
     try:  # a concurrent run stored it first: every process uses the same file
-        return _cached_bpe(cfg, entry)
+        return cached_bpe(cfg, entry)
     except DamagedEntry as damage:
         raise RuntimeError(f"cached tokenizer {entry} is damaged right after it was stored ({damage}); "
                            "check the disk and the file system holding the cache.") from None
-
-
-def _store_bpe(cfg: DataConfig, tok: Tokenizer, settings: dict[str, Any], entry: Path) -> bool:
-    """Write `tok` and its manifest into cache entry `entry` through a temporary folder and a rename;
-    False when a concurrent run put its own there first. Nothing is left behind when a write fails."""
-    data = tok.to_str().encode("utf-8")
-    manifest = json.dumps(tokenizer_manifest(data, tok, settings), indent=2, default=str) + "\n"
-    with _cache_write(cfg, "the cached tokenizer", entry, lambda: len(data) + len(manifest)):
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        remove_leftovers(entry)
-        tmp = aside(entry, "tmp")
-        try:
-            tmp.mkdir()
-            (tmp / TOKENIZER_FILE).write_bytes(data)
-            (tmp / "manifest.json").write_text(manifest)
-            return put_in_place(tmp, entry)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
 
 
 # -- shards ------------------------------------------------------------------------------------------
@@ -378,7 +288,7 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
         extra = len(tokenizer.to_str().encode("utf-8")) + MANIFEST_BYTES
         return shards.needed(source, cfg, extra) if shards is not None else None
 
-    with _cache_write(cfg, "the token cache entry", out_dir, needed):
+    with cache_write(cfg, "the token cache entry", out_dir, needed):
         try:
             tmp.mkdir(parents=True)
             shards = _ShardFiles(tmp, token_dtype(tokenizer.vocab_size))
@@ -387,9 +297,9 @@ def build_shards(cfg: DataConfig, source: Source, tokenizer: Tokenizer, corpus: 
             finally:
                 shards.close()
             if shards.counts["train"]["documents"] == 0:
-                raise _no_documents(source, "train", cfg)
+                raise no_documents(source, "train", cfg)
             if cfg.val_fraction > 0 and shards.counts["val"]["documents"] == 0:
-                raise _no_documents(source, "val", cfg)
+                raise no_documents(source, "val", cfg)
             tokenizer.save(tmp)
             manifest = _manifest(cfg, source, tokenizer, corpus, shards)
             (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
@@ -457,7 +367,7 @@ def prepare_data(cfg: DataConfig, progress: bool = False) -> PreparedData:
               "val_fraction": cfg.val_fraction, "max_chars": cfg.max_chars}
     tokenizer, trained = get_tokenizer(cfg, source, corpus, root, progress)
     tokenizer_done = time.perf_counter()
-    out_dir = root / "shards" / _key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
+    out_dir = root / "shards" / entry_key({"format": FORMAT, "corpus": corpus, "tokenizer": tokenizer.hash})
     manifest, tokenised = _checked_entry(cfg, source, tokenizer, corpus, out_dir, progress)
     record.save()  # once the entry is in place: a write refused above leaves no record either
     end = time.perf_counter()

@@ -393,3 +393,18 @@ def skipped_files(names: list[str], shown: int = 5) -> str:
     few = ", ".join(names[:shown]) + (f" and {len(names) - shown:,} more" if len(names) > shown else "")
     files = "1 file that is" if len(names) == 1 else f"{len(names):,} files that are"
     return f"skipped {files} not UTF-8 text (binary or another encoding): {few}"
+
+
+def no_documents(source: Source, split: str, cfg: DataConfig) -> ConfigError:
+    """The error for a split left empty: what the source holds and where each document went."""
+    skipped = f"; {skipped_files(source.skipped)}" if source.skipped else ""
+    found = f" ({split_census(source, cfg)}{skipped})"
+    if split == "val":
+        return ConfigError(
+            f"no document of {source.description} fell into the validation split (val_fraction = "
+            f"{cfg.val_fraction}, split by a hash of each document's name){found}. Add documents, raise "
+            "val_fraction, or set val_fraction = 0 to train without validation.")
+    one_file = " (or give that one file as the source: a file is split by paragraphs)" \
+        if getattr(source, "file_count", 0) == 1 else ""
+    return ConfigError(f"no training documents in {source.description}{found}. Add documents, or lower "
+                       f"val_fraction{one_file}.")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,143 @@ def finetune_dir(run_dir: str | Path, task: str) -> Path:
     return Path(run_dir) / "finetune" / task
 
 
+@dataclass
+class TaskData:
+    """The task and its examples: the training file's and the evaluation file's."""
+
+    spec: TaskSpec
+    train: list[Example]
+    eval: list[Example]
+
+
+def load_task(task: str, cfg: FinetuneConfig, train_file: str | Path, eval_file: str | Path) -> TaskData:
+    """The task named `task` (its columns and labels from `cfg`; a label count not given is read from
+    the training labels) and the examples of both files."""
+    spec = make_task(task, cfg.text_columns, cfg.label_column, cfg.num_labels, cfg.label_names)
+    if not spec.num_labels:
+        spec = resolve_labels(spec, read_examples(train_file, spec)[1])
+    return TaskData(spec, load_task_file(train_file, spec), load_task_file(eval_file, spec))
+
+
+@dataclass
+class Classifier:
+    """The model being fine-tuned (the encoder and its head, on `device`), its tokenizer, its pooling
+    and the tokens an example keeps."""
+
+    model: SequenceClassifier
+    tokenizer: Any
+    pooling: str
+    max_length: int
+    device: torch.device
+
+
+def build_classifier(run_dir: str | Path, cfg: FinetuneConfig, spec: TaskSpec) -> Classifier:
+    """The run's encoder (`prepare_encoder`) with a new head of the task's labels; the head's
+    initialisation follows `cfg.seed`. An example keeps at most the run's context length."""
+    encoder, tokenizer, pooling = prepare_encoder(run_dir, cfg)
+    max_length = min(cfg.max_length or encoder.cfg.context_length, encoder.cfg.context_length)
+    device = _device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    model = SequenceClassifier(encoder, spec.num_labels, pooling, cfg.dropout).to(device)
+    return Classifier(model, tokenizer, pooling, max_length, device)
+
+
+def total_steps(cfg: FinetuneConfig, train_examples: int) -> int:
+    """The updates of the run: `cfg.epochs` epochs of `cfg.batch_size` (the last batch of an epoch may
+    be short), or `cfg.max_steps` if fewer."""
+    total = math.ceil(train_examples / cfg.batch_size) * cfg.epochs
+    return total if cfg.max_steps is None else min(cfg.max_steps, total)
+
+
+def set_lr(optimizers: list, optim_cfg: OptimConfig, step: int, total: int) -> None:
+    """Every group's lr for update `step` of `total`: its base lr times the schedule's factor."""
+    factor = lr_factor(optim_cfg, step / total, step, total)
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * factor
+
+
+@dataclass
+class Training:
+    """The state of the fine-tuning loop: the optimizers and their schedule, the updates done of
+    `total`, and the progress bar."""
+
+    optimizers: list
+    optim_cfg: OptimConfig
+    total: int
+    bar: Any
+    step: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.step == self.total
+
+
+def start_training(model: SequenceClassifier, cfg: FinetuneConfig, train_examples: int) -> Training:
+    """The optimizers (`cfg.optim`), the schedule over the run's updates (`total_steps`), its warmup
+    in steps, and the progress bar (shown with `cfg.progress`)."""
+    optim_cfg = cfg.optim()
+    optimizers = build_optimizers(model, optim_cfg)
+    total = total_steps(cfg, train_examples)
+    # the warmup in steps: its ramp (step + 1) / W makes the first update count (lr > 0)
+    optim_cfg = optim_cfg.replace(warmup_steps=round(cfg.warmup_fraction * total))
+    from tqdm.auto import tqdm
+
+    return Training(optimizers, optim_cfg, total, tqdm(total=total, disable=not cfg.progress, unit="step"))
+
+
+def train_epoch(clf: Classifier, cfg: FinetuneConfig, regression: bool, data, order, state: Training
+                ) -> list[float]:
+    """One pass over the training rows in `order`, a batch an update, stopping at the last update;
+    returns each update's loss."""
+    losses = []
+    for i in range(0, len(order), cfg.batch_size):
+        if state.done:
+            break
+        set_lr(state.optimizers, state.optim_cfg, state.step, state.total)
+        rows = order[i:i + cfg.batch_size]
+        ids, lengths, labels = (t[rows].to(clf.device) for t in data)
+        loss = _loss(clf.model(ids, lengths), labels, regression)
+        loss.backward()
+        clip_grad_norm(clf.model, cfg.grad_clip)
+        for opt in state.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        state.step += 1
+        losses.append(loss.item())
+        state.bar.update(1)
+        state.bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    return losses
+
+
+def train_and_evaluate(clf: Classifier, cfg: FinetuneConfig, spec: TaskSpec, train_data, eval_data,
+                       state: Training) -> tuple[list[dict[str, Any]], list]:
+    """The epochs (each in its own order, drawn from `cfg.seed`), the evaluation file's metrics after
+    each; returns the history and the last evaluation's predictions."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    history = []
+    clf.model.train()
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(train_data[0]), generator=generator)
+        losses = train_epoch(clf, cfg, spec.regression, train_data, order, state)
+        predictions = predict(clf.model, eval_data[0], eval_data[1], cfg.eval_batch_size, clf.device)
+        history.append({"epoch": epoch + 1, "step": state.step, "train_loss": sum(losses) / len(losses),
+                        **compute_metrics(spec, predictions, eval_data[2].tolist())})
+        if state.done:
+            break
+    return history, predictions
+
+
+def write_results(out: Path, record: dict[str, Any], predictions: list, labels: list) -> None:
+    """``metrics.json`` (the record) and ``predictions.jsonl`` (the last epoch's prediction and label
+    of every evaluation example, behind the metrics) in `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(record, indent=2))
+    rows = zip(predictions, labels, strict=True)
+    (out / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p, "label": y}) + "\n"
+                                                   for p, y in rows))
+
+
 def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path, task: str,
              out_dir: str | Path | None = None, **hp: Any) -> dict[str, float]:
     """Fine-tune the run (or blocklab export) in `run_dir` on `train_file`, evaluate on `eval_file`,
@@ -166,77 +304,26 @@ def finetune(run_dir: str | Path, train_file: str | Path, eval_file: str | Path,
     defaults to ``run_dir/finetune/<task>``. Returns the final metrics and the task ``score``.
     """
     cfg = FinetuneConfig.from_dict(hp)
-    spec = make_task(task, cfg.text_columns, cfg.label_column, cfg.num_labels, cfg.label_names)
-    if not spec.num_labels:
-        spec = resolve_labels(spec, read_examples(train_file, spec)[1])
-    train_examples, eval_examples = load_task_file(train_file, spec), load_task_file(eval_file, spec)
-
-    encoder, tokenizer, pooling = prepare_encoder(run_dir, cfg)
-    max_length = min(cfg.max_length or encoder.cfg.context_length, encoder.cfg.context_length)
-    device = _device(cfg.device)
-    torch.manual_seed(cfg.seed)
-    model = SequenceClassifier(encoder, spec.num_labels, pooling, cfg.dropout).to(device)
-    train_data = _tensors(tokenizer, train_examples, max_length, spec.regression)
-    eval_data = _tensors(tokenizer, eval_examples, max_length, spec.regression)
-
-    optim_cfg = cfg.optim()
-    optimizers = build_optimizers(model, optim_cfg)
-    steps_per_epoch = math.ceil(len(train_examples) / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps,
-                                                                           steps_per_epoch * cfg.epochs)
-    # the warmup in steps: its ramp (step + 1) / W makes the first update count (lr > 0)
-    optim_cfg = optim_cfg.replace(warmup_steps=round(cfg.warmup_fraction * total))
-    generator = torch.Generator().manual_seed(cfg.seed)
-    history, step, start = [], 0, time.perf_counter()
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, disable=not cfg.progress, unit="step")
-    model.train()
-    for epoch in range(cfg.epochs):
-        order = torch.randperm(len(train_examples), generator=generator)
-        losses = []
-        for i in range(0, len(order), cfg.batch_size):
-            if step == total:
-                break
-            factor = lr_factor(optim_cfg, step / total, step, total)
-            for opt in optimizers:
-                for group in opt.param_groups:
-                    group["lr"] = group["base_lr"] * factor
-            rows = order[i:i + cfg.batch_size]
-            ids, lengths, labels = (t[rows].to(device) for t in train_data)
-            loss = _loss(model(ids, lengths), labels, spec.regression)
-            loss.backward()
-            clip_grad_norm(model, cfg.grad_clip)
-            for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            step += 1
-            losses.append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
-        predictions = predict(model, eval_data[0], eval_data[1], cfg.eval_batch_size, device)
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": sum(losses) / len(losses),
-                        **compute_metrics(spec, predictions, eval_data[2].tolist())})
-        if step == total:
-            break
-    bar.close()
+    data = load_task(task, cfg, train_file, eval_file)
+    spec = data.spec
+    clf = build_classifier(run_dir, cfg, spec)
+    train_data = _tensors(clf.tokenizer, data.train, clf.max_length, spec.regression)
+    eval_data = _tensors(clf.tokenizer, data.eval, clf.max_length, spec.regression)
+    state = start_training(clf.model, cfg, len(data.train))
+    start = time.perf_counter()
+    history, predictions = train_and_evaluate(clf, cfg, spec, train_data, eval_data, state)
+    state.bar.close()
     metrics = {k: v for k, v in history[-1].items() if k not in ("epoch", "step", "train_loss")}
-    out = Path(out_dir) if out_dir is not None else finetune_dir(run_dir, spec.name)
-    out.mkdir(parents=True, exist_ok=True)
     record = {"task": spec.name, "run": str(run_dir), "train_file": str(train_file),
               "eval_file": str(eval_file), "metrics": metrics, "history": history,
-              "num_labels": spec.num_labels, "label_names": list(spec.label_names), "pooling": pooling,
-              "max_length": max_length, "train_examples": len(train_examples),
-              "eval_examples": len(eval_examples), "steps": step, "warmup_steps": optim_cfg.warmup_steps,
-              "time_s": time.perf_counter() - start,
+              "num_labels": spec.num_labels, "label_names": list(spec.label_names), "pooling": clf.pooling,
+              "max_length": clf.max_length, "train_examples": len(data.train),
+              "eval_examples": len(data.eval), "steps": state.step,
+              "warmup_steps": state.optim_cfg.warmup_steps, "time_s": time.perf_counter() - start,
               "config": cfg.to_dict()}
-    (out / "metrics.json").write_text(json.dumps(record, indent=2))
-    rows = zip(predictions, eval_data[2].tolist(), strict=True)  # the last epoch's, behind the metrics
-    (out / "predictions.jsonl").write_text("".join(json.dumps({"prediction": p, "label": y}) + "\n"
-                                                   for p, y in rows))
+    out = Path(out_dir) if out_dir is not None else finetune_dir(run_dir, spec.name)
+    write_results(out, record, predictions, eval_data[2].tolist())
     return metrics
-
-
 
 
 __all__ = ["FinetuneConfig", "TaskSpec", "finetune", "finetune_dir", "predict", "prepare_encoder"]

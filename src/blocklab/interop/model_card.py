@@ -31,7 +31,7 @@ from blocklab.model.config import ModelConfig
 from blocklab.model.presets import BLOCK_PRESETS, split_arch
 from blocklab.model.value_paths import VALUE_PATHS
 from blocklab.runtime import LanguageModel
-from blocklab.runtime.cache import cache_bytes_per_token
+from blocklab.runtime.cache_layout import cache_bytes_per_token
 
 if TYPE_CHECKING:
     from blocklab.interop.export_files import SpecialTokens

@@ -22,7 +22,7 @@ def outcome_path(paths: Any) -> Path:
 
 
 def write_outcome(outcome: dict[str, Any]) -> None:
-    """Write this job's outcome (called inside the job, by `slurm.RunJob`)."""
+    """Write this job's outcome (called inside the job, by `slurm_job.RunJob`)."""
     try:
         import submitit
 

@@ -31,7 +31,7 @@ def kv_cache_bytes_per_token(model_cfg: dict[str, Any], dtype: torch.dtype = tor
     (`cache_bytes_per_token`, equal to `KVCache.nbytes` of a real cache; tests/test_cache.py),
     built from the value paths on the meta device. NaN for an encoder, which has no cache."""
     from blocklab.model.config import ModelConfig
-    from blocklab.runtime.cache import cache_bytes_per_token
+    from blocklab.runtime.cache_layout import cache_bytes_per_token
 
     cfg = ModelConfig.from_dict(model_cfg)
     if not cfg.causal:

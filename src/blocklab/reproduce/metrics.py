@@ -80,7 +80,7 @@ def _flops(cfg: ModelConfig) -> float:
 
 
 def _kv_bytes(cfg: ModelConfig) -> float:
-    from blocklab.runtime.cache import cache_bytes_per_token
+    from blocklab.runtime.cache_layout import cache_bytes_per_token
 
     return float(cache_bytes_per_token(cfg)["per_token"])
 
@@ -88,7 +88,7 @@ def _kv_bytes(cfg: ModelConfig) -> float:
 def _table_layer_value_bytes(cfg: ModelConfig) -> float:
     """Value-cache bytes of the layers whose value path reads a token-indexed table or x0 (no V cache)."""
     from blocklab.model.value_paths import target_layers
-    from blocklab.runtime.cache import cache_bytes_per_token
+    from blocklab.runtime.cache_layout import cache_bytes_per_token
 
     targets = target_layers(cfg.value_path_options.get("layers", "last-third"), cfg.n_layers)
     layers = cache_bytes_per_token(cfg)["layers"]

@@ -5,11 +5,15 @@ give each claim its verdict.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blocklab.compare import Entry
 from blocklab.reproduce.campaign import record_launch
-from blocklab.reproduce.judge import Measurements, Reproduction, judge_claims, more_seeds
+from blocklab.reproduce.judge import ClaimResult, Measurements, Reproduction, judge_claims, more_seeds
 from blocklab.reproduce.metrics import METRICS
 from blocklab.reproduce.planning import (
     Sweep,
@@ -108,6 +112,94 @@ def _plannable(claims: list[Claim], ready: set[str] | None, train: bool) -> list
     return claims
 
 
+@dataclass
+class Trainer:
+    """How `reproduce` gets its runs: trained with `launcher` (finished runs reused), each launch
+    recorded under `root` (`campaign.record_launch`) and kept in `launches`; or, with `train` off,
+    only the stored runs checked against the configs planned for them (`check_stored`)."""
+
+    train: bool
+    log: Callable[[str], Any]
+    launcher: Any
+    tracking: dict[str, Any] | None
+    out: str | Path
+    root: Path
+    launches: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(self, configs: list[tuple[Any, TrainConfig]], what: str, began: float) -> None:
+        """Train `configs` (the launch's time counted from `began`); without training, check the
+        stored ones against them."""
+        from blocklab.launch import RunsFailed, train_runs
+
+        if not self.train:
+            return check_stored([cfg for _, cfg in configs])
+        self.log(f"{what}: {len(configs)} runs")
+        launch = train_runs(with_tracking(configs, self.tracking, self.out), self.launcher, self.log)
+        launch.raise_if_pending("reproduce", "judge the claims")
+        if launch.failed:
+            raise RunsFailed(launch.failed)
+        self.launches.append(launch.describe())
+        record_launch(self.root, launch, time.perf_counter() - began)
+
+
+def sweep_rates(trainer: Trainer, needed: dict[str, list[str]], scale: Scale, partial: bool
+                ) -> dict[str, Sweep]:
+    """With a learning-rate sweep (`Scale.lr_sweep`), every needed architecture's sweep trained and
+    read (`read_sweep`; without training and with `partial`, the unfinished ones left out); without
+    one, none."""
+    if not scale.lr_sweep:
+        return {}
+    archs = list(dict.fromkeys(a for archs in needed.values() for a in archs))
+    swept = sweep_plan(archs, scale, trainer.root)
+    trainer.run([(None, cfg) for *_, cfg in swept], "learning-rate sweep", time.perf_counter())
+    return read_sweep(swept, scale, partial=partial and not trainer.train)
+
+
+@dataclass
+class Judged:
+    """The last round of `judge_adding_seeds`: each claim's result, the runs planned per setting and
+    what was measured of them."""
+
+    results: list[ClaimResult]
+    runs: dict[str, list[tuple[Entry, TrainConfig]]]
+    measured: Measurements
+
+
+def train_planned(trainer: Trainer, claims: list[Claim], scale: Scale, factors: dict[str, float] | None,
+                  seeds: dict[tuple[str, str], int]) -> dict[str, list[tuple[Entry, TrainConfig]]]:
+    """The claims' runs planned with `seeds` (`planning.plan`) and trained; once training is over, the
+    throughput checks timed in interleaved rounds on this machine, never from the runs' logs."""
+    runs = plan(claims, scale, trainer.root, factors, seeds)
+    began = time.perf_counter()
+    for setting, configs in runs.items() if trainer.train else ():
+        trainer.log(f"{setting}: {len(configs)} runs in {trainer.root / scale.group(setting)}")
+    trainer.run(unique_runs(runs), "claims", began)
+    if trainer.train:
+        time_throughput(claims, scale, trainer.root, runs, trainer.launches[-1].get("threads"), trainer.log)
+    return runs
+
+
+def judge_adding_seeds(trainer: Trainer, claims: list[Claim], scale: Scale, sweeps: dict[str, Sweep],
+                       ready: set[str] | None, seeds: dict[tuple[str, str], int], partial: bool) -> Judged:
+    """Train the claims' runs with each architecture's best rate from `sweeps`, and judge them; while
+    training and a measured check is undecided with fewer than `scale.max_seeds` seeds (`more_seeds`),
+    its (setting, arch) pairs get more seeds (kept in `SEEDS`), and the claims are trained and judged
+    again."""
+    factors = {arch: s.best for arch, s in sweeps.items()} or None
+    claims_to_plan = _plannable(claims, ready, trainer.train)
+    while True:
+        runs = train_planned(trainer, claims_to_plan, scale, factors, seeds)
+        measured = Measurements(runs)
+        results = judge_claims(claims, scale, measured, ready, partial and not trainer.train)
+        more = more_seeds(results, seeds, scale) if trainer.train else {}
+        if not more:
+            return Judged(results, runs, measured)
+        trainer.log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, "
+                    f"up to {max(more.values())}")
+        seeds.update(more)
+        _keep_planned_seeds(trainer.root, seeds, scale)
+
+
 def reproduce(
     claims: list[Claim],
     scale: str | Scale = "quick",
@@ -138,53 +230,14 @@ def reproduce(
 
     Raises RunsPending when the launcher left runs queued, and RunsFailed when some failed (a claim
     cannot be judged on missing seeds)."""
-    import time
-
     start = time.perf_counter()
     name, scale, claims = _selected(claims, scale, name, overrides)
     root = Path(out) / name
-    launches: list[dict[str, Any]] = []
-
-    def train_all(configs: list[tuple[Any, TrainConfig]], what: str) -> None:
-        """Train `configs` (finished runs reused); without training, check the stored ones against them."""
-        from blocklab.launch import RunsFailed, train_runs
-
-        if not train:
-            return check_stored([cfg for _, cfg in configs])
-        log(f"{what}: {len(configs)} runs")
-        launch = train_runs(with_tracking(configs, tracking, out), launcher, log)
-        launch.raise_if_pending("reproduce", "judge the claims")
-        if launch.failed:
-            raise RunsFailed(launch.failed)
-        launches.append(launch.describe())
-        record_launch(root, launch, time.perf_counter() - began)
-
-    sweeps: dict[str, Sweep] = {}
+    trainer = Trainer(train, log, launcher, tracking, out, root)
     needed = needed_archs(claims)
-    if scale.lr_sweep:
-        swept = sweep_plan(list(dict.fromkeys(a for archs in needed.values() for a in archs)), scale, root)
-        began = time.perf_counter()
-        train_all([(None, cfg) for *_, cfg in swept], "learning-rate sweep")
-        sweeps = read_sweep(swept, scale, partial=partial and not train)
-    factors = {arch: s.best for arch, s in sweeps.items()} or None
+    sweeps = sweep_rates(trainer, needed, scale, partial)
     ready = set(sweeps) if scale.lr_sweep else None  # the archs whose rates are known
-    seeds = starting_seeds(needed, scale, root)
-    claims_to_plan = _plannable(claims, ready, train)
-    while True:
-        runs = plan(claims_to_plan, scale, root, factors, seeds)
-        began = time.perf_counter()
-        for setting, configs in runs.items() if train else ():
-            log(f"{setting}: {len(configs)} runs in {root / scale.group(setting)}")
-        train_all(unique_runs(runs), "claims")
-        if train:  # speed from interleaved rounds on this machine once training is over, not from the logs
-            time_throughput(claims_to_plan, scale, root, runs, launches[-1].get("threads"), log)
-        measured = Measurements(runs)
-        results = judge_claims(claims, scale, measured, ready, partial and not train)
-        more = more_seeds(results, seeds, scale) if train else {}
-        if not more:
-            break
-        log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, up to {max(more.values())}")
-        seeds.update(more)
-        _keep_planned_seeds(root, seeds, scale)
-    return Reproduction(results, scale, name, runs, time.perf_counter() - start,
-                        launches[-1] if launches else None, sweeps, root, measured)
+    judged = judge_adding_seeds(trainer, claims, scale, sweeps, ready, starting_seeds(needed, scale, root),
+                                partial)
+    return Reproduction(judged.results, scale, name, judged.runs, time.perf_counter() - start,
+                        trainer.launches[-1] if trainer.launches else None, sweeps, root, judged.measured)

@@ -1,32 +1,12 @@
-"""A KV cache that keeps, for each layer, only what that layer's attention will read again.
+"""The KV cache: the keys, values and token ids of past positions, laid out per layer as `CacheLayout`
+says (runtime/cache_layout.py: only what each layer's attention will read again), and the protocol a
+forward pass follows over it (model/carry.py's `DecodingCache`): `begin` the pass (its positions),
+`update` each layer in turn (store its new keys and values, return what its queries may see as a
+`Seen`), then `end` it (the new positions count as cached), or `abort` it when it failed part-way.
 
-The layout follows from each layer's `LayerRole` (its `key_layer`, `value_layer` and `reads_layer`,
-model/value_paths/base.py), never from the value path's name:
-
-    standard, ResFormer family, NeuTRENO, DenseFormer,   K and V per layer (the V attention uses:
-    value-embed, cross-layer attention                     ResFormer's mixed V, value-embed's V + g E)
-    grouped-query attention                               K and V with n_kv_heads heads
-    CLA (Brandon et al. 2024)                             K and V of each group's first layer only
-    SVFormer (Value Residual Eq. 10, Sec. 3.5)            K per layer, V once (V_1, and once per anchor)
-    v1-value (Bank of Values Table 1)                     K per layer, V of the non-target layers
-    Bank of Values (Eq. 5), x0-value                      K per layer, V of the non-target layers and
-                                                          one buffer of token ids shared by all layers
-
-So SVFormer holds (L + 1) / (2L) of the standard K + V bytes, and Bank of Values saves
-Delta_KV = (L/3) d (T - |V|) values per sequence once its tables are counted (Bank of Values Eq. 6).
-
-Value paths whose mixing is token-local need nothing beyond their own V: ResFormer's
-V'_n = lambda_1 V_1 + lambda_2 V_n and Dense-ResFormer's V'_n = sum_i lambda_{n,i} V_i mix the values
-of one position, so V'_n of a past position is computed once, when that token is processed, and
-cached like any V; V_1 (and every earlier V_i) is needed only for the current tokens, which the
-`Carry` holds. NeuTRENO's correction lambda (V_1 - V_n) and DenseFormer's average over block
-outputs are token-local too.
-
-Sliding-window layers keep a ring of their last `window` positions (the window of the newest query,
-itself included; the queries of a new chunk also see the chunk). A tensor read by several layers
-(CLA's shared K and V, SVFormer's V_1, the first layer's K and V under cross-layer attention, the
-token ids) keeps the widest span among its readers, so a windowed layer whose V_1 a full-context
-layer reads keeps every position.
+Each tensor is a `Store` (runtime/cache_store.py: every position, or a ring of a window's last
+positions); a padded batch keeps its per-row state in a `PaddingState` (runtime/padding.py), and
+offloaded Bank of Values tables their rows in `ValueRows` (runtime/offload.py).
 
 Shaped attention decodes alpha v per token, and its centering term C V (the mean of the values a
 query sees) from a running float32 sum of the layer's values (B, H_kv, 1, D) that the cache keeps
@@ -40,196 +20,28 @@ and values keep their gradients (the cached past is a constant).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from blocklab.model import ops
 from blocklab.model.carry import Seen
-from blocklab.model.value_paths import (
-    SharedModule,
-    ValuePath,
-    is_value_table,
-    make_shared_module,
-    make_value_path,
+from blocklab.model.value_paths import ValuePath
+from blocklab.runtime.cache_layout import (
+    TOKEN_ID_DTYPE,
+    CacheLayout,
+    cache_bytes_per_token,
+    check_causal,
+    first_position,
 )
+from blocklab.runtime.cache_store import Store
 from blocklab.runtime.offload import TableKey, ValueRows
 from blocklab.runtime.padding import PaddingState
-from blocklab.util.errors import ConfigError
 
 if TYPE_CHECKING:
     from blocklab.model.config import ModelConfig
-
-TOKEN_ID_DTYPE = torch.int32  # 4 bytes per cached token id (F.embedding takes int32 indices)
-
-
-def _first_position(past: int, span: int | None) -> int:
-    """The oldest position a query at `past` (or later) can see through a window of `span` keys."""
-    return 0 if span is None else max(0, past - span + 1)
-
-
-def _widest(windows: list[int | None]) -> int | None:
-    """The span a store needs to serve readers with these windows (None: every position)."""
-    spans = [w for w in windows if w is not None]
-    return None if len(spans) < len(windows) else max(spans)
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """Which tensors the cache stores and how many recent positions each keeps (None: all).
-
-    `key_spans[j]` / `value_spans[j]`: the keys / values of layer j; `id_span`: the token ids,
-    stored when some layer computes its values from them (`has_ids`); `summed_layers`: the layers
-    whose centering term reads a running sum of their values; `routes[i]`: layer i's `key_layer`,
-    `value_layer` and `reads_layer`, copied from its value path's `LayerRole`; `caches_values[i]`:
-    whether layer i stores the values it computes (its value path's `caches_values`), else it reads
-    them from `value_layer`'s store or the token ids.
-    """
-
-    windows: tuple[int | None, ...]
-    routes: tuple[tuple[int, int | None, int | None], ...]
-    caches_values: tuple[bool, ...]
-    key_spans: dict[int, int | None]
-    value_spans: dict[int, int | None]
-    has_ids: bool
-    id_span: int | None
-    summed_layers: tuple[int, ...]  # full-context shaped layers: a running sum for their C V
-
-    @classmethod
-    def from_paths(cls, cfg: ModelConfig, paths: Sequence[ValuePath]) -> CacheLayout:
-        windows = tuple(cfg.layer_window(i) for i in range(cfg.n_layers))
-        key_readers: dict[int, list] = {}
-        value_readers: dict[int, list] = {}
-        id_readers = []
-        for layer, path in enumerate(paths):
-            w = windows[layer]
-            key_readers.setdefault(path.key_layer, []).append(w)
-            if path.value_layer is None:
-                id_readers.append(w)
-            else:
-                value_readers.setdefault(path.value_layer, []).append(w)
-            if path.reads_layer is not None:
-                key_readers.setdefault(path.reads_layer, []).append(w)
-                value_readers.setdefault(path.reads_layer, []).append(w)
-        return cls(windows=windows,
-                   routes=tuple((p.key_layer, p.value_layer, p.reads_layer) for p in paths),
-                   caches_values=tuple(p.caches_values for p in paths),
-                   key_spans={j: _widest(r) for j, r in sorted(key_readers.items())},
-                   value_spans={j: _widest(r) for j, r in sorted(value_readers.items())},
-                   has_ids=bool(id_readers), id_span=_widest(id_readers) if id_readers else None,
-                   summed_layers=tuple(i for i, w in enumerate(windows)
-                                       if cfg.attn_matrix == "shaped" and w is None))
-
-
-def _check_causal(cfg: ModelConfig) -> None:
-    if not cfg.causal:
-        raise ConfigError("ModelConfig.causal = False: a bidirectional encoder attends to later tokens, "
-                          "so it cannot decode with a KV cache; use a causal model.")
-
-
-def _value_paths(cfg: ModelConfig) -> tuple[list[ValuePath], SharedModule | None]:
-    """The value paths of `cfg`, built on the meta device (no memory): they describe the layout."""
-    with torch.device("meta"):
-        return [make_value_path(cfg, i) for i in range(cfg.n_layers)], make_shared_module(cfg)
-
-
-def cache_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2, context: int | None = None) -> dict:
-    """The analytic cache layout of `cfg` for one sequence of `context` positions.
-
-    Keys and values take kv_dim * dtype_bytes per position; a store keeps `context` positions, or
-    min(span, context) for a sliding-window span; token ids take 4 bytes (int32) per position.
-    Returns a dict with, for one sequence of `context` positions (default: cfg.context_length):
-
-    - ``layers``: per layer ``kind`` ("K+V", "K", "V" or "-": what it stores itself), the
-      positions its keys and values keep (``key_entries``, ``value_entries``: a sliding-window
-      layer keeps its window unless a full-context layer reads them) and ``key_bytes``, ``value_bytes``;
-    - ``kinds``: how many layers of each kind;
-    - ``key_bytes``, ``value_bytes``, ``token_id_bytes``, ``value_sum_bytes`` (shaped attention's
-      running sums: kv_dim values per full-context layer, in at least float32, whatever the
-      context) and ``total_bytes`` (their sum, which equals ``KVCache.nbytes`` for batch 1 and
-      max_len = context);
-    - ``per_token``: total_bytes / context;
-    - ``value_table_bytes``: the token-indexed value tables (Bank of Values' E_v, value embeddings)
-      at dtype_bytes, parameters rather than cache, which decide Bank of Values' breakeven
-      (Eq. 6: it saves memory once context > vocab_size).
-    """
-    _check_causal(cfg)
-    context = cfg.context_length if context is None else context
-    if not isinstance(context, int) or context < 1:
-        raise ValueError(f"context = {context!r} is not allowed: give a positive number of positions.")
-    paths, shared = _value_paths(cfg)
-    layout = CacheLayout.from_paths(cfg, paths)
-    kv_dim = cfg.attention_shape.kv_dim
-    width = kv_dim * dtype_bytes
-
-    def entries(span: int | None) -> int:
-        return context if span is None else min(span, context)
-
-    layers: list[dict[str, Any]] = []
-    for i in range(cfg.n_layers):
-        k = entries(layout.key_spans[i]) if i in layout.key_spans else 0
-        v = entries(layout.value_spans[i]) if i in layout.value_spans else 0
-        kind = "K+V" if k and v else "K" if k else "V" if v else "-"
-        layers.append(dict(layer=i, kind=kind, key_entries=k, value_entries=v, key_bytes=k * width,
-                           value_bytes=v * width))
-    ids = entries(layout.id_span) * TOKEN_ID_DTYPE.itemsize if layout.has_ids else 0
-    keys, values = sum(x["key_bytes"] for x in layers), sum(x["value_bytes"] for x in layers)
-    modules = [*paths, shared] if shared is not None else paths
-    tables = sum(p.numel() for m in modules for n, p in m.named_parameters() if is_value_table(n))
-    sums = len(layout.summed_layers) * kv_dim * max(dtype_bytes, 4)
-    total = keys + values + ids + sums
-    return dict(context=context, dtype_bytes=dtype_bytes, layers=layers,
-                kinds=dict(Counter(x["kind"] for x in layers)), key_bytes=keys, value_bytes=values,
-                token_id_bytes=ids, value_sum_bytes=sums, total_bytes=total, per_token=total / context,
-                value_table_bytes=tables * dtype_bytes)
-
-
-def table_layers(cfg: ModelConfig) -> tuple[int, int]:
-    """(layers that read values by token id, distinct value tables they read): Bank of Values' target
-    layers and its tables (one per target layer, or one shared)."""
-    paths, shared = _value_paths(cfg)
-    readers = sum(1 for p in paths if p.value_layer is None)
-    modules = [*paths, shared] if shared is not None else paths
-    tables = sum(1 for m in modules for n, _ in m.named_parameters() if is_value_table(n))
-    return readers, tables
-
-
-class _Store:
-    """The cached past of one tensor (B, time, ...): every position, or a ring of the last `span`."""
-
-    def __init__(self, batch: int, max_len: int, span: int | None, features: tuple[int, ...],
-                 dtype: torch.dtype, device: torch.device | str | None):
-        self.span = span  # the most recent positions its readers need (None: all)
-        self.capacity = max_len if span is None else min(span, max_len)
-        self.ring = self.capacity < max_len
-        self.data = torch.zeros(batch, self.capacity, *features, dtype=dtype, device=device)
-
-    def update(self, new: Tensor, past: int, start: int) -> Tensor:
-        """Store `new` (positions past .. past+T-1); return positions start .. past+T-1."""
-        t = new.shape[1]
-        data = self.data
-        grad = new.requires_grad
-        stored = new.detach() if grad else new  # the cache holds no graph
-        if stored.dtype != data.dtype:
-            stored = stored.to(data.dtype)
-        if not self.ring:
-            data[:, past:past + t] = stored
-            if grad:  # keep the current tokens' graph; the past is a constant
-                return torch.cat((data[:, start:past].to(new.dtype), new), dim=1)
-            seen = data[:, start:past + t]  # a view
-            return seen if seen.dtype == new.dtype else seen.to(new.dtype)
-        present = new if grad else stored.to(new.dtype)
-        device = data.device
-        # read the past before writing: a long chunk overwrites slots its own first queries still see
-        older = data.index_select(1, torch.arange(start, past, device=device) % self.capacity)
-        keep = min(t, self.capacity)
-        slots = torch.arange(past + t - keep, past + t, device=device) % self.capacity
-        data.index_copy_(1, slots, stored[:, t - keep:])
-        return torch.cat((older.to(new.dtype), present), dim=1)
 
 
 class KVCache:
@@ -244,7 +56,7 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, paths: Sequence[ValuePath], batch_size: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str | None = None,
                  value_tables: dict[TableKey, Tensor] | None = None):
-        _check_causal(cfg)
+        check_causal(cfg)
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} = {value!r} is not allowed: it must be a positive integer.")
@@ -257,11 +69,11 @@ class KVCache:
         shape = cfg.attention_shape
         self.head_dim = shape.head_dim  # values are stored (B, T, kv_dim) and split into heads to read
         heads = (shape.n_kv_heads, shape.head_dim)
-        self.keys = {j: _Store(batch_size, max_len, s, heads, dtype, device)
+        self.keys = {j: Store(batch_size, max_len, s, heads, dtype, device)
                      for j, s in self.layout.key_spans.items()}
-        self.values = {j: _Store(batch_size, max_len, s, (shape.kv_dim,), dtype, device)
+        self.values = {j: Store(batch_size, max_len, s, (shape.kv_dim,), dtype, device)
                        for j, s in self.layout.value_spans.items()}
-        self.token_ids = (_Store(batch_size, max_len, self.layout.id_span, (), TOKEN_ID_DTYPE, device)
+        self.token_ids = (Store(batch_size, max_len, self.layout.id_span, (), TOKEN_ID_DTYPE, device)
                           if self.layout.has_ids else None)
         sum_dtype = torch.promote_types(dtype, torch.float32)
         self.value_sums = {j: torch.zeros(batch_size, *heads[:1], 1, heads[1], dtype=sum_dtype, device=device)
@@ -272,7 +84,6 @@ class KVCache:
                           if cfg.smear else None)
         # a padded batch (model/masking.py): which positions are real, set at the first padded pass
         self.padding: PaddingState | None = None
-        self._real: Tensor | None = None  # (B, max_len) bool, False at padding
         self._chunk: int | None = None  # tokens of the forward pass in progress
         self._present: dict[tuple[str, int | None], tuple[int, Tensor]] = {}
         self._broken = False
@@ -294,8 +105,8 @@ class KVCache:
         if self.token_ids is not None:
             out["token_ids"] = self.token_ids.data
         out.update({f"value_sums.{j}": t for j, t in self.value_sums.items()})
-        if self._real is not None:  # a padded batch's flags: one byte per position
-            out["real_positions"] = self._real
+        if self.padding is not None:  # a padded batch's flags: one byte per position
+            out["real_positions"] = self.padding.flags
         return out
 
     @property
@@ -337,13 +148,12 @@ class KVCache:
         # only the filled positions (a store, ring or not, fills slots 0 .. length - 1 first)
         per_row = [s.data[:, :min(self.length, s.capacity)] for s in stores]
         per_row += list(self.value_sums.values())
-        per_row += [self._real[:, :self.length]] if self._real is not None else []
         for tensor in per_row:
             tensor.copy_(tensor.index_select(0, rows.to(tensor.device)))
         if self._last_ids is not None:  # (pending/cached, B, 1)
             self._last_ids.copy_(self._last_ids.index_select(1, rows.to(self._last_ids.device)))
         if self.padding is not None:
-            self.padding.reorder(rows.to(self.padding.real.device))
+            self.padding.reorder(rows.to(self.padding.real.device), self.length)
 
     # -- one forward pass ----------------------------------------------------------------------
     def begin(self, token_ids: Tensor, real: Tensor | None = None) -> Tensor:
@@ -371,32 +181,20 @@ class KVCache:
         if self._last_ids is not None:
             self._last_ids[1].copy_(token_ids[:, -1:])
         if real is not None or self.padding is not None:
-            return self._padded_positions(token_ids, real)
+            if self.padding is None:  # the first padded pass: every cached position was real
+                self.padding = PaddingState(b, self.max_len, self.length, token_ids.device)
+            return self.padding.advance(real, self.length, t)
         positions = self._positions
         if positions.device != token_ids.device:
             return torch.arange(self.length, self.length + t, device=token_ids.device)
         return positions[self.length:self.length + t]
 
-    def _padded_positions(self, token_ids: Tensor, real: Tensor | None) -> Tensor:
-        """Record which new positions are real and return each row's positions (model/masking.py)."""
-        b, t = token_ids.shape
-        device = token_ids.device
-        if self.padding is None:  # the first padded pass: every cached position was real
-            self.padding = PaddingState(b, device)
-            self.padding.real += self.length
-            self._real = torch.zeros(b, self.max_len, dtype=torch.bool, device=device)
-            self._real[:, :self.length] = True
-        assert self._real is not None
-        positions = self.padding.advance(real, t)
-        self._real[:, self.length:self.length + t] = True if real is None else real
-        return positions
-
     def key_valid(self) -> Tensor | None:
         """(B, P) False at padding, for every position up to the newest of the pass in progress (a
         layer's keys are the last T_k of them); None when no pass over this cache had padding."""
-        if self._real is None:
+        if self.padding is None:
             return None
-        return self._real[:, :self.length + self._chunk_length()]
+        return self.padding.flags[:, :self.length + self._chunk_length()]
 
     def end(self) -> None:
         """Finish the forward pass: the new positions count as cached."""
@@ -427,7 +225,7 @@ class KVCache:
         and return what its queries may see (`Seen`): every visible key, the cached source of its
         values, another layer's keys and values it reads, and its running value sum."""
         key_layer, value_layer, reads = self.layout.routes[layer]
-        start = _first_position(self.length, self.layout.windows[layer])
+        start = first_position(self.length, self.layout.windows[layer])
         if key_layer == layer:  # its own keys: what it stores is what it reads
             keys = self._write("keys", layer, self.keys[layer], k.transpose(1, 2), start)
         else:
@@ -459,11 +257,11 @@ class KVCache:
         sums += stored.sum(dim=-2, keepdim=True, dtype=sums.dtype)
         return before
 
-    def _write(self, kind: str, layer: int | None, store: _Store, new: Tensor,
+    def _write(self, kind: str, layer: int | None, store: Store, new: Tensor,
                start: int | None = None) -> Tensor:
         """Store `new` and keep what the store's widest reader sees for the later layers; returns the
         positions from `start` on (for the writing layer itself), or all it keeps (start None)."""
-        first = _first_position(self.length, store.span)  # what its widest reader sees
+        first = first_position(self.length, store.span)  # what its widest reader sees
         seen = store.update(new, self.length, first)
         self._present[kind, layer] = (first, seen)
         if start is None or start == first:
@@ -479,3 +277,6 @@ class KVCache:
         if start < first:
             raise AssertionError(f"the cached {kind} of layer {layer} start at {first}, not {start}")
         return tensor[:, start - first:]
+
+
+__all__ = ["KVCache", "cache_bytes_per_token"]  # cache_bytes_per_token: its public home (docs/cache.md)

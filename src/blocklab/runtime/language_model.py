@@ -183,7 +183,7 @@ class LanguageModel(Transformer):
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None,
                   device: torch.device | str | None = None) -> KVCache:
         """An empty KV cache for `batch_size` sequences of up to `max_len` positions, laid out from
-        the value paths (runtime/cache.py); dtype and device default to the model's."""
+        the value paths (runtime/cache_layout.py); dtype and device default to the model's."""
         weight = self.tok_emb.weight
         paths = [block.attn.values for block in self.block_list()]
         return KVCache(self.cfg, paths, batch_size, max_len, dtype or weight.dtype, device or weight.device,

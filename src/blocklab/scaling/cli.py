@@ -203,6 +203,20 @@ def add_parsers(sub) -> None:
         "fields (the rungs' shapes, steps, batch, sequence length, learning-rate rule) are changed by a "
         "ladder file (--ladder FILE.yaml), not by overrides.",
     )
+    _ladder_arguments(p)
+    _store_arguments(p)
+    _piece_arguments(p)
+    p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
+    p.add_argument("--claims", help="with --until-decided: the headline claims (comma-separated ids, see "
+                   "--list) whose verdicts the rounds wait for (default: every one the ladder judges)")
+    add_until_decided_arguments(p)
+    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
+    launch_cli.add_arguments(p)
+    p.set_defaults(func=cmd_scaling, option_fields={"threads": "threads"})
+
+
+def _ladder_arguments(p) -> None:
+    """What trains: the config and overrides of every run, the architectures, the ladder and its seeds."""
     p.add_argument(
         "overrides",
         nargs="*",
@@ -222,6 +236,10 @@ def add_parsers(sub) -> None:
         "FILE.yaml of one's own (docs/scaling.md); see --list",
     )
     p.add_argument("--seeds", type=int, help="seeds per architecture and rung (default: the ladder's, 3)")
+
+
+def _store_arguments(p) -> None:
+    """Where the runs and the report go, and whether only finished runs are read."""
     p.add_argument("--out", default="runs/scaling", help="the run store (default runs/scaling)")
     p.add_argument("--report", help="write the report here instead of OUT/ladder-<name>/ (with "
                    "--until-decided: instead of OUT/ladder-<name>/until-decided/)")
@@ -236,6 +254,10 @@ def add_parsers(sub) -> None:
         action="store_true",
         help="only read finished runs: fit and report on the seeds that finished every rung",
     )
+
+
+def _piece_arguments(p) -> None:
+    """A piece of the ladder trained in a lent time (--minutes, --export), and retraining stale runs."""
     p.add_argument(
         "--minutes",
         type=float,
@@ -254,10 +276,3 @@ def add_parsers(sub) -> None:
         help="retrain the runs in the store whose config differs from this ladder's (refused without it); "
         "the others are reused",
     )
-    p.add_argument("--list", action="store_true", help="list the ladders and the headline claims")
-    p.add_argument("--claims", help="with --until-decided: the headline claims (comma-separated ids, see "
-                   "--list) whose verdicts the rounds wait for (default: every one the ladder judges)")
-    add_until_decided_arguments(p)
-    p.add_argument("--threads", type=positive_int, help=THREADS_HELP)
-    launch_cli.add_arguments(p)
-    p.set_defaults(func=cmd_scaling, option_fields={"threads": "threads"})
