@@ -412,11 +412,11 @@ def test_exported_tensor_names_stay_clear_of_transformers_renames(arch):
     assert sorted(blocklab_name(n) for n in names) == sorted("model." + n for n in model.state_dict())
 
 
-OLD_EXPORT = Path(__file__).resolve().parent / "data" / "pre-issue50" / "shaped-export"
+OLD_EXPORT = Path(__file__).resolve().parent / "fixtures" / "hf-export-blocklab-names" / "shaped-export"
 
 
 def test_an_export_written_with_blocklab_names_still_loads():
-    """tests/data/pre-issue50 (written before the export names: ``attn.beta.gain``, ``attn.gamma.gain``)
+    """tests/fixtures/hf-export-blocklab-names (written before the export names: ``attn.beta.gain``, ``attn.gamma.gain``)
     loads through the Auto class and from_hf with every tensor, giving the logits of a blocklab model
     holding the file's tensors as they are (read with safetensors, no transformers involved)."""
     from safetensors.torch import load_file

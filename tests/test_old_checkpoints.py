@@ -1,7 +1,7 @@
 """Weights saved by older versions (blocklab at 13306be) load into today's model and give the logits they
 gave then: the padded head, fused projections, the chunked loss and the one-Function shaped attention
-change how the model computes, not what (tests/data/pre-issue37/: tiny perturbed models, their configs and
-the logits the old code computed on fixed ids, written by that commit's code)."""
+change how the model computes, not what (tests/fixtures/format-v1-state-dicts-13306be/: tiny perturbed
+models, their configs and the logits the old code computed on fixed ids, written by that commit's code)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from safetensors.torch import load_file
 from blocklab import LanguageModel, ModelConfig
 from blocklab.runtime.fused_projections import set_fused_projections
 
-# pre-issue40/ (blocklab at da7d2a6, before the model-core refactor): every value path, the block presets,
-# CLA with GQA and RoPE, ResFormer's query and key residuals, the U-net value embeddings, BoV's shared
-# table, additive x0-value; written by tests/data/pre-issue40/README-make.py.txt at that commit
-DATA = Path(__file__).parent / "data"
-NAMES = sorted(f"{p.parent.name}/{p.name.removesuffix('.json')}" for p in DATA.glob("pre-issue*/*.json"))
+# format-v1-state-dicts-da7d2a6/ (blocklab at da7d2a6, before the model-core refactor): every value path,
+# the block presets, CLA with GQA and RoPE, ResFormer's query and key residuals, the U-net value
+# embeddings, BoV's shared table, additive x0-value; written by its README-make.py.txt at that commit
+DATA = Path(__file__).parent / "fixtures"
+NAMES = sorted(f"{p.parent.name}/{p.name.removesuffix('.json')}"
+               for p in DATA.glob("format-v1-state-dicts-*/*.json"))
 
 
 def load_old(name: str) -> tuple[LanguageModel, torch.Tensor, torch.Tensor]:
@@ -31,10 +32,10 @@ def load_old(name: str) -> tuple[LanguageModel, torch.Tensor, torch.Tensor]:
 
 
 def test_every_saved_model_is_here():
-    old = [n.split("/")[1] for n in NAMES if n.startswith("pre-issue37/")]
+    old = [n.split("/")[1] for n in NAMES if n.startswith("format-v1-state-dicts-13306be/")]
     assert old == ["parallel_resformer", "pre-ln", "pre-ln_bov", "sas-p", "sas_svformer"]
     from blocklab.model.value_paths import VALUE_PATHS
-    new = {n.split("/")[1] for n in NAMES if n.startswith("pre-issue40/")}
+    new = {n.split("/")[1] for n in NAMES if n.startswith("format-v1-state-dicts-da7d2a6/")}
     assert {"pre-ln" if v == "standard" else f"pre-ln_{v}" for v in VALUE_PATHS} <= new
     assert {"sas", "sas-p", "parallel", "shaped", "sas-p_resformer", "pre-ln_cla-gqa"} <= new
 
