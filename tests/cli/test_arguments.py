@@ -280,3 +280,23 @@ def test_an_unknown_option_or_an_override_where_none_go_is_still_a_usage_error(c
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_compare_and_export_refuse_bad_input(finished_run, tmp_path, capsys):
+    for args, words in ((["compare", "--seeds", "0"], ["--seeds", "'0'"]),
+                        (["compare", "--seeds", "two"], ["--seeds", "'two'"]),
+                        (["compare", "--lr-sweep", "1e-3,fast", "--steps", "1"], ["--lr-sweep", "fast"]),
+                        (["export", "--run", str(tmp_path / "nope"), "--out", str(tmp_path / "e")],
+                         ["nope", "not a blocklab run"])):
+        try:
+            code = main(args)
+        except SystemExit as stop:  # argparse's own errors exit 2 from parse_args
+            code = stop.code
+        assert code == 2, args
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and all(w in err for w in words), (args, err)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    assert main(["export", "--run", str(finished_run), "--out", str(full)]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (full / "notes.txt").read_text() == "mine"

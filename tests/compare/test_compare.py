@@ -131,7 +131,7 @@ def test_compare_two_architectures_report(corpus, tmp_path, monkeypatch):
         assert row["FLOPs/token"][0] == pytest.approx(summaries[0]["flops_per_token"] / 1e6, abs=0.005)
         expected = mean_std([s["val_bpb"] for s in summaries])
         assert row["val bits/byte"] == pytest.approx(expected, abs=0.51e-4)
-        # KV cache: the analytic layout, which tests/test_cache.py proves equal to KVCache.nbytes
+        # KV cache: the analytic layout, which tests/runtime/test_cache.py proves equal to KVCache.nbytes
         kv = cache_bytes_per_token(cfg)["per_token"]
         assert row["KV cache bytes/token"][0] == pytest.approx(kv, abs=0.5)
         # throughput: the interleaved pass's median and spread of step times, in the table and the JSON
@@ -795,3 +795,12 @@ def test_compare_refuses_the_report_of_another_comparison(corpus, tmp_path):
     assert json.loads((out / "results.json").read_text())["comparison"] == recorded
     compare(["bov"], out, base=cfg, overwrite=True, **quiet)
     assert json.loads((out / "results.json").read_text())["comparison"]["architectures"] == ["bov"]
+
+
+def test_compare_python_api_refuses_no_seeds_or_no_architectures(tmp_path):
+    from blocklab.compare import compare
+
+    with pytest.raises(ConfigError, match="seeds = 0"):
+        compare(["pre-ln"], tmp_path, seeds=0)
+    with pytest.raises(ConfigError, match="at least one architecture"):
+        compare([], tmp_path)

@@ -14,6 +14,7 @@ import builtins
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 
 from blocklab.data import DataConfig, cache_entry, digests, open_source, prepare_data
 from blocklab.data import prepare as prepare_module
+from timeouts import patient
 
 
 @pytest.fixture
@@ -463,3 +465,42 @@ def test_a_file_changed_just_now_is_not_recorded(corpus, tmp_path, monkeypatch):
     next_start(config)
     assert len(opened) == 20
     digests._SEEN.clear()
+
+
+@pytest.mark.slow
+def test_kill_during_tokenisation_leaves_a_cache_that_trains(tmp_path):
+    """kill -9 `blocklab train` while it tokenises (its temporary shard folder exists), then run again:
+    the run finishes, the dead process's leftovers are gone and the cached arrays equal a clean cache's."""
+    import numpy as np
+
+    from blocklab.data import DataConfig, prepare_data
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(40):  # 16 MB: a few seconds of tokenising, with a 4 MB chunk written at a time
+        lines = (f"v{j % 97} = {i} * {j} - {j % 13}\n" for j in range(20_000))
+        (corpus / f"f{i}.py").write_text("".join(lines))
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    args = [sys.executable, "-m", "blocklab.cli", "train", f"data.source={corpus}", "data.tokenizer=byte",
+            f"data.cache_dir={cache}", "model.d_model=32", "model.n_layers=2", "model.n_heads=2",
+            "batch_size=4", "seq_len=32", "max_steps=3", "eval_every=3", "eval_batches=1",
+            "progress=false", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + patient(120)
+    while proc.poll() is None and time.monotonic() < deadline and not list(cache.glob("shards/.tmp-*")):
+        time.sleep(0.005)
+    time.sleep(0.2)  # into the tokenising
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed while tokenising"
+    shards = cache / "shards"
+    assert [p.name.startswith(".tmp-") for p in shards.iterdir()] == [True], "killed before the rename"
+    done = subprocess.run(args[:-2] + ["overwrite=true", *args[-2:]], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "summary.json").is_file()
+    assert not [p for p in shards.iterdir() if p.name.startswith(".")], "the killed run's leftovers stay"
+    cfg = DataConfig(source=str(corpus), tokenizer="byte", cache_dir=str(cache))
+    ours, clean = prepare_data(cfg), prepare_data(cfg.replace(cache_dir=str(tmp_path / "clean")))
+    assert not ours.stats["tokenised"] and ours.path.name == clean.path.name
+    assert np.array_equal(ours.train, clean.train) and np.array_equal(ours.val, clean.val)

@@ -423,7 +423,7 @@ HF_REFUSED = {  # name: (arch, overrides, text the message must hold)
 @pytest.mark.parametrize("name", HF_REFUSED)
 def test_native_hf_export_names_what_gpt2_and_llama_cannot_express(name, tmp_path):
     """hf_target names every field neither native model expresses; format="hf" then writes the
-    remote-code export (tests/test_hf_model.py checks what it computes)."""
+    remote-code export (tests/interop/test_hf_model.py checks what it computes)."""
     from blocklab.interop.hf_export import hf_target
 
     arch, overrides, expected = HF_REFUSED[name]

@@ -165,7 +165,7 @@ def test_hf_forward_loss_generate_options_and_bad_inputs():
     nll = -torch.log_softmax(logits[:, :-1].double(), -1).gather(-1, ids[:, 1:, None])[..., 0]
     assert out.loss.item() == pytest.approx(nll[keep].mean().item(), rel=1e-5)
     # a padded row's real tokens get the logits of the row alone, padded on either side
-    # (tests/test_hf_padding.py covers generate); padding between real tokens is refused
+    # (tests/interop/test_hf_padding.py covers generate); padding between real tokens is refused
     mask = torch.ones_like(ids)
     mask[1, 8:] = 0
     with torch.no_grad():

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.testing import assert_close
 
+import blocklab
 import reference as R
 from blocklab import LanguageModel
 from helpers import MASKS, PRESETS, TOL, T, make_cfg, make_model, tokens
@@ -364,3 +365,17 @@ def test_state_dict_round_trip_keeps_the_frozen_reparam_init(arch, overrides):
     buf.seek(0)
     target.load_state_dict(torch.load(buf))
     assert torch.equal(logits_of(target, ids), expected)
+
+
+def test_transformer_names_bad_token_ids():
+    model = blocklab.Transformer(blocklab.ModelConfig.from_preset("pre-ln", "tiny", vocab_size=50, d_model=32,
+                                                                  n_heads=2, n_layers=1))
+    for ids, words in ((torch.tensor([[1, 50]]), ["[0, vocab_size=50)", "50"]),
+                       (torch.tensor([[-1, 3]]), ["[0, vocab_size=50)", "-1"]),
+                       (torch.rand(1, 3), ["integer", "float32"]),
+                       (torch.tensor([1, 2]), ["(batch, time)", "(2,)"]),
+                       ([[1, 2]], ["tensor", "list"])):
+        with pytest.raises(ValueError) as err:
+            model(ids)
+        assert all(w in str(err.value) for w in words), (ids, err.value)
+    assert model(torch.tensor([[0, 49]])).shape == (1, 2, 50)

@@ -1,6 +1,7 @@
 """The compare report's parts that need no training: the HTML rendering of its markdown, the spread and
 load-warning arithmetic, the memory attributed to a model, the interleaved timing order, the git commit
-and the SAS gain-product caption (checked on the built model). tests/test_compare.py runs the whole report."""
+and the SAS gain-product caption (checked on the built model). tests/compare/test_compare.py runs the
+whole report."""
 
 from __future__ import annotations
 

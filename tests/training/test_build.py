@@ -1,6 +1,6 @@
 """The steps that build a training run (training/build.py), each on its own: the run's start, where it
 computes, its data, its model, its metrics; and the run's files (`rundir.write_run_files`). The whole
-run they make together is tests/test_training.py's."""
+run they make together is tests/training/test_loop.py's."""
 
 from __future__ import annotations
 

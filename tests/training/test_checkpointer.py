@@ -1,6 +1,7 @@
 """A run's checkpoints (training/checkpointer.py) on their own: saved with the record a resume checks,
 restored to the weights, optimizer state and random streams saved, and a resume refused when the
-model or the tokenizer differs. The files' format and atomic writes are tests/test_training.py's."""
+model or the tokenizer differs. The files' format and atomic writes are
+tests/training/test_checkpoint.py's."""
 
 from __future__ import annotations
 
