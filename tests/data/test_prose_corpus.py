@@ -25,7 +25,7 @@ from blocklab.data import DataConfig, iter_snapshot, open_source, prepare_data, 
 from blocklab.data import build_shakespeare as build_module
 from blocklab.data.sources import split_documents
 from blocklab.util.errors import ConfigError
-from tests.data.test_data import ref_split
+from tests.data.test_batches import ref_split
 
 CORPORA = Path(build_module.__file__).with_name("corpora")
 SHA256 = "e459c6e1c2df834a578f7b2b0a5a8e50f69edd07e3654cd2dfb7c8243cecdc3c"  # decompressed, as built

@@ -11,7 +11,7 @@ import pytest
 from blocklab.data import prepare_data
 from blocklab.data.sources import paragraphs
 from blocklab.util.errors import ConfigError
-from tests.data.test_data import byte_cfg, byte_stream, ref_split, write_files
+from tests.data.test_batches import byte_cfg, byte_stream, ref_split, write_files
 
 
 def test_a_single_text_file_is_split_by_paragraphs_into_both_splits(tmp_path: Path):
