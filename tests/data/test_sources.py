@@ -1,17 +1,23 @@
-"""Data sources say what they found: a single text file splits by paragraphs, and an empty split or
-unreadable JSONL records are explained with the counts, the field and where each document went."""
+"""Data sources and the split (data/sources.py): folders, globs, JSONL and `hf:` sources, the split by
+file name, files that are not text skipped and counted; a source says what it found: a single text file
+splits by paragraphs, and an empty split or unreadable JSONL records are explained with the counts, the
+field and where each document went.
+
+References are independent of the code under test: token streams are rebuilt from the raw file
+bytes (the byte tokenizer's ids are the UTF-8 bytes), the split from sha256 written out here."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from blocklab.data import prepare_data
+from blocklab.data import DataConfig, prepare_data
 from blocklab.data.sources import paragraphs
 from blocklab.util.errors import ConfigError
-from tests.data.test_batches import byte_cfg, byte_stream, ref_split, write_files
+from tests.data.data_reference import byte_cfg, byte_stream, ref_split, write_files
 
 
 def test_a_single_text_file_is_split_by_paragraphs_into_both_splits(tmp_path: Path):
@@ -71,3 +77,88 @@ def test_partly_readable_jsonl_says_how_many_records_were_skipped(tmp_path: Path
     assert data.stats["records"] == ("4 of 6 JSONL records read with a string field 'text'; 1 without it "
                                      "(the first one's fields: ['body']): set data.text_field to the field "
                                      "that holds the text; 1 not JSON objects")
+
+
+def test_split_is_by_file_and_deterministic(code_dir: Path, cache: Path):
+    data = prepare_data(byte_cfg(code_dir, cache, val_fraction=0.3))
+    files = sorted(p.relative_to(code_dir).as_posix() for p in code_dir.rglob("*.py"))
+    expect = {s: [f for f in files if ref_split(f, 0.3) == s] for s in ("train", "val")}
+    assert expect["train"] and expect["val"]
+    for split in ("train", "val"):
+        texts = [(code_dir / f).read_text() for f in expect[split]]
+        assert data.split(split).tolist() == byte_stream(texts)
+        assert data.manifest["splits"][split]["documents"] == len(expect[split])
+    # The same files elsewhere, written in another order: the same split, token for token.
+    other = write_files(code_dir.parent / "copy", {f: (code_dir / f).read_bytes() for f in reversed(files)})
+    again = prepare_data(byte_cfg(other, cache, val_fraction=0.3))
+    assert np.array_equal(again.val, data.val) and np.array_equal(again.train, data.train)
+
+
+def test_jsonl_source_and_bad_records(tmp_path: Path, cache: Path):
+    lines = [json.dumps({"content": f"record {i}: é"}) for i in range(6)]
+    lines[2] = "{not json"
+    lines[4] = json.dumps({"other": "no content field"})
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("\n".join(lines) + "\n\n")
+    data = prepare_data(byte_cfg(path, cache, text_field="content", val_fraction=0.0))
+    assert data.train.tolist() == byte_stream([f"record {i}: é" for i in (0, 1, 3, 5)])
+    assert data.stats["bad_records"] == 2 and data.stats["documents"] == {"train": 4, "val": 0}
+    assert data.val.size == 0
+
+
+def test_dir_and_glob_sources(tmp_path: Path, cache: Path):
+    root = write_files(tmp_path / "d", {"b.py": "b = 2\n", "a.txt": "alpha\n", "sub/c.py": "c = 3\n",
+                                        ".hidden/x.py": "hidden\n", ".swp": "hidden\n"})
+    data = prepare_data(byte_cfg(root, cache, val_fraction=0.0))
+    assert data.train.tolist() == byte_stream(["alpha\n", "b = 2\n", "c = 3\n"])
+    assert data.manifest["source"]["files"] == 3
+    data = prepare_data(byte_cfg(f"{root}/**/*.py", cache, val_fraction=0.0))
+    assert data.train.tolist() == byte_stream(["b = 2\n", "c = 3\n"])  # like the shell, no hidden files
+    single = prepare_data(byte_cfg(root / "a.txt", cache, val_fraction=0.0))
+    assert single.train.tolist() == byte_stream(["alpha\n"])
+
+
+def test_undecodable_file_is_skipped_and_counted(tmp_path: Path, cache: Path):
+    root = write_files(tmp_path / "d", {"good.txt": "ok\n", "bad.bin": b"\xff\xfe\x00\x81 latin-1 \xe9"})
+    data = prepare_data(byte_cfg(root, cache, val_fraction=0.0))
+    assert data.stats["skipped_count"] == 1 and data.stats["skipped_files"] == ["bad.bin"]
+    assert data.manifest["source"]["skipped_files"] == ["bad.bin"]
+    assert data.train.tolist() == byte_stream(["ok\n"])
+
+
+def test_hf_json_source_on_local_file(tmp_path: Path, cache: Path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytest.importorskip("datasets")
+    texts = [f"row {i} ü" for i in range(5)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    cfg = DataConfig(source="hf:json", text_field="body", tokenizer="byte", val_fraction=0.0,
+                     cache_dir=str(cache),
+                     hf_kwargs={"data_files": str(path), "split": "train", "cache_dir": str(tmp_path / "hf")})
+    data = prepare_data(cfg)
+    assert data.train.tolist() == byte_stream(texts)
+    assert data.manifest["source"]["kind"] == "hf"
+    with pytest.raises(ConfigError, match="not a column"):
+        prepare_data(cfg.replace(text_field="missing"))
+
+
+def test_source_errors(tmp_path: Path, cache: Path):
+    missing = tmp_path / "nowhere"
+    with pytest.raises(ConfigError, match=f"{missing}.*no such file.*python-stdlib"):
+        prepare_data(byte_cfg(missing, cache))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="holds no files"):
+        prepare_data(byte_cfg(tmp_path / "empty", cache))
+    with pytest.raises(ConfigError, match="matches no files"):
+        prepare_data(byte_cfg(f"{tmp_path}/*.nothing", cache))
+    with pytest.raises(ConfigError, match="Did you mean 'python-stdlib'"):
+        prepare_data(byte_cfg("python-stdlb", cache))
+    only_bad = write_files(tmp_path / "bad", {"x.bin": b"\xff\xff"})
+    with pytest.raises(ConfigError, match="no training documents.*0 readable documents.*skipped 1 file "
+                       "that is not UTF-8 text.*: x.bin"):
+        prepare_data(byte_cfg(only_bad, cache, val_fraction=0.0))
+    one = write_files(tmp_path / "one", {"a.txt": "only one document"})
+    assert ref_split("a.txt", 0.05) == "train"
+    with pytest.raises(ConfigError, match="validation split.*val_fraction = 0"):
+        prepare_data(byte_cfg(one, cache))
