@@ -17,10 +17,13 @@ work=${FLOORS_DIR:-$(mktemp -d)}
 [ -n "${FLOORS_DIR:-}" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
 TORCH=2.13.0+cpu
-TESTS=(tests/test_interop.py tests/test_exports.py tests/test_import_hf.py tests/test_hf_model.py
-       tests/test_hf_padding.py tests/test_hf_surface.py tests/test_hf_beam_search.py tests/test_beam_search.py
-       tests/test_padding.py tests/test_eval.py tests/test_model_folders.py tests/test_data.py
-       tests/test_plot.py tests/test_relative_loss_figure.py tests/test_analysis.py)
+TESTS=(tests/interop/test_hf.py tests/interop/test_retrofitting.py tests/interop/test_exports.py
+       tests/interop/test_import_hf.py tests/interop/test_hf_model.py tests/interop/test_hf_padding.py
+       tests/interop/test_hf_surface.py tests/interop/test_hf_beam_search.py tests/interop/test_model_folders.py
+       tests/runtime/test_beam_search.py tests/model/test_masking.py tests/eval/test_eval.py
+       tests/data/test_snapshot.py tests/data/test_sources.py tests/data/test_config.py tests/data/test_tokenizer.py
+       tests/data/test_cache_entry.py tests/data/test_batches.py
+       tests/test_plot.py tests/report/test_relative_loss_figure.py tests/analysis/test_analysis.py)
 
 # the folder that holds the CPU build of torch (pip's find-links here), so that nothing downloads one
 wheels=""

@@ -46,7 +46,7 @@ def configurations() -> dict[str, str]:
 
 def kv_cache(arch: str, size: str) -> dict:
     """KV-cache bytes per token of one sequence in bf16 at the context length, from
-    `cache_bytes_per_token`, which equals `KVCache.nbytes` of a real cache (tests/test_cache.py)."""
+    `cache_bytes_per_token`, which equals `KVCache.nbytes` of a real cache (tests/runtime/test_cache.py)."""
     cfg = blocklab.ModelConfig.from_preset(arch, size=size)
     formula = cache_bytes_per_token(cfg, CACHE_BYTES)
     return dict(kinds=formula["kinds"], token_ids=formula["token_id_bytes"] > 0, bytes=formula["per_token"])

@@ -101,7 +101,7 @@ cat "$LOGS/gpu.txt"
     -k "not compiled_model"
 [ -n "${SKIP_CHECKS:-}" ] || step loss 45 "$PY" benchmarks/bench_loss.py --device cuda --out "$LOGS/loss-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step cuda-compile 300 "$PY" -m pytest -q -p no:cacheprovider -rf --durations=5 \
-    tests/test_cuda.py tests/test_head_loss.py tests/test_decode_fast.py -k "compiled_model or on_the_device or on_cuda"
+    tests/test_cuda.py tests/runtime/test_head_loss.py tests/runtime/test_generate.py -k "compiled_model or on_the_device or on_cuda"
 [ -n "${SKIP_CHECKS:-}" ] || step fused 45 "$PY" benchmarks/bench_fused_projections.py --device cuda \
     --out "$LOGS/fused-projections-cuda.json"
 [ -n "${SKIP_CHECKS:-}" ] || step centering 60 "$PY" benchmarks/bench_centering.py --device cuda \

@@ -17,6 +17,19 @@ def corpus(tmp_path_factory):
     return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    """A run of two steps trained from `corpus` by `blocklab train` (`helpers.small_run_args`), one per test
+    module: what a refused command must leave as it was."""
+    from blocklab.cli import main
+    from helpers import small_run_args
+
+    root = tmp_path_factory.mktemp("run")
+    out = root / "run"
+    assert main(["train", *small_run_args(corpus, root / "cache"), "max_steps=2", "--out", str(out)]) == 0
+    return out
+
+
 @pytest.fixture
 def reorders(monkeypatch):
     """The row orders the KV caches are given (beam search), other than the identity."""

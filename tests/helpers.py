@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ MASKS = {
 }
 
 # Model-level comparisons in float64. The model computes sinusoidal / rotary angles and the
-# masked-mean prefix sums of shaped attention in float32 (test_ops.py::
+# masked-mean prefix sums of shaped attention in float32 (model/test_ops.py::
 # test_float64_inputs_are_computed_in_float64), which leaves ~1e-6 differences on logits of size
 # ~20; a structural error (a wrong mask, gain, norm, head order ...) changes them by >= 1e-2.
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -67,6 +68,20 @@ def small_run_args(corpus: Path, cache: Path) -> list[str]:
     batches of 2 x 16 tokens, no progress bar."""
     return [f"data.source={corpus}", "data.tokenizer=byte", f"data.cache_dir={cache}", "model.d_model=32",
             "model.n_layers=2", "model.n_heads=2", "batch_size=2", "seq_len=16", "progress=false"]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """The sha256 of every file under `folder`, by its path in it (what a refused command must leave as
+    it was)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_error_line(capsys) -> str:
+    """What the command just run wrote to stderr, checked to be one `blocklab: error:` line."""
+    err = capsys.readouterr().err
+    assert err.startswith("blocklab: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
 
 
 def compare_base(corpus: Path, cache: Path, steps: int = 4) -> dict:

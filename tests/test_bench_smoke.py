@@ -351,11 +351,10 @@ def test_gpu_campaign_cpu_smoke_runs_every_piece(tmp_path):
     """benchmarks/gpu_campaign.py all --smoke: the MFU table and both GPU claims' pieces at a toy size on
     the CPU; the runs keep their small files (no weights), each piece writes its report, and
     `blocklab reproduce --no-train` reads the same runs back to the same verdicts."""
-    from tests.helpers import write_code_corpus
-
     import gpu_campaign
     from blocklab.reproduce import reproduce
     from blocklab.statistics.claims import select
+    from tests.helpers import write_code_corpus
 
     (tmp_path / "corpus").mkdir()
     corpus = write_code_corpus(tmp_path / "corpus")

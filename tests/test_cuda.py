@@ -30,7 +30,7 @@ from blocklab.model.presets import BLOCK_PRESETS
 from blocklab.runtime import kernels
 from blocklab.runtime.fused_projections import FusedLinear, projection_fusion, set_fused_projections
 from blocklab.runtime.shaped_mix import shaped_mix, use_shaped_mix
-from test_cache import archs, build, decode_error, ids_of
+from tests.runtime.test_cache import archs, build, decode_error, ids_of
 
 DEVICE = os.environ.get("BLOCKLAB_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "")
 pytestmark = pytest.mark.skipif(not DEVICE, reason="needs a CUDA device (or BLOCKLAB_TEST_DEVICE)")

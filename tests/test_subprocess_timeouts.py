@@ -37,7 +37,8 @@ def fixed_limits(text: str) -> list[int]:
 
 
 def test_no_test_gives_a_child_process_a_fixed_number_of_seconds():
-    found = {p.name: fixed_limits(p.read_text()) for p in sorted(TESTS.glob("*.py"))}
+    found = {p.relative_to(TESTS).as_posix(): fixed_limits(p.read_text())
+             for p in sorted(TESTS.rglob("*.py"))}
     assert not {name: lines for name, lines in found.items() if lines}, "use timeouts.patient(seconds)"
 
 

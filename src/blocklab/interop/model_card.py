@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from blocklab.accounting import count_parameters
-from blocklab.catalog import (  # the papers a card cites, read from here too (tests/test_exports.py)
+from blocklab.catalog import (  # the papers a card cites, read from here too (tests/interop/test_exports.py)
     BANK_OF_VALUES,  # noqa: F401
     SIMPLIFYING,  # noqa: F401
     VALUE_RESIDUAL,  # noqa: F401

@@ -28,7 +28,7 @@ def read_run(cfg: TrainConfig) -> dict[str, Any]:
 
 def kv_cache_bytes_per_token(model_cfg: dict[str, Any], dtype: torch.dtype = torch.bfloat16) -> float:
     """Bytes per token of one sequence's KV cache at full context: the model's cache layout
-    (`cache_bytes_per_token`, equal to `KVCache.nbytes` of a real cache; tests/test_cache.py),
+    (`cache_bytes_per_token`, equal to `KVCache.nbytes` of a real cache; tests/runtime/test_cache.py),
     built from the value paths on the meta device. NaN for an encoder, which has no cache."""
     from blocklab.model.config import ModelConfig
     from blocklab.runtime.cache_layout import cache_bytes_per_token

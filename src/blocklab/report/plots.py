@@ -194,7 +194,7 @@ def gain_product_note(model_cfg: dict[str, Any]) -> str | None:
     With no attention skip (SAS, V-SkipInit), the sequential Pre-LN layout gives h = beta_SA MHA(.),
     then out = alpha_FF h + beta_FF MLP(N2(h)). The MLP's input norm N2 is blind to the scale of h (up
     to its epsilon), so beta_SA reaches the output only in alpha_FF beta_SA: scaling one by c and the
-    other by 1/c changes nothing. tests/test_report.py checks it on the built model."""
+    other by 1/c changes nothing. tests/report/test_report.py checks it on the built model."""
     mc = model_cfg
     if (mc.get("block_layout") == "pre-ln" and mc.get("attn_skip_gain") == 0
             and mc.get("trainable_block_gains") and mc.get("mlp_skip_gain")

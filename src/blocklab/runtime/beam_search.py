@@ -19,7 +19,7 @@ the running score at `max_new_tokens` when length_penalty > 0. The search ends w
 or at `max_new_tokens`. The result is each prompt's best `num_return_sequences` finished hypotheses,
 best first, padded with `pad_token` after their stop token to the longest one.
 
-The cache gives the logits a search without a cache would (tests/test_beam_search.py checks it against
+The cache gives the logits a search without a cache would (tests/runtime/test_beam_search.py checks it against
 a search that reruns the whole sequence every step, and against HF's `generate` of an exported GPT-2).
 Decoding runs eagerly (`decode_step`), under `torch.inference_mode`, in eval mode.
 """

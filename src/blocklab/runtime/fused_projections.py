@@ -20,7 +20,7 @@ module swap and a hook, and changes no parameter:
 Modes: "auto" fuses outside decoding (no KV cache) on the devices of `KernelChoice.fused_projections`,
 where it was measured to pay (benchmarks/bench_fused_projections.py); "on" fuses always, also while
 decoding; "off" runs each map on its own. `LanguageModel` applies "auto" when it is built. The results
-agree to rounding (tests/test_fused_projections.py).
+agree to rounding (tests/runtime/test_fused_projections.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ few passes; under torch.compile it is what `KernelChoice.compiled_mix` names ("p
 ops with the prefix sums as the opaque `blocklab::prefix_sums`, so inductor derives and fuses the
 backward; "function": `ShapedMix` itself). `use_shaped_mix(model)` sets it as every attention layer's
 `shaped_mix`; `LanguageModel` does so when it is built. Tested equal to the reference in
-tests/test_shaped_mix.py (the CPU) and tests/test_cuda.py (CUDA).
+tests/runtime/test_shaped_mix.py (the CPU) and tests/test_cuda.py (CUDA).
 """
 
 from __future__ import annotations

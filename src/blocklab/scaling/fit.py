@@ -21,7 +21,7 @@ freedom). A law whose F lies beyond the 99th percentile does not describe the po
 Parameter equivalence (Value Residual Learning, Fig. 6 left): at N, the baseline needs N' parameters
 to reach the loss X's law gives at N, N' = L_base^-1(L_X(N)), and X "reaches the baseline's loss with
 p = 1 - N / N' fewer parameters" (negative p: more). Both laws fitted to Table 5 of that paper give
-p = 9.8%, 10.4% and 11.3% at 82M, 180M and 468M (tests/test_scaling.py): the paper's 10.4%.
+p = 9.8%, 10.4% and 11.3% at 82M, 180M and 468M (tests/scaling/test_scaling.py): the paper's 10.4%.
 Intervals are taken over seeds of log(N' / N), which is close to linear in the loss difference (for a
 power law, log(N'/N) = log(L_X / L_base) / b), and read back as p = 1 - exp(-log(N'/N)).
 

@@ -4,7 +4,7 @@ Runs that differ only in architecture share a seed's data order and held-out win
 (`blocklab.statistics.evidence`), so each seed gives a whole ladder per architecture and an equivalence of its
 own: the baseline's law and X's law are fitted to that seed's rungs, and the equivalence is read off
 the two. Its interval is the t-interval over seeds, as for the claims of `blocklab reproduce`
-(tests/test_scaling.py draws ladders from a known law plus noise and checks that it covers the true
+(tests/scaling/test_scaling.py draws ladders from a known law plus noise and checks that it covers the true
 equivalence in about 95% of draws). It is read under every law that describes the points of both
 architectures (`fit.check_fit` on the means over seeds), the interval being the hull of the laws'
 intervals (`scaling.laws`: the choice of law is made on the same data), else under none: the claim is

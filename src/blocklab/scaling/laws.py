@@ -9,7 +9,7 @@ interval lies on the same side, and its width shows the spread between the laws.
 repeating the choice in every resample was the other way; with 3 to 5 seeds it has 10 to 126 distinct
 resamples and covers less than its level (docs/scaling.md). The test with the choice inside is a
 simulation: ladders drawn from a known saturating law, where the power law is admitted in some draws
-(tests/test_scaling_report.py).
+(tests/scaling/test_report.py).
 
 A reading that needs the baseline's law more than READ_BEYOND times past the ladder's largest rung (or
 below its smallest) is extrapolation, not measurement: it is reported as "beyond the ladder" with the

@@ -10,7 +10,7 @@ difference cancels the seed's luck with the data. For n seeds with paired differ
 which assumes the d_i are independent draws from a normal distribution; with 3 to 5 seeds that is
 an assumption, not a check. The quantile t_{0.975, n-1} is found here by bisection on Student's
 CDF, written through the regularised incomplete beta function, so the core needs no scipy
-(tests/test_evidence.py checks it against scipy.stats.t).
+(tests/statistics/test_evidence.py checks it against scipy.stats.t).
 
 A verdict reads the interval against the expected relation:
 
