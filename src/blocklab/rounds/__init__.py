@@ -167,14 +167,17 @@ def _minutes(seconds: float | None) -> str:
 
 def until_decided(start: int, train: Callable[[int], int], judge: Callable[[], list[Pending]],
                   budget: Budget, estimate: Callable[[int], float] | None = None,
-                  clock: Callable[[], float] = time.monotonic, log=print) -> Outcome:
+                  clock: Callable[[], float] = time.monotonic, log=print, began: float | None = None
+                  ) -> Outcome:
     """Train (or reuse) `start` seeds, then one more at a time, judging after each round, until `judge`
     leaves nothing undecided or the budget ends. `train(n)` trains seeds 0..n-1 and returns how many runs
     it trained; `judge()` returns the claims still undecided. Both run inside `sequential.in_use()`, so
     every verdict and report of a round reads the confidence sequence. The next round's time is the last
     round's time per seed added when that round trained something, else `estimate(n)` (the seconds the
-    runs of seed n - 1 take), else unknown: the round starts, and its time is measured."""
-    began = clock()
+    runs of seed n - 1 take), else unknown: the round starts, and its time is measured. `began`: the
+    clock when the call began, if before (what it trained before the rounds, a learning-rate sweep,
+    counts against `max_hours` too)."""
+    began = clock() if began is None else began
     outcome = Outcome(budget)
     n = max(start, evidence.MIN_SEEDS)
     if budget.max_seeds is not None:

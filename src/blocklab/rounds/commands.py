@@ -1,8 +1,9 @@
 """A round of each command that judges claims, for `rounds.until_decided`: what one more seed trains,
 and what the judged runs leave undecided.
 
-- scaling: one more seed of every rung of every architecture of the ladder (`scaling.ladders.plan`);
-  undecided: the headline claims still inconclusive;
+- scaling: one more seed of every rung of every architecture of the ladder (`scaling.ladders.plan`;
+  a ladder's learning-rate sweep trains once, before the first round); undecided: the headline claims
+  still inconclusive;
 - reproduce: one more seed of every run the selected claims read (`reproduce` at a scale whose seeds
   are n, its own adding of seeds switched off); undecided: the checks `CheckResult.undecided` names;
 - compare: one more seed per architecture; undecided: an architecture whose difference to the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import html
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,10 +91,13 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
     from blocklab.reproduce.estimate import Estimator
     from blocklab.scaling.judge import judge_ladder
     from blocklab.scaling.ladders import plan
-    from blocklab.scaling.orchestrate import train_ladder
+    from blocklab.scaling.orchestrate import train_ladder, train_sweep
 
     root = Path(out) / name
     state: dict[str, Any] = {}
+    began = time.monotonic()
+    if ladder.lr_sweep is not None:  # trained once, before the first round; its time within --max-hours
+        train_sweep(archs, ladder, root, launcher, log)
 
     def train(n: int) -> int:
         before = finished_runs(root)
@@ -112,7 +117,7 @@ def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget:
         costs = [seconds(cfg) for *_, cfg in plan(archs, ladder, root, n) if cfg.seed == n - 1]
         return round_seconds(costs, runs_at_once(launcher, len(costs)))
 
-    outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log)
+    outcome = until_decided(seeds or ladder.seeds, train, judge, budget, estimate, log=log, began=began)
     return state["result"], outcome
 
 

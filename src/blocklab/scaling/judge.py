@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blocklab.compare import slug
+from blocklab.reproduce.planning import Sweep
 from blocklab.scaling.fit import (
     FitCheck,
     PowerLaw,
@@ -38,6 +39,7 @@ from blocklab.scaling.fit import (
 )
 from blocklab.scaling.ladders import Ladder
 from blocklab.scaling.laws import READ_BEYOND, beyond_ladder, beyond_text, hull
+from blocklab.scaling.sweeps import read_sweeps, sweep_plan
 from blocklab.statistics import evidence
 from blocklab.statistics.claims import HEADLINES, Headline
 from blocklab.util.errors import ConfigError
@@ -99,6 +101,8 @@ class LadderData:
     ladder: Ladder
     archs: list[str]
     points: dict[tuple[str, str], dict[int, Point]]
+    # with a learning-rate sweep, each finished (rung, arch)'s sweep: its losses and chosen rates
+    sweeps: dict[tuple[str, str], Sweep] = field(default_factory=dict)
 
     @property
     def rungs(self) -> list[str]:
@@ -146,7 +150,8 @@ def read_ladder(root: Path, ladder: Ladder, archs: list[str], name: str) -> Ladd
                 if point is not None:
                     found[int(seed)] = point
             points[(arch, rung.name)] = found
-    return LadderData(name, ladder, archs, points)
+    sweeps = read_sweeps(sweep_plan(archs, ladder, root), partial=True) if ladder.lr_sweep else {}
+    return LadderData(name, ladder, archs, points, sweeps)
 
 
 @dataclass

@@ -12,7 +12,10 @@ seq_len):
 - steps (the same at every rung) or tokens_per_parameter (steps per rung from the parameters of the
   ladder's first architecture at that rung: round(rule x parameters / (batch_size x seq_len)));
 - lr: ``recipe`` (each architecture's recipe rate, the same at every rung: the default), a number (every
-  architecture and rung), or ``per-rung`` (each rung's ``lr``);
+  architecture and rung), ``per-rung`` (each rung's ``lr``), or a short sweep per rung,
+  ``{sweep: [0.333, 1, 3], steps: 100, seed: 0}``: factors of each architecture's recipe rate, two or more,
+  distinct and positive, each tried for ``steps`` steps (at most the ladder's) at seed ``seed`` (default 0)
+  at every rung (`LrSweep`, `scaling.sweeps`);
 - batch_size, seq_len, eval_every (default 50), seeds (3), archs, size (tiny), train (other TrainConfig
   fields for every run), trains_on (cpu or gpu), description, lr_rule and notes (the report's words).
 
@@ -27,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, Rung, check_archs
+from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, LrSweep, Rung, check_archs
 from blocklab.util.configbase import is_count
 from blocklab.util.errors import ConfigError
 
@@ -36,6 +39,8 @@ KEYS = ("description", "size", "rungs", "steps", "tokens_per_parameter", "batch_
 RUNG_KEYS = ("name", "size", "lr", "d_model", "n_layers", "n_heads", "mlp_hidden", "model")
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "mlp_hidden")
 LR_RULES = ("recipe", "per-rung")
+SWEEP_KEYS = ("sweep", "steps", "seed")
+SWEEP_EXAMPLE = "e.g. lr: {sweep: [0.333, 1, 3], steps: 100}"
 
 
 def read_ladder_file(path: str | Path) -> Ladder:
@@ -85,9 +90,9 @@ def ladder_from_dict(data: Any, where: str = "ladder") -> Ladder:
                               "or tokens_per_parameter")
     size = _text(data, "size", where, "tiny")
     _check_size(size, f"{where}: size")
-    lr, lr_text = _lr(data.get("lr", "recipe"), where)
-    rungs = _rungs(data["rungs"], where, per_rung_lr=lr == "per-rung")
     steps, per_parameter = _budget(data, where)
+    lr, lr_text = _lr(data.get("lr", "recipe"), where, steps)
+    rungs = _rungs(data["rungs"], where, per_rung_lr=lr == "per-rung")
     archs = _archs(data.get("archs"), where)
     train = data.get("train") or {}
     if not isinstance(train, dict):
@@ -109,6 +114,7 @@ def ladder_from_dict(data: Any, where: str = "ladder") -> Ladder:
         trains_on=trains_on,
         notes=_text(data, "notes", where, ""),
         tokens_per_parameter=per_parameter,
+        lr_sweep=lr if isinstance(lr, LrSweep) else None,
     )
 
 
@@ -143,15 +149,46 @@ def _check_size(size: str, where: str) -> None:
         raise ConfigError(f"{where} = {size!r} is not a size preset: choose one of {', '.join(SIZE_PRESETS)}")
 
 
-def _lr(value: Any, where: str) -> tuple[float | str, str]:
-    """The learning-rate rule (a rate, "recipe" or "per-rung") and its words for the report."""
+def _lr(value: Any, where: str, steps: int | None) -> tuple[float | str | LrSweep, str]:
+    """The learning-rate rule (a rate, "recipe", "per-rung" or a sweep per rung) and its words for the
+    report."""
+    if isinstance(value, dict):
+        sweep = _sweep(value, f"{where}: lr", steps)
+        return sweep, sweep.describe()
     if value in LR_RULES:
         return value, ("each architecture's recipe rate at the ladder's size, the same at every rung"
                        if value == "recipe" else "each rung's own rate, the same for every architecture")
     if _positive(value):
         return float(value), f"{value:g} for every architecture and rung"
-    raise ConfigError(f"{where}: lr = {value!r} is not allowed: give recipe, a positive rate (e.g. 6e-4) "
-                      "or per-rung (each rung's lr); a sweep per rung is not offered")
+    raise ConfigError(f"{where}: lr = {value!r} is not allowed: give recipe, a positive rate (e.g. 6e-4), "
+                      f"per-rung (each rung's lr) or a sweep per rung ({SWEEP_EXAMPLE})")
+
+
+def _sweep(value: dict, where: str, ladder_steps: int | None) -> LrSweep:
+    """`lr: {sweep: [factors], steps: N, seed: S}`, every key checked: two or more distinct positive
+    factors, a positive count of steps no larger than the ladder's, a seed >= 0."""
+    _known(value, SWEEP_KEYS, where)
+    for key in ("sweep", "steps"):
+        if key not in value:
+            raise ConfigError(f"{where} has no {key}: a sweep gives its factors of each architecture's "
+                              f"recipe rate and the steps of its runs, {SWEEP_EXAMPLE}")
+    factors = value["sweep"]
+    if not isinstance(factors, list) or len(factors) < 2:
+        raise ConfigError(f"{where}: sweep = {factors!r} is not allowed: give a list of two or more factors "
+                          f"of each architecture's recipe rate, {SWEEP_EXAMPLE}")
+    for factor in factors:
+        if not _positive(factor):
+            raise ConfigError(f"{where}: sweep factor {factor!r} is not allowed: every factor is a positive "
+                              "number (it multiplies the recipe rate)")
+    names = [f"{float(f):g}" for f in factors]  # a factor's run folder: <arch>-x<factor>
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"{where}: sweep factor {twice} is given twice: give distinct factors")
+    steps = _count(value, "steps", where)
+    if ladder_steps is not None and steps > ladder_steps:
+        raise ConfigError(f"{where}: steps = {steps} is not allowed: a sweep run is a short run, no longer "
+                          f"than the ladder's {ladder_steps} steps; give at most {ladder_steps}")
+    return LrSweep(tuple(float(f) for f in factors), steps, _count(value, "seed", where, 0, low=0))
 
 
 def _budget(data: dict, where: str) -> tuple[int | None, float | None]:

@@ -5,7 +5,8 @@ A rung widens and deepens the ladder's size preset together, as the papers' tabl
 Learning, Table 4: 82M, 180M, 468M). Every rung trains the same steps of the same batch, so every size
 sees the same tokens in the same order for a given seed (Fig. 6, left: 20B tokens at every size), or
 steps in proportion to its parameters (a ladder file's `tokens_per_parameter`), and every architecture
-trains at one learning-rate rule (`Ladder.lr_rule`). The runs of a
+trains at one learning-rate rule (`Ladder.lr_rule`; with a short sweep per rung, `scaling.sweeps`, the
+rate it chose there for that architecture). The runs of a
 rung live in `OUT/<ladder>/<rung>/runs/<arch>-seed<k>`, the layout and configs of `blocklab compare`,
 so an interrupted ladder resumes and a finished run is reused.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from blocklab.compare import Entry, merge, run_configs
 from blocklab.scaling.ladder_files import read_ladder_file
 from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, Rung, check_archs, rung_steps
+from blocklab.scaling.sweeps import chosen_rates, with_rates
 from blocklab.training import TrainConfig
 from blocklab.util.errors import ConfigError
 
@@ -52,19 +54,25 @@ def store_name(name: str) -> str:
 
 
 def plan(
-    archs: list[str], ladder: Ladder, out: Path, seeds: int | None = None
+    archs: list[str], ladder: Ladder, out: Path, seeds: int | None = None,
+    rates: dict[tuple[str, str], dict[str, float]] | None = None,
 ) -> list[tuple[Rung, Entry, TrainConfig]]:
     """Every run of the ladder, seed-major and the largest rung first within a seed, so that a ladder cut
-    off part-way has whole seeds to fit and two runs at once finish together: (rung, entry, config)."""
+    off part-way has whole seeds to fit and two runs at once finish together: (rung, entry, config).
+    With a learning-rate sweep, each (rung, arch) trains at `rates[(rung name, arch)]` (default: the
+    rates its finished sweep in `out` chose, `sweeps.chosen_rates`; SweepUnfinished before)."""
     check_archs(archs)
     n = seeds or ladder.seeds
     steps = rung_steps(ladder) if ladder.steps is None else {}
+    if ladder.lr_sweep is not None and rates is None:
+        rates = chosen_rates(archs, ladder, out)
     by_rung = {}
     for rung in ladder.rungs:
         fields = ladder.rung_base(rung)
         if rung.name in steps:
             fields = merge(fields, {"max_steps": steps[rung.name][1]})
-        by_rung[rung.name] = run_configs([Entry.parse(a) for a in archs], n, out / rung.name, fields)
+        entries = [Entry.parse(a) if rates is None else with_rates(a, rates[(rung.name, a)]) for a in archs]
+        by_rung[rung.name] = run_configs(entries, n, out / rung.name, fields)
     runs = []
     for seed in range(n):
         for rung in reversed(ladder.rungs):

@@ -1,15 +1,18 @@
 """What a ladder's report was made from, read from the runs it used: the corpus (data.source and the
 fingerprint of its snapshot), the tokenizer, the schedule, the runs used at every rung and the finished
-runs left out (of seeds that did not finish every rung), and the training time the runs recorded.
+runs left out (of seeds that did not finish every rung), the training time the runs recorded, and a
+learning-rate sweep's choices.
 Nothing here is fixed text: a ladder run on another corpus, or a piece of one, says so."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from blocklab.scaling.judge import ScalingResult
+from blocklab.scaling.judge import LadderData, ScalingResult
+from blocklab.scaling.sweeps import at_edge
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -59,7 +62,23 @@ def method_facts(result: ScalingResult) -> dict[str, Any]:
         "training_seconds": sum(t for t in times if t is not None) if any(t is not None for t in times)
         else None,
         "training_recorded": sum(t is not None for t in times),
+        **({"lr_sweep": sweep} if (sweep := sweep_facts(data)) is not None else {}),
     }
+
+
+def sweep_facts(data: LadderData) -> dict[str, Any] | None:
+    """A ladder's learning-rate sweep as plain data (None without one): its grid, steps and seed, how
+    many of its runs were read, and each (rung, arch)'s losses per factor, chosen factor and rates, and
+    whether the choice is at the grid's edge."""
+    sweep = data.ladder.lr_sweep
+    if sweep is None:
+        return None
+    chosen = [{"rung": rung, "arch": arch, "factor": s.best, "rates": s.rates,
+               "at_edge": at_edge(s, sweep.factors),
+               "losses": {f"{f:g}": v if math.isfinite(v) else None for f, v in s.losses.items()}}
+              for (rung, arch), s in data.sweeps.items()]
+    return {"factors": list(sweep.factors), "steps": sweep.steps, "seed": sweep.seed,
+            "runs": sum(len(s.losses) for s in data.sweeps.values()), "chosen": chosen}
 
 
 def _hours(seconds: float) -> str:

@@ -15,6 +15,7 @@ from blocklab.scaling.fit import fit
 from blocklab.scaling.judge import (
     READINGS,
     VERDICT_READING,
+    LadderData,
     ScalingResult,
     family_level,
     family_verdicts,
@@ -22,8 +23,9 @@ from blocklab.scaling.judge import (
     shared_law,
 )
 from blocklab.scaling.laws import READ_BEYOND, beyond_text
-from blocklab.scaling.method import method_facts, method_text
+from blocklab.scaling.method import method_facts, method_text, sweep_facts
 from blocklab.scaling.record import result_record
+from blocklab.scaling.sweeps import EDGE_NOTE, SWEEP_FOLDER
 from blocklab.statistics import evidence, sequential
 from blocklab.statistics.claims import PAPERS
 from blocklab.util.figures import agg_figure
@@ -284,6 +286,7 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
             + method_text(method_facts(result), result.data.archs, result.data.rungs),
         ),
         ("table", ["rung", "shape", *[f"{a} (all)" for a in result.data.archs]], rows),
+        *sweep_blocks(result.data),
         (
             "p",
             "Parameter equivalence (Value Residual Learning, Fig. 6 left): at N, the baseline's law needs N' "
@@ -294,6 +297,35 @@ def method_blocks(result: ScalingResult, level: str = "h2") -> list[tuple]:
             "within +-3% is 'no effect'. " + (f"Papers: {'; '.join(papers)}." if papers else ""),
         ),
     ]
+
+
+def sweep_blocks(data: LadderData) -> list[tuple]:
+    """A ladder's learning-rate sweep (none without one): the rule, its runs, and the rate chosen at each
+    rung for each architecture, a choice at the grid's edge flagged (`sweeps.EDGE_NOTE`)."""
+    facts = sweep_facts(data)
+    if facts is None:
+        return []
+    grid = ", ".join(f"{f:g}" for f in facts["factors"])
+    chosen = {(c["rung"], c["arch"]): c for c in facts["chosen"]}
+
+    def cell(rung: str, arch: str) -> str:
+        c = chosen.get((rung, arch))
+        if c is None:
+            return "-"
+        return f"{c['rates']['lr']:.3g} (x{c['factor']:g})" + (", at the edge" if c["at_edge"] else "")
+
+    edges = [f"{c['rung']} {c['arch']}" for c in facts["chosen"] if c["at_edge"]]
+    text = (f"Learning-rate sweep: at each rung, each architecture trained one run of {facts['steps']} steps "
+            f"(seed {facts['seed']}, otherwise as that rung's runs) at each of {grid} x its recipe rate, and "
+            "that rung's runs of that architecture trained at the factor whose run ended at the lowest "
+            f"validation loss: {facts['runs']} sweep runs (in <rung>/{SWEEP_FOLDER}/runs/). The peak rates "
+            "chosen (the factor; with Muon, its Muon rate by the same factor):")
+    blocks: list[tuple] = [("p", text), ("table", ["rung", *data.archs],
+                                          [[r, *[cell(r, a) for a in data.archs]] for r in data.rungs])]
+    if edges:
+        blocks.append(("p", f"{len(edges)} of the {len(chosen)} choices are {EDGE_NOTE} (the grid's "
+                            f"smallest or largest factor won): {', '.join(edges)}."))
+    return blocks
 
 
 REPORT_TITLE = "Scaling ladder"

@@ -24,6 +24,25 @@ class Rung:
     lr: float | None = None
 
 
+@dataclass(frozen=True)
+class LrSweep:
+    """A short learning-rate sweep per rung (a ladder file's `lr: {sweep: [...], steps: N}`): at every rung,
+    each architecture trains one run (seed `seed`, `steps` steps) at each of `factors` x its recipe rate,
+    and that rung's runs of that architecture train at the factor of the lowest final validation loss
+    (`scaling.sweeps`)."""
+
+    factors: tuple[float, ...]
+    steps: int
+    seed: int = 0
+
+    def describe(self) -> str:
+        """The rule in words, for the report's learning rate."""
+        grid = ", ".join(f"{f:g}" for f in self.factors[:-1]) + f" and {self.factors[-1]:g}"
+        return (f"a short sweep per rung: each architecture's recipe rate (the rate `lr: recipe` gives it "
+                f"there) times the factor, of {grid}, whose {self.steps}-step run (seed {self.seed}) ends at "
+                "the lowest validation loss, chosen at each rung for each architecture")
+
+
 DEFAULT_ARCHS = ("pre-ln", "resformer", "svformer", "bov", "sas-p")
 
 
@@ -39,15 +58,16 @@ class Ladder:
     steps: int | None  # None: `tokens_per_parameter` sets each rung's steps
     batch_size: int
     seq_len: int
-    lr_rule: str  # the learning-rate rule, in words (the code: `lr`, the rungs' or each arch's recipe)
+    lr_rule: str  # the learning-rate rule, in words (the code: `lr`, the rungs', `lr_sweep` or the recipe)
     seeds: int = 3
     eval_every: int = 50
-    lr: float | None = None  # None: each rung's lr, else each architecture's recipe rate at `size`
+    lr: float | None = None  # None: each rung's lr, the sweep's or each architecture's recipe rate
     train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (data, device...)
     archs: tuple[str, ...] = DEFAULT_ARCHS
     trains_on: str = "cpu"
     notes: str = ""  # how the ladder was sized (the arithmetic), printed in its report
     tokens_per_parameter: float | None = None  # steps per rung: this x the rung's parameters / batch tokens
+    lr_sweep: LrSweep | None = None  # a short sweep per rung chooses each architecture's rate there
 
     def base(self) -> dict[str, Any]:
         base: dict[str, Any] = {
