@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -233,6 +234,13 @@ def test_each_mistake_in_a_sweep_is_one_line_naming_the_file_and_the_key(tmp_pat
     ok = read_ladder_file(ladder_file(tmp_path, lr={"sweep": [3, 0.5], "steps": 20, "seed": 2}))
     assert ok.lr_sweep == LrSweep((3.0, 0.5), 20, 2) and ok.lr is None
     assert ok.lr_rule.startswith("a short sweep per rung") and "3 and 0.5" in ok.lr_rule
+
+
+def test_the_docs_sweep_line_is_a_sweep_a_user_can_copy(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "scaling.md").read_text()
+    line = re.search(r"sweep per rung chooses.*?```yaml\n(.*?)```", text, re.S).group(1)
+    ladder = read_ladder_file(ladder_file(tmp_path, steps=400, **yaml.safe_load(line)))
+    assert ladder.lr_sweep == LrSweep((0.333, 1.0, 3.0), 100, 0)
 
 
 def toy_sweep_ladder(corpus: Path, cache: Path):
