@@ -75,6 +75,18 @@ def test_max_hours_starts_a_round_only_while_its_measured_time_fits():
     assert "the next round, about 10.0 min, does not fit in the 5.0 min left" in outcome.headline()
 
 
+def test_time_spent_before_the_rounds_counts_against_max_hours():
+    """A learning-rate sweep trained before the rounds (`began`: when the call began): 40 of the 65
+    minutes are gone, so after the first look (30 min) a 10-minute round no longer fits."""
+    clock = FakeClock()
+    clock.now = 40 * 60.0
+    train, judge, trained = fake_rounds(50, 600.0, clock)
+    outcome = until_decided(3, train, judge, Budget(max_hours=65 / 60), clock=clock, log=lambda *_: None,
+                            began=0.0)
+    assert trained == [3] and outcome.stopped == "max hours"
+    assert "the next round, about 10.0 min, does not fit in the 0.0 min left" in outcome.headline()
+
+
 def test_a_round_that_reused_every_run_is_no_measure_and_the_estimate_is_used():
     clock = FakeClock()
     calls = []

@@ -189,6 +189,22 @@ def test_a_piece_trains_the_sweep_first_and_counts_its_runs_as_runs_to_train(tmp
         assert (Path(run) / "trained_on.json").is_file() and not (Path(run) / "checkpoints").exists()
 
 
+def test_the_pages_plan_of_a_ladder_not_yet_run_counts_the_sweeps_runs(tmp_path, trained):
+    from blocklab.headlines.page import ladder_plan_line
+    from blocklab.scaling.orchestrate import train_sweep
+
+    (tmp_path / "corpus").mkdir()
+    data = {"source": str(write_code_corpus(tmp_path / "corpus")), "tokenizer": "byte",
+            "cache_dir": str(tmp_path / "cache")}
+    ladder = read_ladder_file(ladder_file(tmp_path, train={"data": data}))
+    root = tmp_path / "s" / "ladder-swept"
+    line = ladder_plan_line(root, ladder, ARCHS)
+    assert "not yet run" in line and "30 runs (2 architectures x 3 rungs x 2 seeds, and 18 of the " \
+        "learning-rate sweep), 30 left" in line
+    train_sweep(ARCHS, ladder, root, log=lambda *_: None)
+    assert "18 of 30 runs finished" in ladder_plan_line(root, ladder, ARCHS)
+
+
 def test_the_rounds_train_the_sweep_once_before_the_first_round(tmp_path, trained):
     from blocklab.rounds import Budget
     from blocklab.rounds.commands import scaling_rounds

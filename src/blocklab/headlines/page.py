@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,17 @@ HEADLINE_TEXT = (
 
 def ladder_plan_line(root: Path, ladder, archs: list[str]) -> str:
     """A ladder with no whole seed yet: the runs left and their estimated time on its device (from the
-    store's finished runs there, else a prior)."""
+    store's finished runs there, else a prior); a learning-rate sweep's runs count among them."""
     from blocklab.reproduce.estimate import Estimator
     from blocklab.scaling.ladders import plan
+    from blocklab.scaling.sweeps import finished, sweep_plan
 
-    runs = plan(archs, ladder, root)
-    left = [(rung, cfg) for rung, _, cfg in runs if not (Path(cfg.out_dir) / "summary.json").is_file()]
+    sweep = sweep_plan(archs, ladder, root) if ladder.lr_sweep is not None else []
+    if not all(finished(run) for run in sweep):  # no rate chosen yet: the runs' folders are the recipe's
+        ladder = replace(ladder, lr_sweep=None)
+    runs = [(run.rung, run.cfg) for run in sweep]
+    runs += [(rung, cfg) for rung, _, cfg in plan(archs, ladder, root)]
+    left = [(rung, cfg) for rung, cfg in runs if not (Path(cfg.out_dir) / "summary.json").is_file()]
     device = "gpu" if ladder.trains_on == "gpu" else "cpu"
     estimate = Estimator(root, device)
     minutes = sum(estimate.seconds(cfg) for _, cfg in left) / 60
@@ -49,8 +55,9 @@ def ladder_plan_line(root: Path, ladder, archs: list[str]) -> str:
     name = root.name
     return (
         f"**`{name}`: {state}.** {ladder.description}; {ladder.tokens_line()}; {len(runs)} runs "
-        f"({len(archs)} architectures x "
-        f"{len(ladder.rungs)} rungs x {ladder.seeds} seeds), {len(left)} left: about {minutes:.0f} "
+        f"({len(archs)} architectures x {len(ladder.rungs)} rungs x {ladder.seeds} seeds"
+        f"{f', and {len(sweep)} of the learning-rate sweep' if sweep else ''}), {len(left)} left: about "
+        f"{minutes:.0f} "
         f"{device.upper()} minutes ({rungs}), estimated at {estimate.source}. It trains a piece per lent "
         f"call: `SKIP_BENCH=1 SKIP_CHECKS=1 LADDER={name.removeprefix('ladder-')} LADDER_MIN=8 bash "
         "benchmarks/gpu_session.sh`."

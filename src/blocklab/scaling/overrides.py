@@ -58,7 +58,8 @@ def check_user_fields(ladder: Ladder, name: str, fields: dict[str, Any]) -> None
         if key == "optim.lr":
             raise ConfigError(f"{given} is not allowed: ladder {name}'s learning-rate rule sets it "
                               f"({ladder.lr_rule}); for another rate, write a ladder file with `lr: <rate>` "
-                              "(or `lr: per-rung`; docs/scaling.md) and pass --ladder FILE.yaml")
+                              "(or `lr: per-rung`, or a sweep per rung `lr: {sweep: [0.333, 1, 3], "
+                              "steps: N}`; docs/scaling.md) and pass --ladder FILE.yaml")
         if key in own or key in BUDGET_FIELDS:
             if own.get(key) == value:
                 continue
