@@ -15,26 +15,20 @@ from blocklab.training import TrainConfig, build, memory
 from blocklab.training.optim import OptimConfig, build_optimizers
 from blocklab.util.errors import ConfigError
 from helpers import digest, one_error_line, small_run_args
+from tests.training.tiny_runs import train_four_steps, write_code_corpus
 
 small = small_run_args
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("corpus")
-    for i in range(30):
-        (root / f"f{i}.py").write_text("".join(f"value_{j % 9} = {i} + {j}\n" for j in range(60)))
-    return root
+    return write_code_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")
 def finished_run(corpus, tmp_path_factory) -> Path:
     """Four steps with a validation line and a checkpoint every two."""
-    root = tmp_path_factory.mktemp("run")
-    out = root / "run"
-    assert main(["train", *small(corpus, root / "cache"), "max_steps=4", "eval_every=2", "ckpt_every=2",
-                 "--out", str(out)]) == 0
-    return out
+    return train_four_steps(corpus, tmp_path_factory.mktemp("run"))
 
 
 @pytest.mark.parametrize("arch", ["pre-ln", "sas-p", "bov"])

@@ -25,6 +25,25 @@ def write_word_corpus(root: Path) -> Path:
     return root
 
 
+def write_code_corpus(root: Path) -> Path:
+    """30 small Python files of assignments, written under `root` (what `train_four_steps` reads)."""
+    for i in range(30):
+        (root / f"f{i}.py").write_text("".join(f"value_{j % 9} = {i} + {j}\n" for j in range(60)))
+    return root
+
+
+def train_four_steps(corpus: Path, root: Path) -> Path:
+    """`blocklab train` of four steps on `corpus` (bytes, helpers.small_run_args), with a validation
+    line and a checkpoint every two, into root/run; the run's folder."""
+    from blocklab.cli import main
+    from helpers import small_run_args
+
+    out = root / "run"
+    assert main(["train", *small_run_args(corpus, root / "cache"), "max_steps=4", "eval_every=2",
+                 "ckpt_every=2", "--out", str(out)]) == 0
+    return out
+
+
 def config(corpus: Path, tmp_path: Path, **overrides) -> TrainConfig:
     fields = dict(arch="pre-ln", size="tiny", model=dict(TINY_MODEL), batch_size=4, seq_len=32,
                   max_steps=6, eval_every=3, eval_batches=2, log_every=1, ckpt_every=0, progress=False,
