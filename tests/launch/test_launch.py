@@ -357,10 +357,13 @@ def test_a_run_over_two_processes_is_launched_with_torchrun_inside_its_job(corpu
 @pytest.mark.slow
 def test_a_job_cut_off_at_its_time_limit_is_requeued_and_its_run_resumes(corpus, tmp_path):
     """A 1-minute job told to stop 40 s before its limit: submitit checkpoints the job (`RunJob` is
-    Checkpointable) and requeues it, and the run resumes from its last checkpoint to one curve."""
+    Checkpointable) and requeues it, and the run resumes from its last checkpoint to one curve. A busy
+    machine trains less in each job, so the job may be requeued up to 6 times (`max_requeues`, at most
+    what submitit's local controller allows), which reaches submitit's own executor."""
     cfg = {**base(corpus, tmp_path / "cache", steps=800), "model": {}, "eval_every": 100, "log_every": 10}
-    settings = SlurmSettings(cluster="local", poll_s=0.5, time_min=1, signal_delay_s=40,
+    settings = SlurmSettings(cluster="local", poll_s=0.5, time_min=1, signal_delay_s=40, max_requeues=6,
                              folder=str(tmp_path / "slurm"))  # about 15 s of training at size tiny
+    assert SlurmLauncher(settings)._executor(tmp_path / "probe", 1)._executor.max_num_timeout == 6
     compare(["pre-ln"], tmp_path / "cmp", base=cfg, launcher=SlurmLauncher(settings), timing_rounds=0)
     logs = "".join(path.read_text() for path in (tmp_path / "slurm").rglob("*_log.*"))
     assert "Requeued job" in logs
@@ -404,6 +407,10 @@ def test_bad_slurm_settings_are_named(tmp_path, capsys):
         SlurmSettings.load(None, time_min="soon")
     with pytest.raises(ConfigError, match="slurm setting gpus_per_run = -1 is not allowed"):
         SlurmSettings.load(None, gpus_per_run=-1)
+    with pytest.raises(ConfigError, match="slurm setting max_requeues = 0 is not allowed: give an integer"):
+        SlurmSettings.load(None, max_requeues=0)
+    with pytest.raises(ConfigError, match="max_requeues = 7 is not allowed with cluster: local: submitit's"):
+        SlurmSettings.load(None, cluster="local", max_requeues=7)
     assert cli.main(["compare", "--launcher", "slurm", "--sbatch", "qos"]) == 2
     assert "--sbatch 'qos' is not allowed: give KEY=VALUE" in capsys.readouterr().err
 

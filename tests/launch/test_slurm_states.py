@@ -140,7 +140,8 @@ PROGRESS = " 50% 100/200 steps [00:10<00:10, 10.0step/s]\r 51% 102/200 steps [00
 
 
 @pytest.mark.parametrize("state, trace, log, expected", [
-    ("FAILED", REQUEUED_TOO_OFTEN, "", "reached its time limit too many times"),
+    ("FAILED", REQUEUED_TOO_OFTEN, "", "reached its time limit more often than it may be requeued (the "
+                                       "Slurm setting max_requeues"),
     ("LOST", "", PROGRESS + CANCELLED_LINE + PROGRESS, "was cancelled (scancel"),
     ("CANCELLED", "", PROGRESS, "was cancelled (scancel"),
     ("LOST", "", CANCELLED_LINE.replace(" ***", " DUE TO TIME LIMIT ***"), "reached its time limit and"),

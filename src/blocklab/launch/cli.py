@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--slurm-config", metavar="YAML", help="Slurm settings: a YAML file whose slurm: section "
                    "sets any of partition, account, gpus_per_run, cpus_per_run, mem_gb, time_min, sbatch, "
                    "setup, procs_per_run, folder, signal_delay_s (the time-limit signal this many seconds "
-                   "before the limit; default 90), poll_s (seconds between looks at the jobs; default 10), "
+                   "before the limit; default 90), max_requeues (how often a job cut off at its limit is "
+                   "requeued; default 3), poll_s (seconds between looks at the jobs; default 10), "
                    "cluster (slurm, or local: the same jobs on this machine) (the flags below win); jobs "
                    "run this Python by its absolute path, which must exist on the nodes (docs/launch.md)")
     g.add_argument("--partition", help="Slurm partition of every job")

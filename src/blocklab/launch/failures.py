@@ -82,8 +82,9 @@ def failure_reason(state: str, trace: str, logs: str, exit_code: str | None = No
     why = (cut[-1] or "CANCELLED").strip() if cut else ""
     killed = killed_by(exit_code)
     if "timed-out too many times" in trace:
-        return (f"reached its time limit too many times (submitit requeues a job 3 times); {rerun}, or give "
-                "it a longer time limit (time_min, --time-limit)")
+        return (f"reached its time limit more often than it may be requeued (the Slurm setting max_requeues, "
+                f"3 by default); {rerun}, or give it a longer time limit (time_min, --time-limit) or more "
+                "requeues (max_requeues)")
     if state == "OUT_OF_MEMORY" or re.search(r"oom[-_]kill|Out Of Memory", logs):
         how = f", signal {killed[0]}, {killed[1]}" if killed else ""
         return f"ran out of memory (killed by Slurm{how}): ask for more with mem_gb (--mem-gb); {rerun}"

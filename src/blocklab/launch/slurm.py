@@ -75,7 +75,9 @@ class SlurmLauncher:
     def _executor(self, folder: Path, count: int):
         s = self.settings
         try:
-            executor = submitit.AutoExecutor(folder=folder / "%j", cluster=s.cluster)
+            executor = submitit.AutoExecutor(folder=folder / "%j", cluster=s.cluster,
+                                             slurm_max_num_timeout=s.max_requeues,
+                                             local_max_num_timeout=s.max_requeues)
         except RuntimeError as err:  # no srun here: not a Slurm login node
             raise ConfigError(f"--launcher slurm: {err} Run the command where sbatch and srun work (a login "
                               "node), or set cluster: local in the Slurm settings to try it on this "

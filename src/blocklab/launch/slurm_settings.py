@@ -12,6 +12,8 @@ from typing import Any
 from blocklab.training.config import read_yaml
 from blocklab.util.errors import ConfigError
 
+LOCAL_MAX_REQUEUES = 6  # submitit's local controller (`Controller.run`) restarts a job at most this often
+
 
 @dataclass
 class SlurmSettings:
@@ -24,6 +26,7 @@ class SlurmSettings:
     mem_gb: float | None = None
     time_min: int = 240  # the job's time limit; a run cut off there is requeued and resumes
     signal_delay_s: int | None = None  # the job is told to stop this long before its limit (submitit: 90)
+    max_requeues: int = 3  # how often a job cut off at its limit is requeued before its run counts as failed
     sbatch: dict[str, Any] = field(default_factory=dict)  # other sbatch options: {"qos": "high", ...}
     setup: list[str] = field(default_factory=list)  # shell lines before each job (module load, a venv)
     procs_per_run: int | None = None  # torchrun processes per run (None: one per GPU, or one)
@@ -51,7 +54,8 @@ class SlurmSettings:
         return settings
 
     def check(self) -> None:
-        for name in ("gpus_per_run", "cpus_per_run", "time_min", "procs_per_run", "signal_delay_s"):
+        for name in ("gpus_per_run", "cpus_per_run", "time_min", "procs_per_run", "signal_delay_s",
+                     "max_requeues"):
             value, low = getattr(self, name), 0 if name == "gpus_per_run" else 1
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise ConfigError(f"slurm setting {name} = {value!r} is not allowed: give an integer "
@@ -59,6 +63,10 @@ class SlurmSettings:
         if self.cluster not in ("slurm", "local"):
             raise ConfigError(f"slurm setting cluster = {self.cluster!r} is not allowed: choose slurm or "
                               "local.")
+        if self.cluster == "local" and self.max_requeues > LOCAL_MAX_REQUEUES:
+            raise ConfigError(f"slurm setting max_requeues = {self.max_requeues} is not allowed with "
+                              "cluster: local: submitit's local controller restarts a job at most "
+                              f"{LOCAL_MAX_REQUEUES} times; give at most that.")
         if not isinstance(self.sbatch, dict) or not isinstance(self.setup, list):
             raise ConfigError("slurm settings sbatch (a mapping of sbatch options, without the dashes) and "
                               "setup (a list of shell lines) must be a mapping and a list.")
