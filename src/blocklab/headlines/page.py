@@ -161,9 +161,10 @@ def _rounds_block(root: Path, folder: Path, ladder, page_dir: Path) -> list[str]
     rows = [[h.claim.id, f"**{h.verdict}**", h.text, str(n),
              _how_stopped(h, result, record)] for h in waited]
     looks = ", ".join(str(look["seeds"]) for look in record["looks"])
+    were = "was" if len(claims) == 1 else "were"
     text = (
         f"{title} (`{record.get('command', 'blocklab scaling --until-decided')}`): seeds added a round at "
-        f"a time, one of every rung of {', '.join(archs)}, until {', '.join(claims)} were decided or the "
+        f"a time, one of every rung of {', '.join(archs)}, until {', '.join(claims)} {were} decided or the "
         f"budget ended: {record.get('ended', record['headline'])}, after looks at {looks} seeds. Every "
         f"interval here is an {record['method']}, not a t-interval: it stays 95% sure however the rounds "
         f"stopped. Rebuilt from the runs at seeds 0-{n - 1}, as the rounds' last look read them."
