@@ -197,6 +197,10 @@ def test_the_prose_column_reads_the_prose_store(ladder, tmp_path, monkeypatch, c
     train(ARCHS, ladder, "ladder-cpu", prose, only=lambda arch, seed: arch != "sas-p" and seed < 2)
     assert column() == {ids[0]: "partial: 16 of 24 runs", ids[1]: "partial: 16 of 24 runs",
                         ids[2]: "partial: 8 of 24 runs"}
+    # an architecture the shipped prose command does not train, with no run there, is said to be left out
+    with monkeypatch.context() as patch:
+        patch.setattr("blocklab.headlines.prose.ARCHS", ("pre-ln", "resformer"))
+        assert column()[ids[2]] == "not trained: sas-p is not in the prose ladder's --archs"
 
     # the whole of it: each verdict as `scaling --no-train` reads the prose store, and the signs by hand
     train(ARCHS, ladder, "ladder-cpu", prose)

@@ -85,8 +85,9 @@ def sides(h: HeadlineResult, result: ScalingResult) -> list[str | None]:
 
 def prose_cells(code: ScalingResult, store: Path) -> list[str]:
     """The column's cell for each headline claim of the code ladder `code`: NOT_YET_RUN while the prose
-    store has no run of the claim's two architectures, "partial: k of n runs" while some are missing, else
-    the verdict there and the agreement of signs."""
+    store has no run of the claim's two architectures, "partial: k of n runs" while some are missing, or
+    that the claim's architecture is not trained on prose when it is not among the shipped command's
+    (`ARCHS`) and has no run there, else the verdict there and the agreement of signs."""
     data = read_prose(store)
     prose = judged(data) if data is not None else None
     verdicts = {h.claim.id: h for h in prose.headlines} if prose is not None else {}
@@ -97,6 +98,8 @@ def prose_cells(code: ScalingResult, store: Path) -> list[str]:
         total = len(archs) * len(code.data.rungs) * code.data.ladder.seeds
         if not done:
             cells.append(NOT_YET_RUN)
+        elif h.claim.arch not in ARCHS and not finished(data, [h.claim.arch]):
+            cells.append(f"not trained: {h.claim.arch} is not in the prose ladder's --archs")
         elif done < total or prose is None or h.claim.id not in verdicts:
             cells.append(f"partial: {done} of {total} runs")
         else:
