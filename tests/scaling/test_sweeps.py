@@ -72,7 +72,9 @@ def trained(monkeypatch) -> list[str]:
                  "val_loss": loss + 1 / s} for s in steps]
         rows[-1]["val_loss"] = loss
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        summary = {"params": {"total": n, "non_embedding": n // 2}, "val_loss": loss, "step": cfg.max_steps}
+        summary = {"params": {"total": n, "non_embedding": n // 2}, "val_loss": loss, "step": cfg.max_steps,
+                   "train_time": 0.25 * cfg.max_steps,  # seconds: a 5-step sweep run 1.25, a ladder run 5
+                   "flops": 6 * n * cfg.max_steps * cfg.batch_size * cfg.seq_len}
         (run / "summary.json").write_text(json.dumps(summary))
         done.append(cfg.out_dir)
         return summary
@@ -113,6 +115,11 @@ def test_the_sweep_chooses_each_rungs_best_factor_and_the_ladder_trains_at_exact
     assert {(c["rung"], c["arch"]) for c in record["chosen"] if c["at_edge"]} == EDGE
     report = (root / "scaling.md").read_text()
     assert "Learning rate: a short sweep per rung" in report and "18 sweep runs" in report
+    # the sweep's training time is its own (18 x 1.25 s), apart from the 12 ladder runs' (12 x 5 s)
+    assert record["training_seconds"] == 18 * 1.25 and record["training_recorded"] == 18
+    assert "sweep runs (in <rung>/sweep/runs/), 22 seconds of training from their summary.json, not counted" \
+        in report.replace("\n", " ")
+    assert "Training time, from the runs' summary.json: 60 seconds summed over the runs used;" in report
     edge_line = next(line for line in report.splitlines() if "a wider grid might choose otherwise" in line)
     assert edge_line.startswith(f"{len(EDGE)} of the 6 choices are at the edge: a wider grid might choose "
                                 "otherwise")

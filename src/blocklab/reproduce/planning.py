@@ -5,7 +5,7 @@ sweep, the seeds already finished in the store, one TrainConfig per run.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from blocklab.compare import Entry, run_configs, slug
@@ -109,6 +109,7 @@ class Sweep:
     arch: str
     losses: dict[float, float]
     rates: dict[str, float]  # the chosen peak rates
+    train_seconds: dict[float, float] = field(default_factory=dict)  # per factor, where summary.json has it
 
     @property
     def best(self) -> float:

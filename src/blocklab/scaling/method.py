@@ -68,8 +68,8 @@ def method_facts(result: ScalingResult) -> dict[str, Any]:
 
 def sweep_facts(data: LadderData) -> dict[str, Any] | None:
     """A ladder's learning-rate sweep as plain data (None without one): its grid, steps and seed, how
-    many of its runs were read, and each (rung, arch)'s losses per factor, chosen factor and rates, and
-    whether the choice is at the grid's edge."""
+    many of its runs were read and the training time they recorded, and each (rung, arch)'s losses per
+    factor, chosen factor and rates, and whether the choice is at the grid's edge."""
     sweep = data.ladder.lr_sweep
     if sweep is None:
         return None
@@ -77,11 +77,13 @@ def sweep_facts(data: LadderData) -> dict[str, Any] | None:
                "at_edge": at_edge(s, sweep.factors),
                "losses": {f"{f:g}": v if math.isfinite(v) else None for f, v in s.losses.items()}}
               for (rung, arch), s in data.sweeps.items()]
+    times = [t for s in data.sweeps.values() for t in s.train_seconds.values()]
     return {"factors": list(sweep.factors), "steps": sweep.steps, "seed": sweep.seed,
-            "runs": sum(len(s.losses) for s in data.sweeps.values()), "chosen": chosen}
+            "runs": sum(len(s.losses) for s in data.sweeps.values()), "chosen": chosen,
+            "training_seconds": sum(times) if times else None, "training_recorded": len(times)}
 
 
-def _hours(seconds: float) -> str:
+def hours(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} seconds"
     return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:.1f} hours"
@@ -107,7 +109,7 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
     else:
         part = ("" if f["training_recorded"] == f["runs_used"]
                 else f" ({f['training_recorded']} of the {f['runs_used']} runs recorded it)")
-        time = (f"Training time, from the runs' summary.json: {_hours(f['training_seconds'])} summed over "
+        time = (f"Training time, from the runs' summary.json: {hours(f['training_seconds'])} summed over "
                 f"the runs used{part}; the wall clock depends on how many ran at once, which the runs do not "
                 "record.")
     return f"Corpus: {corpus}. Tokenizer: {tokenizer}. {runs}. {left} {time}"

@@ -97,7 +97,8 @@ def finished(run: SweepRun) -> bool:
 def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, str], Sweep]:
     """Each (rung, architecture)'s sweep from its finished runs: final validation loss per factor (NaN: a
     run that diverged) and, in `Sweep.rates`, the rates of its best factor. An unfinished run raises
-    SweepUnfinished; with `partial`, its (rung, architecture) is left out."""
+    SweepUnfinished; with `partial`, its (rung, architecture) is left out. `Sweep.train_seconds` keeps each
+    run's training time where its summary.json records it."""
     from blocklab.reproduce.metrics import run_summary
 
     unfinished = [r for r in runs if not finished(r)]
@@ -109,9 +110,12 @@ def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, 
         key = (run.rung.name, run.arch)
         if key in left_out:
             continue
-        loss = run_summary(Path(run.cfg.out_dir)).get("val_loss")
+        summary = run_summary(Path(run.cfg.out_dir))
+        loss, seconds = summary.get("val_loss"), summary.get("train_time")
         sweep = sweeps.setdefault(key, Sweep(run.arch, {}, {}))
         sweep.losses[run.factor] = float("nan") if not isinstance(loss, int | float) else float(loss)
+        if isinstance(seconds, int | float):
+            sweep.train_seconds[run.factor] = float(seconds)
     for (rung, arch), sweep in sweeps.items():
         try:
             best = sweep.best
