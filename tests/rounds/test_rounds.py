@@ -169,6 +169,38 @@ def test_the_note_opens_the_report_and_its_record_is_written(tmp_path):
     assert "<h1>Title</h1><p><strong>Seeds until decided" in (tmp_path / "r.html").read_text()
     record = json.loads((tmp_path / "until_decided.json").read_text())
     assert record["stopped"] == "decided" and [look["seeds"] for look in record["looks"]] == [3, 4]
+    assert [(look["trained"], look["seconds"]) for look in record["looks"]] == [(6, 3.0), (2, 1.0)]
+
+
+def test_a_rerun_that_replays_the_rounds_keeps_what_the_first_call_trained(tmp_path):
+    """Every run reused on the second call: its looks train nothing and take no time, and the record keeps
+    the first call's runs and seconds; a look the second call trained itself is its own."""
+    report = tmp_path / "r.md"
+    clock = FakeClock()
+    train, judge, _ = fake_rounds(5, 60.0, clock)
+    report.write_text("# Title\n")
+    note_in_report(report, until_decided(3, train, judge, Budget(max_seeds=4), clock=clock,
+                                         log=lambda *_: None))
+    first = json.loads((tmp_path / "until_decided.json").read_text())["looks"]
+    assert [(look["seeds"], look["trained"], look["seconds"]) for look in first] == [(3, 6, 180.0),
+                                                                                     (4, 2, 60.0)]
+    replay = [3, 4]  # seeds 0-3 are finished: the second call trains seed 4 only
+
+    def again(n: int) -> int:
+        new = max(0, n - replay[-1])
+        clock.now += 60.0 * new
+        replay.append(max(n, replay[-1]))
+        return 2 * new
+
+    def judge_again() -> list[Pending]:
+        return [] if replay[-1] >= 5 else [Pending("claim-a", 5)]
+
+    report.write_text("# Title\n")
+    note_in_report(report, until_decided(3, again, judge_again, Budget(max_seeds=6), clock=clock,
+                                         log=lambda *_: None))
+    looks = json.loads((tmp_path / "until_decided.json").read_text())["looks"]
+    assert [(look["seeds"], look["trained"], look["seconds"]) for look in looks] == [
+        (3, 6, 180.0), (4, 2, 60.0), (5, 2, 60.0)]
 
 
 # -- scaling's rounds with fake runs -----------------------------------------------------------------------

@@ -206,7 +206,7 @@ def test_the_report_says_the_data_equivalence_reads_mid_run_points(tmp_path):
     report = write_scaling_report(_result(), tmp_path).read_text()
     data = report.split("## Data equivalence on the largest rung")[1]
     assert "not the loss of a run trained for that many tokens" in data and "shorter runs" in data
-    assert "this command trains neither yet" in data
+    assert "a ladder file's `shorter_runs` (e.g. [0.25, 0.5, 0.75]) trains them" in data
 
 
 def test_the_method_states_what_ran_from_the_runs_records(tmp_path):

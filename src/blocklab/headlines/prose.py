@@ -15,6 +15,7 @@ does for a scale under way.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from blocklab.reproduce.page_prose import COLUMN, ONE_SIDED, OPPOSITE, SAME, interval_side, sign_agreement
@@ -71,7 +72,7 @@ def judged(data: LadderData) -> ScalingResult | None:
     archs = [a for a in data.archs if finished(data, [a]) == whole]
     if not archs or archs[0] != data.archs[0] or len(archs) < 2:
         return None
-    return judge_ladder(LadderData(data.name, data.ladder, archs, data.points))
+    return judge_ladder(replace(data, archs=archs))
 
 
 def sides(h: HeadlineResult, result: ScalingResult) -> list[str | None]:

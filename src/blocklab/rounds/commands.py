@@ -53,9 +53,25 @@ def note_in_report(report: Path, outcome: Outcome, about: dict[str, Any] | None 
         if end >= 0:
             end += len("</h1>")
             page.write_text(body[:end] + f"<p><strong>{html.escape(text)}</strong></p>" + body[end:])
-    (report.parent / RECORD).write_text(json.dumps({**outcome.record(), **(about or {})}, indent=2) + "\n")
+    record = {**outcome.record(), **(about or {})}
+    record["looks"] = kept_training(record["looks"], report.parent / RECORD)
+    (report.parent / RECORD).write_text(json.dumps(record, indent=2) + "\n")
     if (report.parent / owned.RECORD).is_file():  # still blocklab's own: a rerun rewrites them, not refuses
         owned.record_written(report.parent, [p for p in (report, page) if p.is_file()])
+
+
+def kept_training(looks: list[dict[str, Any]], earlier: Path) -> list[dict[str, Any]]:
+    """`looks` with what the call that wrote `earlier` (a record in the same folder) measured kept: a look at
+    n seeds that now trained nothing, every run reused, keeps the earlier look's `trained` and `seconds`,
+    so a rerun that replays the rounds neither erases what they cost nor rewrites the record."""
+    try:
+        before = json.loads(earlier.read_text()).get("looks") or []
+    except (OSError, ValueError, AttributeError):
+        return looks
+    trained = {look.get("seeds"): look for look in before
+               if isinstance(look, dict) and {"trained", "seconds"} <= set(look)}
+    return [{**look, **{k: trained[look["seeds"]][k] for k in ("trained", "seconds")}}
+            if not look["trained"] and look["seeds"] in trained else look for look in looks]
 
 
 # -- scaling ---------------------------------------------------------------------------------------------
@@ -79,9 +95,7 @@ def look_data(root: Path, ladder, archs: list[str], name: str, seeds: int):
     store holds (so a rerun replays the looks, and a reader rebuilds the last one: `headlines.page`)."""
     from blocklab.scaling.judge import read_ladder
 
-    data = read_ladder(root, ladder, archs, name)
-    data.points = {k: {s: p for s, p in v.items() if s < seeds} for k, v in data.points.items()}
-    return data
+    return read_ladder(root, ladder, archs, name).below(seeds)
 
 
 def scaling_rounds(archs: list[str], ladder, name: str, out: str | Path, budget: Budget,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from blocklab.compare import slug
@@ -37,8 +37,11 @@ from blocklab.scaling.fit import (
     parameter_ratio,
     saving,
 )
-from blocklab.scaling.ladders import Ladder
+from blocklab.scaling.ladders import Ladder, rung_steps
 from blocklab.scaling.laws import READ_BEYOND, beyond_ladder, beyond_text, hull
+from blocklab.scaling.shorter_runs import SHORTER_FOLDER, shorter_steps
+from blocklab.scaling.shorter_runs import curve as shorter_curve
+from blocklab.scaling.shorter_runs import run_name as shorter_name
 from blocklab.scaling.sweeps import read_sweeps, sweep_plan
 from blocklab.statistics import evidence
 from blocklab.statistics.claims import HEADLINES, Headline
@@ -103,6 +106,8 @@ class LadderData:
     points: dict[tuple[str, str], dict[int, Point]]
     # with a learning-rate sweep, each finished (rung, arch)'s sweep: its losses and chosen rates
     sweeps: dict[tuple[str, str], Sweep] = field(default_factory=dict)
+    # with shorter runs of the largest rung, shorter[(arch, steps)][seed] (`scaling.shorter_runs`)
+    shorter: dict[tuple[str, int], dict[int, Point]] = field(default_factory=dict)
 
     @property
     def rungs(self) -> list[str]:
@@ -113,9 +118,28 @@ class LadderData:
         return [r for r in self.rungs if self.points.get((arch, r))]
 
     def seeds(self, archs: list[str] | None = None) -> list[int]:
-        """The seeds finished at every rung by every one of `archs` (default all): whole ladders."""
+        """The seeds finished at every rung by every one of `archs` (default all), and at every shorter run
+        when the ladder has them: whole ladders."""
         sets = [set(self.points.get((a, r), {})) for a in (archs or self.archs) for r in self.rungs]
+        sets += [set(found) for (a, _), found in self.shorter.items() if a in (archs or self.archs)]
         return sorted(set.intersection(*sets)) if sets else []
+
+    def below(self, seeds: int) -> LadderData:
+        """These runs of seeds 0..seeds-1 only (a round's look at `seeds` seeds)."""
+        def keep(found: dict) -> dict:
+            return {k: {s: p for s, p in v.items() if s < seeds} for k, v in found.items()}
+
+        return replace(self, points=keep(self.points), shorter=keep(self.shorter))
+
+    def curve(self, arch: str, seed: int) -> tuple[list[float], list[float]]:
+        """`arch`'s loss against tokens on the largest rung at `seed`, as the data equivalence reads it: the
+        final losses of its shorter runs and its full run, when the ladder has shorter runs; else the full
+        run's validation curve on the way."""
+        full = self.points[(arch, self.rungs[-1])][seed]
+        if not self.ladder.shorter_runs:
+            return full.tokens, full.losses
+        runs = [p[seed] for (a, _), p in self.shorter.items() if a == arch]
+        return shorter_curve([(p.tokens[-1], p.val_loss) for p in runs], full.tokens[-1], full.val_loss)
 
     def sizes(self, arch: str, reading: str) -> list[float]:
         return [next(iter(self.points[(arch, r)].values())).size(reading) for r in self.rungs]
@@ -151,7 +175,24 @@ def read_ladder(root: Path, ladder: Ladder, archs: list[str], name: str) -> Ladd
                     found[int(seed)] = point
             points[(arch, rung.name)] = found
     sweeps = read_sweeps(sweep_plan(archs, ladder, root), partial=True) if ladder.lr_sweep else {}
-    return LadderData(name, ladder, archs, points, sweeps)
+    return LadderData(name, ladder, archs, points, sweeps, _read_shorter(root, ladder, archs))
+
+
+def _read_shorter(root: Path, ladder: Ladder, archs: list[str]) -> dict[tuple[str, int], dict[int, Point]]:
+    """The finished shorter runs of the largest rung (none without `shorter_runs`), by (arch, steps)."""
+    if not ladder.shorter_runs:
+        return {}
+    top = ladder.rungs[-1].name
+    full = ladder.steps if ladder.steps is not None else rung_steps(ladder)[top][1]
+    found: dict[tuple[str, int], dict[int, Point]] = {}
+    for k in shorter_steps(ladder.shorter_runs, full, top):
+        for arch in archs:
+            name = slug(shorter_name(arch, k))
+            runs = sorted((root / top / SHORTER_FOLDER / "runs").glob(f"{name}-seed*"))
+            points = {int(run.name[len(name) + len("-seed"):]): _read_point(run) for run in runs
+                      if run.name[len(name) + len("-seed"):].isdigit()}
+            found[(arch, k)] = {s: p for s, p in points.items() if p is not None}
+    return found
 
 
 @dataclass
@@ -296,11 +337,7 @@ def parameter_equivalences(
 
 
 def data_equivalences(data: LadderData, arch: str, baseline: str, seeds: list[int]) -> Equivalence:
-    top = data.rungs[-1]
-    values = []
-    for s in seeds:
-        b, x = data.points[(baseline, top)][s], data.points[(arch, top)][s]
-        values.append(math.log(data_ratio(b.tokens, b.losses, x.tokens, x.losses)))
+    values = [math.log(data_ratio(*data.curve(baseline, s), *data.curve(arch, s))) for s in seeds]
     return Equivalence(arch, "data", None, None, None, evidence.t_interval(values))
 
 

@@ -16,6 +16,9 @@ seq_len):
   ``{sweep: [0.333, 1, 3], steps: 100, seed: 0}``: factors of each architecture's recipe rate, two or more,
   distinct and positive, each tried for ``steps`` steps (at most the ladder's) at seed ``seed`` (default 0)
   at every rung (`LrSweep`, `scaling.sweeps`);
+- shorter_runs: fractions of the largest rung's steps, e.g. ``[0.25, 0.5, 0.75]``: each architecture also
+  trains that rung for each fraction of its steps, and the data equivalence reads the final losses of
+  these runs instead of the full run's mid-run evaluations (`scaling.shorter_runs`);
 - batch_size, seq_len, eval_every (default 50), seeds (3), archs, size (tiny), train (other TrainConfig
   fields for every run), trains_on (cpu or gpu), description, lr_rule and notes (the report's words).
 
@@ -31,11 +34,12 @@ from typing import Any
 import yaml
 
 from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, LrSweep, Rung, check_archs
+from blocklab.scaling.shorter_runs import check_fractions, shorter_steps
 from blocklab.util.configbase import is_count
 from blocklab.util.errors import ConfigError
 
 KEYS = ("description", "size", "rungs", "steps", "tokens_per_parameter", "batch_size", "seq_len",
-        "eval_every", "lr", "lr_rule", "seeds", "archs", "train", "trains_on", "notes")
+        "eval_every", "lr", "lr_rule", "seeds", "archs", "train", "trains_on", "notes", "shorter_runs")
 RUNG_KEYS = ("name", "size", "lr", "d_model", "n_layers", "n_heads", "mlp_hidden", "model")
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "mlp_hidden")
 LR_RULES = ("recipe", "per-rung")
@@ -102,6 +106,12 @@ def ladder_from_dict(data: Any, where: str = "ladder") -> Ladder:
     if trains_on not in ("cpu", "gpu"):
         raise ConfigError(f"{where}: trains_on = {trains_on!r} is not allowed: choose cpu or gpu")
     batch, seq = _count(data, "batch_size", where), _count(data, "seq_len", where)
+    shorter = check_fractions(data["shorter_runs"], where) if "shorter_runs" in data else ()
+    if shorter and steps is not None:  # with tokens_per_parameter, checked when the ladder is planned
+        try:
+            shorter_steps(shorter, steps, rungs[-1].name)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}") from None
     return Ladder(
         _text(data, "description", where, _describe(rungs, steps, per_parameter, batch, seq)),
         size, rungs, steps, batch, seq,
@@ -115,6 +125,7 @@ def ladder_from_dict(data: Any, where: str = "ladder") -> Ladder:
         notes=_text(data, "notes", where, ""),
         tokens_per_parameter=per_parameter,
         lr_sweep=lr if isinstance(lr, LrSweep) else None,
+        shorter_runs=shorter,
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from blocklab.compare import Entry, merge, run_configs
 from blocklab.scaling.ladder_files import read_ladder_file
 from blocklab.scaling.rungs import DEFAULT_ARCHS, Ladder, Rung, check_archs, rung_steps
+from blocklab.scaling.shorter_runs import shorter_configs
 from blocklab.scaling.sweeps import chosen_rates, with_rates
 from blocklab.training import TrainConfig
 from blocklab.util.errors import ConfigError
@@ -60,23 +61,29 @@ def plan(
     """Every run of the ladder, seed-major and the largest rung first within a seed, so that a ladder cut
     off part-way has whole seeds to fit and two runs at once finish together: (rung, entry, config).
     With a learning-rate sweep, each (rung, arch) trains at `rates[(rung name, arch)]` (default: the
-    rates its finished sweep in `out` chose, `sweeps.chosen_rates`; SweepUnfinished before)."""
+    rates its finished sweep in `out` chose, `sweeps.chosen_rates`; SweepUnfinished before). With
+    `shorter_runs`, each seed's shorter runs of the largest rung follow its runs there."""
     check_archs(archs)
     n = seeds or ladder.seeds
     steps = rung_steps(ladder) if ladder.steps is None else {}
     if ladder.lr_sweep is not None and rates is None:
         rates = chosen_rates(archs, ladder, out)
-    by_rung = {}
+    by_rung, shorter = {}, {}
     for rung in ladder.rungs:
         fields = ladder.rung_base(rung)
         if rung.name in steps:
             fields = merge(fields, {"max_steps": steps[rung.name][1]})
         entries = [Entry.parse(a) if rates is None else with_rates(a, rates[(rung.name, a)]) for a in archs]
         by_rung[rung.name] = run_configs(entries, n, out / rung.name, fields)
+        if ladder.shorter_runs and rung == ladder.rungs[-1]:
+            shorter = shorter_configs(entries, n, out / rung.name, fields, ladder.shorter_runs, rung.name)
     runs = []
     for seed in range(n):
         for rung in reversed(ladder.rungs):
             runs += [(rung, e, cfg) for e, cfg in by_rung[rung.name] if cfg.seed == seed]
+            if rung == ladder.rungs[-1]:  # the largest rung's shorter runs, longest first
+                runs += [(rung, e, cfg) for k in sorted(shorter, reverse=True) for e, cfg in shorter[k]
+                         if cfg.seed == seed]
     return runs
 
 

@@ -47,6 +47,7 @@ def method_facts(result: ScalingResult) -> dict[str, Any]:
     tokenizer = manifest.get("tokenizer") or {}
     cfg_data, optim = config.get("data") or {}, config.get("optim") or {}
     times = [data.points[(a, r)][s].train_time for a, r, s in used]
+    times += [found[s].train_time for found in data.shorter.values() for s in result.seeds]
     return {
         "data_source": cfg_data.get("source"),
         "corpus": source.get("description"),
@@ -56,7 +57,8 @@ def method_facts(result: ScalingResult) -> dict[str, Any]:
         "tokenizer_sha256": tokenizer.get("hash") or manifest.get("tokenizer_hash"),
         "schedule": optim.get("schedule"),
         "seeds_used": list(result.seeds),
-        "runs_used": len(used),
+        "runs_used": len(used) + len(data.shorter) * len(result.seeds),
+        "shorter_runs_used": len(data.shorter) * len(result.seeds),
         "runs_per_rung": {r: {a: len(result.seeds) for a in data.archs} for r in data.rungs},
         "left_out": left_out,
         "training_seconds": sum(t for t in times if t is not None) if any(t is not None for t in times)
@@ -100,8 +102,10 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
         f"`{f['tokenizer']}`" + (f", vocabulary {f['vocab_size']:,}" if f["vocab_size"] else "")
         + (f", sha256 {f['tokenizer_sha256'][:16]} (first 16 hex digits)" if f["tokenizer_sha256"] else ""))
     seeds = ", ".join(map(str, f["seeds_used"]))
+    shorter = f.get("shorter_runs_used", 0)
     runs = (f"{f['runs_used']} runs used: seeds {seeds} of each of {len(archs)} architectures at each of "
-            f"{len(rungs)} rungs ({len(f['seeds_used'])} per rung and architecture)")
+            f"{len(rungs)} rungs ({len(f['seeds_used'])} per rung and architecture)"
+            + (f", and {shorter} shorter runs of {rungs[-1]} (the same seeds)" if shorter else ""))
     left = ("Finished runs left out, their seed unfinished elsewhere: "
             f"{_left_out_text(f['left_out'], rungs)}." if f["left_out"] else "No finished run was left out.")
     if f["training_seconds"] is None:

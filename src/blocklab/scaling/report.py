@@ -25,6 +25,7 @@ from blocklab.scaling.judge import (
 from blocklab.scaling.laws import READ_BEYOND, beyond_text
 from blocklab.scaling.method import hours, method_facts, method_text, sweep_facts
 from blocklab.scaling.record import result_record
+from blocklab.scaling.shorter_runs import SHORTER_FOLDER
 from blocklab.scaling.sweeps import EDGE_NOTE, SWEEP_FOLDER
 from blocklab.statistics import evidence, sequential
 from blocklab.statistics.claims import PAPERS
@@ -357,17 +358,33 @@ def check_report_folder(out: Path, overwrite: bool = False, flag: str = "--repor
 
 
 def data_caveat(result: ScalingResult) -> str:
-    """The data equivalence reads a run's mid-run evaluations as if they were shorter runs: say what they
-    are under the runs' schedule, and how to get the losses of shorter runs."""
+    """What the data equivalence reads: the final losses of the ladder's shorter runs, or else a run's
+    mid-run evaluations, which are not shorter runs' losses (said, with how to get those)."""
+    ladder = result.data.ladder
     schedule = method_facts(result)["schedule"]
+    if ladder.shorter_runs:
+        top = ladder.rungs[-1].name
+        steps = sorted({k for _, k in result.data.shorter})
+        fractions = ", ".join(f"{f:g}" for f in ladder.shorter_runs)
+        return (
+            f"The tokens to reach a loss are read off shorter runs: each architecture also trained {top} "
+            f"for {fractions} of its steps ({', '.join(map(str, steps))} steps), same seed and peak rate, "
+            f"each with its own `{schedule or 'recorded'}` schedule over its own steps, so each point is the "
+            "final loss of a run trained for that many tokens, as Fig. 6 right's shorter runs. Between two "
+            "such runs the tokens are read linearly in log tokens; a saving above "
+            f"{1 - min(ladder.shorter_runs):.0%} (X's shortest run already there) cannot be read and stops "
+            f"at it. The runs are in {top}/{SHORTER_FOLDER}/runs/."
+        )
     under = f"the runs' `{schedule}` schedule" if schedule else "the runs' schedule (not recorded)"
     return (
         f"The tokens to reach a loss are read off one run's evaluations on the way, under {under}: a "
         "mid-run loss is taken while the learning rate is still high and decaying, not the loss of a "
         "run trained for that many tokens with its own decay, which is lower. So this reads how fast X "
         "gets there within the baseline's run, not Fig. 6 right's shorter runs. True shorter-run losses "
-        "take shorter runs, or a warmup-stable-decay schedule (`optim.schedule=wsd`) with a cooldown "
-        "branched from each intermediate checkpoint; this command trains neither yet."
+        "take shorter runs: a ladder file's `shorter_runs` (e.g. [0.25, 0.5, 0.75]) trains them, each "
+        "with its own schedule, and this reading then uses their final losses (docs/scaling.md). A "
+        "warmup-stable-decay schedule (`optim.schedule=wsd`) with a cooldown branched from each "
+        "intermediate checkpoint would give them more cheaply; this command does not train cooldowns."
     )
 
 

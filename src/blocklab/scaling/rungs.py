@@ -68,6 +68,7 @@ class Ladder:
     notes: str = ""  # how the ladder was sized (the arithmetic), printed in its report
     tokens_per_parameter: float | None = None  # steps per rung: this x the rung's parameters / batch tokens
     lr_sweep: LrSweep | None = None  # a short sweep per rung chooses each architecture's rate there
+    shorter_runs: tuple[float, ...] = ()  # fractions of the largest rung's steps (`scaling.shorter_runs`)
 
     def base(self) -> dict[str, Any]:
         base: dict[str, Any] = {
