@@ -228,6 +228,41 @@ def test_the_rounds_train_the_sweep_once_before_the_first_round(tmp_path, traine
     assert trained == [] and [look.trained for look in again.looks] == [0] * len(outcome.looks)
 
 
+def test_a_sweep_of_two_seeds_chooses_by_their_mean_loss_where_one_seed_would_choose_otherwise(
+        tmp_path, trained, monkeypatch):
+    """Seed-to-seed noise that favours x3 at seed 0 and disfavours it at seed 1 (d32-l2, pre-ln, whose
+    optimum 1.3 makes x1 best): the sweep's first seed alone chooses x3, the mean of two chooses x1."""
+    inner = store.train_claimed
+
+    def noisy(cfg, resume, progress=None):
+        summary = inner(cfg, resume, progress)
+        run = Path(cfg.out_dir)
+        if "/d32-l2/sweep/" in cfg.out_dir and cfg.arch == "pre-ln" and "-x3-" in run.name:
+            summary["val_loss"] += -0.05 if cfg.seed == 0 else 0.05
+            (run / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(store, "train_claimed", noisy)
+    for seeds, chosen in ((1, 3), (2, 1)):
+        out = tmp_path / f"seeds{seeds}"
+        out.mkdir()
+        path = ladder_file(out, lr={"sweep": GRID, "steps": 5, "seeds": seeds})
+        assert cli(command(path, out / "s")) == 0
+        record = json.loads((out / "s" / "ladder-swept" / "scaling.json").read_text())["method"]["lr_sweep"]
+        by_key = {(c["rung"], c["arch"]): c for c in record["chosen"]}
+        assert by_key[("d32-l2", "pre-ln")]["factor"] == chosen
+        assert record["runs"] == 18 * seeds and record["seeds"] == seeds
+        assert {k: c["factor"] for k, c in by_key.items() if k != ("d32-l2", "pre-ln")} == {
+            k: f for k, f in CHOSEN.items() if k != ("d32-l2", "pre-ln")}
+    runs = sorted(p.parent.name for p in (tmp_path / "seeds2" / "s" / "ladder-swept" / "d32-l2" / "sweep")
+                  .glob("runs/*/summary.json"))
+    assert runs == sorted(f"{a}-x{f:g}-seed{s}" for a in ARCHS for f in GRID for s in (0, 1))
+    report = (tmp_path / "seeds2" / "s" / "ladder-swept" / "scaling.md").read_text().replace("\n", " ")
+    assert "each architecture trained 2 runs of 5 steps (seeds 0-1, otherwise as that rung's runs)" in report
+    assert "whose runs ended at the lowest mean validation loss: 36 sweep runs" in report
+    assert "whose 5-step runs (seeds 0-1) end at the lowest mean validation loss" in report
+
+
 BAD = [
     ({"sweep": [1], "steps": 5}, "lr: sweep = [1] is not allowed: give a list of two or more factors"),
     ({"sweep": "1, 3", "steps": 5}, "lr: sweep = '1, 3' is not allowed: give a list of two or more"),
@@ -241,8 +276,9 @@ BAD = [
     ({"sweep": [1, 3], "steps": 21}, "lr: steps = 21 is not allowed: a sweep run is a short run, no longer "
                                      "than the ladder's 20 steps; give at most 20"),
     ({"sweep": [1, 3], "steps": 5, "seed": -1}, "lr: seed = -1 is not allowed: give an integer >= 0"),
+    ({"sweep": [1, 3], "steps": 5, "seeds": 0}, "lr: seeds = 0 is not allowed: give an integer >= 1"),
     ({"sweep": [1, 3], "steps": 5, "stepz": 4}, "lr: key 'stepz' is not allowed: the keys are sweep, steps, "
-                                                "seed"),
+                                                "seed, seeds"),
 ]
 
 

@@ -109,7 +109,8 @@ class Sweep:
     arch: str
     losses: dict[float, float]
     rates: dict[str, float]  # the chosen peak rates
-    train_seconds: dict[float, float] = field(default_factory=dict)  # per factor, where summary.json has it
+    # each factor's runs' training seconds, where their summary.json records them
+    train_seconds: dict[float, list[float]] = field(default_factory=dict)
 
     @property
     def best(self) -> float:

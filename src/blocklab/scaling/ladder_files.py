@@ -13,9 +13,10 @@ seq_len):
   ladder's first architecture at that rung: round(rule x parameters / (batch_size x seq_len)));
 - lr: ``recipe`` (each architecture's recipe rate, the same at every rung: the default), a number (every
   architecture and rung), ``per-rung`` (each rung's ``lr``), or a short sweep per rung,
-  ``{sweep: [0.333, 1, 3], steps: 100, seed: 0}``: factors of each architecture's recipe rate, two or more,
-  distinct and positive, each tried for ``steps`` steps (at most the ladder's) at seed ``seed`` (default 0)
-  at every rung (`LrSweep`, `scaling.sweeps`);
+  ``{sweep: [0.333, 1, 3], steps: 100, seed: 0, seeds: 1}``: factors of each architecture's recipe rate,
+  two or more, distinct and positive, each tried for ``steps`` steps (at most the ladder's) at ``seeds``
+  seeds from ``seed`` (default 1 from 0; with more, the mean loss chooses) at every rung (`LrSweep`,
+  `scaling.sweeps`);
 - shorter_runs: fractions of the largest rung's steps, e.g. ``[0.25, 0.5, 0.75]``: each architecture also
   trains that rung for each fraction of its steps, and the data equivalence reads the final losses of
   these runs instead of the full run's mid-run evaluations (`scaling.shorter_runs`);
@@ -43,7 +44,7 @@ KEYS = ("description", "size", "rungs", "steps", "tokens_per_parameter", "batch_
 RUNG_KEYS = ("name", "size", "lr", "d_model", "n_layers", "n_heads", "mlp_hidden", "model")
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "mlp_hidden")
 LR_RULES = ("recipe", "per-rung")
-SWEEP_KEYS = ("sweep", "steps", "seed")
+SWEEP_KEYS = ("sweep", "steps", "seed", "seeds")
 SWEEP_EXAMPLE = "e.g. lr: {sweep: [0.333, 1, 3], steps: 100}"
 
 
@@ -176,8 +177,8 @@ def _lr(value: Any, where: str, steps: int | None) -> tuple[float | str | LrSwee
 
 
 def _sweep(value: dict, where: str, ladder_steps: int | None) -> LrSweep:
-    """`lr: {sweep: [factors], steps: N, seed: S}`, every key checked: two or more distinct positive
-    factors, a positive count of steps no larger than the ladder's, a seed >= 0."""
+    """`lr: {sweep: [factors], steps: N, seed: S, seeds: K}`, every key checked: two or more distinct
+    positive factors, a positive count of steps no larger than the ladder's, a seed >= 0, seeds >= 1."""
     _known(value, SWEEP_KEYS, where)
     for key in ("sweep", "steps"):
         if key not in value:
@@ -199,7 +200,8 @@ def _sweep(value: dict, where: str, ladder_steps: int | None) -> LrSweep:
     if ladder_steps is not None and steps > ladder_steps:
         raise ConfigError(f"{where}: steps = {steps} is not allowed: a sweep run is a short run, no longer "
                           f"than the ladder's {ladder_steps} steps; give at most {ladder_steps}")
-    return LrSweep(tuple(float(f) for f in factors), steps, _count(value, "seed", where, 0, low=0))
+    return LrSweep(tuple(float(f) for f in factors), steps, _count(value, "seed", where, 0, low=0),
+                   _count(value, "seeds", where, 1))
 
 
 def _budget(data: dict, where: str) -> tuple[int | None, float | None]:

@@ -79,9 +79,9 @@ def sweep_facts(data: LadderData) -> dict[str, Any] | None:
                "at_edge": at_edge(s, sweep.factors),
                "losses": {f"{f:g}": v if math.isfinite(v) else None for f, v in s.losses.items()}}
               for (rung, arch), s in data.sweeps.items()]
-    times = [t for s in data.sweeps.values() for t in s.train_seconds.values()]
-    return {"factors": list(sweep.factors), "steps": sweep.steps, "seed": sweep.seed,
-            "runs": sum(len(s.losses) for s in data.sweeps.values()), "chosen": chosen,
+    times = [t for s in data.sweeps.values() for ts in s.train_seconds.values() for t in ts]
+    return {"factors": list(sweep.factors), "steps": sweep.steps, "seed": sweep.seed, "seeds": sweep.seeds,
+            "runs": sum(len(s.losses) for s in data.sweeps.values()) * sweep.seeds, "chosen": chosen,
             "training_seconds": sum(times) if times else None, "training_recorded": len(times)}
 
 

@@ -316,10 +316,15 @@ def sweep_blocks(data: LadderData) -> list[tuple]:
         return f"{c['rates']['lr']:.3g} (x{c['factor']:g})" + (", at the edge" if c["at_edge"] else "")
 
     edges = [f"{c['rung']} {c['arch']}" for c in facts["chosen"] if c["at_edge"]]
-    text = (f"Learning-rate sweep: at each rung, each architecture trained one run of {facts['steps']} steps "
-            f"(seed {facts['seed']}, otherwise as that rung's runs) at each of {grid} x its recipe rate, and "
-            "that rung's runs of that architecture trained at the factor whose run ended at the lowest "
-            f"validation loss: {facts['runs']} sweep runs (in <rung>/{SWEEP_FOLDER}/runs/), "
+    sweep = data.ladder.lr_sweep
+    assert sweep is not None
+    one = sweep.seeds == 1
+    runs = "one run" if one else f"{sweep.seeds} runs"
+    ended = "run ended at the lowest" if one else "runs ended at the lowest mean"
+    text = (f"Learning-rate sweep: at each rung, each architecture trained {runs} of {facts['steps']} steps "
+            f"({sweep.seeds_text()}, otherwise as that rung's runs) at each of {grid} x its recipe rate, and "
+            f"that rung's runs of that architecture trained at the factor whose {ended} validation loss: "
+            f"{facts['runs']} sweep runs (in <rung>/{SWEEP_FOLDER}/runs/), "
             f"{sweep_time(facts)}. The peak rates chosen (the factor; with Muon, its Muon rate by the same "
             "factor):")
     blocks: list[tuple] = [("p", text), ("table", ["rung", *data.archs],

@@ -27,20 +27,33 @@ class Rung:
 @dataclass(frozen=True)
 class LrSweep:
     """A short learning-rate sweep per rung (a ladder file's `lr: {sweep: [...], steps: N}`): at every rung,
-    each architecture trains one run (seed `seed`, `steps` steps) at each of `factors` x its recipe rate,
-    and that rung's runs of that architecture train at the factor of the lowest final validation loss
-    (`scaling.sweeps`)."""
+    each architecture trains `seeds` runs (seeds `seed`, `seed` + 1, ...; `steps` steps) at each of
+    `factors` x its recipe rate, and that rung's runs of that architecture train at the factor of the
+    lowest final validation loss, averaged over those seeds (`scaling.sweeps`)."""
 
     factors: tuple[float, ...]
     steps: int
     seed: int = 0
+    seeds: int = 1
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.seeds))
+
+    def seeds_text(self) -> str:
+        """`seed 0`, or `seeds 0-2` (the mean of their losses decides)."""
+        if self.seeds == 1:
+            return f"seed {self.seed}"
+        return f"seeds {self.seed}-{self.seed + self.seeds - 1}"
 
     def describe(self) -> str:
         """The rule in words, for the report's learning rate."""
         grid = ", ".join(f"{f:g}" for f in self.factors[:-1]) + f" and {self.factors[-1]:g}"
+        runs = (f"whose {self.steps}-step run ({self.seeds_text()}) ends at the lowest validation loss"
+                if self.seeds == 1 else
+                f"whose {self.steps}-step runs ({self.seeds_text()}) end at the lowest mean validation loss")
         return (f"a short sweep per rung: each architecture's recipe rate (the rate `lr: recipe` gives it "
-                f"there) times the factor, of {grid}, whose {self.steps}-step run (seed {self.seed}) ends at "
-                "the lowest validation loss, chosen at each rung for each architecture")
+                f"there) times the factor, of {grid}, {runs}, chosen at each rung for each architecture")
 
 
 DEFAULT_ARCHS = ("pre-ln", "resformer", "svformer", "bov", "sas-p")

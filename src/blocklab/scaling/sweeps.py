@@ -1,13 +1,15 @@
 """A ladder's short learning-rate sweep per rung (a ladder file's `lr: {sweep: [0.333, 1, 3], steps: 100}`,
 `rungs.LrSweep`): which runs it trains, and the rate it chooses at each rung for each architecture.
 
-At every rung, each architecture trains one short run per factor: the sweep's seed, its steps, and
+At every rung, each architecture trains one short run per factor and seed: the sweep's seeds (one by
+default), its steps, and
 otherwise the fields of that rung's ladder runs (batch, sequence length, data, the user's overrides), at
 peak rate factor x the architecture's recipe rate there (the rate `lr: recipe` would train it at; with
 Muon, its Muon rate too). The runs live in `OUT/<ladder>/<rung>/sweep/runs/<arch>-x<factor>-seed<k>`,
 beside the rung's `runs/`, in the run store's layout, so a finished one is reused and an interrupted one
-resumes. Each (rung, architecture) takes the factor of the lowest final validation loss (`Sweep.best`,
-as `blocklab reproduce` chooses its sweep's; a diverged run's NaN never wins), and the ladder's runs of
+resumes. Each (rung, architecture) takes the factor of the lowest final validation loss, averaged over the
+sweep's seeds (`Sweep.best`, as `blocklab reproduce` chooses its sweep's; a factor with a diverged run has
+a NaN mean, which never wins), and the ladder's runs of
 that rung and architecture train at exactly factor x recipe rate (`chosen_rates`, read by
 `ladders.plan`). A best factor at the grid's smallest or largest is at its edge (`at_edge`): a wider grid
 might choose otherwise, and the report says so.
@@ -62,7 +64,8 @@ def factor_name(factor: float) -> str:
 
 def sweep_plan(archs: list[str], ladder: Ladder, root: Path) -> list[SweepRun]:
     """Every run of `ladder`'s sweep for `archs` in the store folder `root` (OUT/<ladder>), rung by rung
-    in the ladder's order: seed `sweep.seed` of each architecture at each factor, `sweep.steps` steps."""
+    in the ladder's order: each of the sweep's seeds of each architecture at each factor, `sweep.steps`
+    steps."""
     sweep = _sweep(ladder)
     steps = rung_steps(ladder) if ladder.steps is None else {}
     runs = []
@@ -78,9 +81,8 @@ def sweep_plan(archs: list[str], ladder: Ladder, root: Path) -> list[SweepRun]:
             for factor in sweep.factors:
                 entry = Entry(f"{arch}-{factor_name(factor)}", arch,
                               train={"optim": swept_rates(arch, fields, factor)})
-                seeds = run_configs([entry], sweep.seed + 1, group, short)
-                [cfg] = [c for _, c in seeds if c.seed == sweep.seed]
-                runs.append(SweepRun(rung, arch, factor, cfg))
+                seeds = run_configs([entry], sweep.seed + sweep.seeds, group, short)
+                runs += [SweepRun(rung, arch, factor, c) for _, c in seeds if c.seed in sweep.seed_list]
     return runs
 
 
@@ -95,10 +97,10 @@ def finished(run: SweepRun) -> bool:
 
 
 def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, str], Sweep]:
-    """Each (rung, architecture)'s sweep from its finished runs: final validation loss per factor (NaN: a
-    run that diverged) and, in `Sweep.rates`, the rates of its best factor. An unfinished run raises
-    SweepUnfinished; with `partial`, its (rung, architecture) is left out. `Sweep.train_seconds` keeps each
-    run's training time where its summary.json records it."""
+    """Each (rung, architecture)'s sweep from its finished runs: final validation loss per factor, the mean
+    over the sweep's seeds (NaN: a run that diverged), and in `Sweep.rates` the rates of its best factor.
+    An unfinished run raises SweepUnfinished; with `partial`, its (rung, architecture) is left out.
+    `Sweep.train_seconds` keeps each factor's runs' training times where their summary.json records them."""
     from blocklab.reproduce.metrics import run_summary
 
     unfinished = [r for r in runs if not finished(r)]
@@ -106,6 +108,7 @@ def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, 
         raise SweepUnfinished(unfinished_text(runs, unfinished))
     left_out = {(r.rung.name, r.arch) for r in unfinished}
     sweeps: dict[tuple[str, str], Sweep] = {}
+    losses: dict[tuple[str, str, float], list[float]] = {}
     for run in runs:
         key = (run.rung.name, run.arch)
         if key in left_out:
@@ -113,9 +116,11 @@ def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, 
         summary = run_summary(Path(run.cfg.out_dir))
         loss, seconds = summary.get("val_loss"), summary.get("train_time")
         sweep = sweeps.setdefault(key, Sweep(run.arch, {}, {}))
-        sweep.losses[run.factor] = float("nan") if not isinstance(loss, int | float) else float(loss)
+        losses.setdefault((*key, run.factor), []).append(
+            float("nan") if not isinstance(loss, int | float) else float(loss))
+        sweep.losses[run.factor] = sum(losses[(*key, run.factor)]) / len(losses[(*key, run.factor)])
         if isinstance(seconds, int | float):
-            sweep.train_seconds[run.factor] = float(seconds)
+            sweep.train_seconds.setdefault(run.factor, []).append(float(seconds))
     for (rung, arch), sweep in sweeps.items():
         try:
             best = sweep.best
