@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from blocklab.cli import main as cli
-from blocklab.launch import store
 from blocklab.scaling.ladder_files import read_ladder_file
 from blocklab.scaling.ladders import plan
 from tests.helpers import one_error_line
+from tests.scaling.fake_ladder_runs import fake_ladder_runs, ladder_command
 
 ARCHS = ["pre-ln", "resformer"]
 FRACTIONS = [0.25, 0.5, 0.75]
@@ -55,34 +55,19 @@ def ladder_file(tmp_path: Path, **changes) -> Path:
 
 @pytest.fixture
 def trained(monkeypatch) -> list[str]:
-    """Training faked in this process: a run of S steps evaluates every eval_every steps at its final loss
-    for that many tokens plus MID_RUN (1 - s/S), and ends at `final_loss` of its S steps' tokens."""
-    done: list[str] = []
+    """Training faked (`fake_ladder_runs`): a run of S steps evaluates at its final loss for that many
+    tokens plus MID_RUN (1 - s/S), and ends at `final_loss` of its S steps' tokens; half a second a step."""
 
-    def fake(cfg, resume, progress=None):
-        run = Path(cfg.out_dir)
-        rung = next(p.name for p in run.parents if p.name in PARAMS)
-        n, total = PARAMS[rung], cfg.max_steps
+    def run_of(cfg):
+        n = PARAMS[next(p.name for p in Path(cfg.out_dir).parents if p.name in PARAMS)]
         per_step = cfg.batch_size * cfg.seq_len
-        run.mkdir(parents=True, exist_ok=True)
-        (run / "config.yaml").write_text(cfg.to_yaml())
-        steps = list(range(cfg.eval_every, total, cfg.eval_every)) + [total]
-        rows = [{"kind": "val", "step": s, "tokens": s * per_step,
-                 "val_loss": final_loss(cfg.arch, n, s * per_step, cfg.seed) + MID_RUN * (1 - s / total)}
-                for s in steps]
-        summary = {"params": {"total": n, "non_embedding": n // 2}, "val_loss": rows[-1]["val_loss"],
-                   "step": total, "train_time": 0.5 * total, "flops": 6 * n * total * per_step}
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (run / "summary.json").write_text(json.dumps(summary))
-        done.append(cfg.out_dir)
-        return summary
+        return n, lambda s: (final_loss(cfg.arch, n, s * per_step, cfg.seed)
+                             + MID_RUN * (1 - s / cfg.max_steps)), 0.5
 
-    monkeypatch.setattr(store, "train_claimed", fake)
-    return done
+    return fake_ladder_runs(monkeypatch, run_of)
 
 
-def command(path: Path, out: Path, *extra: str) -> list[str]:
-    return ["scaling", "--ladder", str(path), "--out", str(out), "--jobs", "1", *extra]
+command = ladder_command
 
 
 def test_the_plan_adds_each_seeds_shorter_runs_of_the_largest_rung_at_its_fractions_of_the_steps(tmp_path):

@@ -21,6 +21,7 @@ from blocklab.scaling.ladder_files import read_ladder_file
 from blocklab.scaling.ladders import LADDERS
 from blocklab.scaling.rungs import LrSweep
 from tests.helpers import one_error_line, write_code_corpus
+from tests.scaling.fake_ladder_runs import fake_ladder_runs, ladder_command
 
 ARCHS = ["pre-ln", "sas-p"]
 GRID = [0.333, 1, 3]
@@ -52,39 +53,22 @@ def ladder_file(tmp_path: Path, **changes) -> Path:
 
 @pytest.fixture
 def trained(monkeypatch) -> list[str]:
-    """Training faked in this process (`launch.store.train_claimed`): each run's config.yaml, validation
-    curve and summary.json written at once, its final loss a power law in the rung's parameters plus
-    0.05 ln(lr / lr*)^2 (lr* its (rung, arch)'s OPTIMUM x its recipe rate) plus a seed's small offset,
-    read off the run's folder and config alone; returns the out_dirs trained, in order."""
-    done: list[str] = []
+    """Training faked (`fake_ladder_runs`): a run's final loss a power law in the rung's parameters plus
+    0.05 ln(lr / lr*)^2 (lr* its (rung, arch)'s OPTIMUM x its recipe rate) plus a seed's small offset, its
+    evaluations on the way 1/step above it, a quarter of a second a step; returns the out_dirs trained."""
 
-    def fake(cfg, resume, progress=None):
-        run = Path(cfg.out_dir)
-        rung = next(p.name for p in run.parents if p.name in PARAMS)
+    def run_of(cfg):
+        rung = next(p.name for p in Path(cfg.out_dir).parents if p.name in PARAMS)
         best = OPTIMUM[(rung, cfg.arch)] * recipe_lr(cfg.arch)
         n = PARAMS[rung]
         noise = 0.002 * cfg.seed + 0.001 * ((7 * cfg.seed + len(cfg.arch) + n // 10_000) % 5)
         loss = 9 * n ** -0.1 + 0.05 * math.log(cfg.optim.lr / best) ** 2 + noise
-        run.mkdir(parents=True, exist_ok=True)
-        (run / "config.yaml").write_text(cfg.to_yaml())
-        steps = list(range(cfg.eval_every, cfg.max_steps, cfg.eval_every)) + [cfg.max_steps]
-        rows = [{"kind": "val", "step": s, "tokens": s * cfg.batch_size * cfg.seq_len,
-                 "val_loss": loss + 1 / s} for s in steps]
-        rows[-1]["val_loss"] = loss
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        summary = {"params": {"total": n, "non_embedding": n // 2}, "val_loss": loss, "step": cfg.max_steps,
-                   "train_time": 0.25 * cfg.max_steps,  # seconds: a 5-step sweep run 1.25, a ladder run 5
-                   "flops": 6 * n * cfg.max_steps * cfg.batch_size * cfg.seq_len}
-        (run / "summary.json").write_text(json.dumps(summary))
-        done.append(cfg.out_dir)
-        return summary
+        return n, lambda s: loss if s == cfg.max_steps else loss + 1 / s, 0.25  # a 5-step sweep run 1.25 s
 
-    monkeypatch.setattr(store, "train_claimed", fake)
-    return done
+    return fake_ladder_runs(monkeypatch, run_of)
 
 
-def command(path: Path, out: Path, *extra: str) -> list[str]:
-    return ["scaling", "--ladder", str(path), "--out", str(out), "--jobs", "1", *extra]
+command = ladder_command
 
 
 def test_the_sweep_chooses_each_rungs_best_factor_and_the_ladder_trains_at_exactly_that_rate(
