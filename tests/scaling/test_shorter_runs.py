@@ -102,9 +102,11 @@ def _without(tmp_path: Path) -> Path:
     return plain
 
 
-def test_the_data_equivalence_reads_the_shorter_runs_final_losses_the_closed_form(tmp_path, trained):
+def test_the_data_equivalence_reads_the_shorter_runs_final_losses_the_closed_form(tmp_path, trained, capsys):
     out = tmp_path / "s"
     assert cli(command(ladder_file(tmp_path), out)) == 0
+    assert "36 runs (2 architectures x 3 rungs x 3 seeds, and 3 shorter runs of d96-l3 x 2 architectures x " \
+           "3 seeds)" in capsys.readouterr().out
     assert len(trained) == 3 * 2 * 3 + 3 * 2 * 3
     record = json.loads((out / "ladder-short" / "scaling.json").read_text())
     [eq] = [d for d in record["data"] if d["arch"] == "resformer"]

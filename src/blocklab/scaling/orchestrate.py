@@ -32,10 +32,11 @@ def train_ladder(
     if ladder.lr_sweep is not None:
         train_sweep(archs, ladder, Path(out) / name, launcher, log)
     runs = plan(archs, ladder, Path(out) / name, seeds)
-    log(
-        f"ladder {name}: {len(runs)} runs ({len(archs)} architectures x {len(ladder.rungs)} rungs x "
-        f"{seeds or ladder.seeds} seeds) in {Path(out) / name}"
-    )
+    n = seeds or ladder.seeds
+    shorter = (f", and {len(ladder.shorter_runs)} shorter runs of {ladder.rungs[-1].name} x {len(archs)} "
+               f"architectures x {n} seeds" if ladder.shorter_runs else "")
+    log(f"ladder {name}: {len(runs)} runs ({len(archs)} architectures x {len(ladder.rungs)} rungs x {n} seeds"
+        f"{shorter}) in {Path(out) / name}")
     launch = train_runs([(e, cfg) for _, e, cfg in runs], launcher, log)
     launch.raise_if_pending("scaling", "fit the ladder")
     if launch.failed:
