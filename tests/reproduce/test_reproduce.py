@@ -243,6 +243,26 @@ def test_deep_entropy_reads_the_deeper_half(corpus, tmp_path, monkeypatch):
     assert saved == {"deep_entropy": 3.0}
 
 
+def test_a_finished_run_of_small_files_reads_a_weight_metric_as_not_yet_measured(tmp_path):
+    """A store of small files (summary.json, no checkpoint): a metric read from the weights is NotFinished
+    (so --partial reads its claim pending) until reproduce_metrics.json keeps it; a loss reads as ever."""
+    from blocklab.compare import Entry
+    from blocklab.reproduce import Measurements, NotFinished
+    from blocklab.training import TrainConfig
+
+    run = tmp_path / "runs" / "resformer-seed0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"val_loss": 4.25}))
+    cfg = TrainConfig.from_dict({"arch": "resformer", "out_dir": str(run), "max_steps": 10})
+    measured = Measurements({"steps": [(Entry.parse("resformer"), cfg)]})
+    assert measured.per_seed("val_loss", "steps", "resformer") == {0: 4.25}
+    with pytest.raises(NotFinished, match="its deep_entropy is read from its weights, and the run keeps "
+                                          "neither the value"):
+        measured.per_seed("deep_entropy", "steps", "resformer")
+    (run / "reproduce_metrics.json").write_text(json.dumps({"deep_entropy": 2.5}))
+    assert measured.per_seed("deep_entropy", "steps", "resformer") == {0: 2.5}
+
+
 def test_cli_reproduce_lists_and_rejects(capsys):
     assert main(["reproduce", "--list", "--paper", "simplifying"]) == 0
     printed = capsys.readouterr().out

@@ -11,7 +11,7 @@ from typing import Any
 
 from blocklab.compare import Entry, run_configs
 from blocklab.model.config import ModelConfig
-from blocklab.reproduce.metrics import FORMULAS, METRICS
+from blocklab.reproduce.metrics import FORMULAS, METRICS, readable_from_weights
 from blocklab.reproduce.planning import NotFinished, Sweep, check_settings, not_finished
 from blocklab.reproduce.scales import Scale
 from blocklab.reproduce.timing import read_timing
@@ -64,6 +64,11 @@ class Measurements:
             if (s, a) == (setting, arch):
                 if not (run / "summary.json").is_file():
                     raise NotFinished(not_finished(run))
+                if METRICS[metric].from_weights and not readable_from_weights(run, metric):
+                    raise NotFinished(
+                        f"{run} has finished, but its {metric} is read from its weights, and the run keeps "
+                        "neither the value (reproduce_metrics.json) nor a checkpoint: judge it in the store "
+                        "that trained it, or add --partial to judge the claims whose runs can be read.")
                 if METRICS[metric].timed:
                     return read_timing(run.parent.parent, arch)
                 compute = METRICS[metric].compute

@@ -29,6 +29,17 @@ def _cached(run: Path, name: str, compute: Callable[[], float]) -> float:
     return saved[name]
 
 
+def readable_from_weights(run: Path, name: str) -> bool:
+    """Whether metric `name` of a finished run can be read: kept in its reproduce_metrics.json, or its
+    checkpoint there to compute it from (a store of small files keeps neither until it is measured)."""
+    from blocklab.training.checkpoint import latest_checkpoint
+
+    path = run / "reproduce_metrics.json"
+    if path.is_file() and name in json.loads(path.read_text()):
+        return True
+    return latest_checkpoint(run) is not None
+
+
 def deep_entropy(run: Path) -> float:
     """Importance entropy (Value Residual Eq. 11) averaged over the deeper half of the layers, on 4
     batches of 8 held-out windows."""

@@ -383,11 +383,12 @@ def data_caveat(result: ScalingResult) -> str:
     under = f"the runs' `{schedule}` schedule" if schedule else "the runs' schedule (not recorded)"
     return (
         f"The tokens to reach a loss are read off one run's evaluations on the way, under {under}: a "
-        "mid-run loss is taken while the learning rate is still high and decaying, not the loss of a "
-        "run trained for that many tokens with its own decay, which is lower. So this reads how fast X "
-        "gets there within the baseline's run, not Fig. 6 right's shorter runs. True shorter-run losses "
-        "take shorter runs: a ladder file's `shorter_runs` (e.g. [0.25, 0.5, 0.75]) trains them, each "
-        "with its own schedule, and this reading then uses their final losses (docs/scaling.md). A "
+        "mid-run loss is taken part-way through the warmup and decay of a longer run, not the loss of a "
+        "run trained for that many tokens with its own warmup and decay; the two differ, in either "
+        "direction (docs/scaling.md measures both). So this reads how fast X gets there within the "
+        "baseline's run, not Fig. 6 right's shorter runs. True shorter-run losses take shorter runs: a "
+        "ladder file's `shorter_runs` (e.g. [0.25, 0.5, 0.75]) trains them, each with its own schedule, "
+        "and this reading then uses their final losses (docs/scaling.md). A "
         "warmup-stable-decay schedule (`optim.schedule=wsd`) with a cooldown branched from each "
         "intermediate checkpoint would give them more cheaply; this command does not train cooldowns."
     )
