@@ -2,11 +2,12 @@
 equivalence (Value Residual Learning, Fig. 6 right): how many tokens X needs to reach the baseline's final
 loss.
 
-Without them that is read off X's own run on the way: a mid-run loss, taken while a decaying schedule's
-learning rate is still high, which is not the loss of a run trained for that many tokens (that run decays
-fully and ends lower). With them, each architecture also trains the largest rung for f x its steps, for
-each fraction f, with everything else as that rung's runs (same seed, so the same first batches; same
-peak rate; its own schedule over its own steps). Each architecture's curve for a seed is then
+Without them that is read off X's own run on the way: a mid-run loss, taken part-way through a longer
+run's warmup and decay, which is not the loss of a run trained for that many tokens with its own (the two
+differ in either direction: docs/scaling.md measures both on one ladder). With them, each architecture
+also trains the largest rung for f x its steps, for each fraction f, with everything else as that rung's
+runs (same seed, so the same first batches; same peak rate; its own schedule over its own steps). Each
+architecture's curve for a seed is then
 
     (f_1 T, L(f_1 T)), ..., (f_k T, L(f_k T)), (T, L(T)),    L(t): the final loss of a run of t tokens,
 
