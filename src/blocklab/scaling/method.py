@@ -85,7 +85,22 @@ def sweep_facts(data: LadderData) -> dict[str, Any] | None:
             "training_seconds": sum(times) if times else None, "training_recorded": len(times)}
 
 
-def hours(seconds: float) -> str:
+def _recorded(recorded: int, total: int) -> str:
+    """"" when every run recorded its training time, else " (k of the n runs recorded it)"."""
+    return "" if recorded == total else f" ({recorded} of the {total} runs recorded it)"
+
+
+def sweep_time_text(facts: dict[str, Any]) -> str:
+    """The sweep runs' training time (`sweep_facts`), from their summary.json: not in the Method's total
+    of the runs used."""
+    if facts["training_seconds"] is None:
+        return "their training time not recorded in the runs"
+    return (f"{_hours(facts['training_seconds'])} of training from their summary.json"
+            f"{_recorded(facts['training_recorded'], facts['runs'])}, not counted in the training time of "
+            "the runs used above")
+
+
+def _hours(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} seconds"
     return f"{seconds / 60:.0f} minutes" if seconds < 5400 else f"{seconds / 3600:.1f} hours"
@@ -111,9 +126,8 @@ def method_text(facts: dict[str, Any], archs: list[str], rungs: list[str]) -> st
     if f["training_seconds"] is None:
         time = "Training time: not recorded in the runs."
     else:
-        part = ("" if f["training_recorded"] == f["runs_used"]
-                else f" ({f['training_recorded']} of the {f['runs_used']} runs recorded it)")
-        time = (f"Training time, from the runs' summary.json: {hours(f['training_seconds'])} summed over "
+        part = _recorded(f["training_recorded"], f["runs_used"])
+        time = (f"Training time, from the runs' summary.json: {_hours(f['training_seconds'])} summed over "
                 f"the runs used{part}; the wall clock depends on how many ran at once, which the runs do not "
                 "record.")
     return f"Corpus: {corpus}. Tokenizer: {tokenizer}. {runs}. {left} {time}"

@@ -23,7 +23,7 @@ from blocklab.scaling.judge import (
     shared_law,
 )
 from blocklab.scaling.laws import READ_BEYOND, beyond_text
-from blocklab.scaling.method import hours, method_facts, method_text, sweep_facts
+from blocklab.scaling.method import method_facts, method_text, sweep_facts, sweep_time_text
 from blocklab.scaling.record import result_record
 from blocklab.scaling.shorter_runs import SHORTER_FOLDER
 from blocklab.scaling.sweeps import EDGE_NOTE, SWEEP_FOLDER
@@ -325,24 +325,14 @@ def sweep_blocks(data: LadderData) -> list[tuple]:
             f"({sweep.seeds_text()}, otherwise as that rung's runs) at each of {grid} x its recipe rate, and "
             f"that rung's runs of that architecture trained at the factor whose {ended} validation loss: "
             f"{facts['runs']} sweep runs (in <rung>/{SWEEP_FOLDER}/runs/), "
-            f"{sweep_time(facts)}. The peak rates chosen (the factor; with Muon, its Muon rate by the same "
-            "factor):")
+            f"{sweep_time_text(facts)}. The peak rates chosen (the factor; with Muon, its Muon rate by the "
+            "same factor):")
     blocks: list[tuple] = [("p", text), ("table", ["rung", *data.archs],
                                           [[r, *[cell(r, a) for a in data.archs]] for r in data.rungs])]
     if edges:
         blocks.append(("p", f"{len(edges)} of the {len(chosen)} choices are {EDGE_NOTE} (the grid's "
                             f"smallest or largest factor won): {', '.join(edges)}."))
     return blocks
-
-
-def sweep_time(facts: dict) -> str:
-    """The sweep runs' training time, from their summary.json: not in the Method's total of the runs used."""
-    if facts["training_seconds"] is None:
-        return "their training time not recorded in the runs"
-    part = ("" if facts["training_recorded"] == facts["runs"]
-            else f" ({facts['training_recorded']} of the {facts['runs']} recorded it)")
-    return (f"{hours(facts['training_seconds'])} of training from their summary.json{part}, not counted in "
-            "the training time of the runs used above")
 
 
 REPORT_TITLE = "Scaling ladder"

@@ -108,19 +108,20 @@ def read_sweeps(runs: list[SweepRun], partial: bool = False) -> dict[tuple[str, 
         raise SweepUnfinished(unfinished_text(runs, unfinished))
     left_out = {(r.rung.name, r.arch) for r in unfinished}
     sweeps: dict[tuple[str, str], Sweep] = {}
-    losses: dict[tuple[str, str, float], list[float]] = {}
+    losses: dict[tuple[str, str, float], list[float]] = {}  # each factor's loss at each seed
     for run in runs:
         key = (run.rung.name, run.arch)
         if key in left_out:
             continue
         summary = run_summary(Path(run.cfg.out_dir))
         loss, seconds = summary.get("val_loss"), summary.get("train_time")
-        sweep = sweeps.setdefault(key, Sweep(run.arch, {}, {}))
         losses.setdefault((*key, run.factor), []).append(
             float("nan") if not isinstance(loss, int | float) else float(loss))
-        sweep.losses[run.factor] = sum(losses[(*key, run.factor)]) / len(losses[(*key, run.factor)])
+        sweep = sweeps.setdefault(key, Sweep(run.arch, {}, {}))
         if isinstance(seconds, int | float):
             sweep.train_seconds.setdefault(run.factor, []).append(float(seconds))
+    for (rung, arch, factor), values in losses.items():
+        sweeps[(rung, arch)].losses[factor] = sum(values) / len(values)  # NaN if one diverged
     for (rung, arch), sweep in sweeps.items():
         try:
             best = sweep.best
