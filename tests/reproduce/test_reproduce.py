@@ -395,6 +395,49 @@ def test_sweep_combination_seeds_and_exact_regeneration(corpus, tmp_path, monkey
     assert json.loads((out / "t4" / "reproduction.json").read_text())["claims"][0]["verdict"] != "pending"
 
 
+def test_added_seeds_of_the_shared_baseline_are_judged_as_no_train_judges_them(corpus, tmp_path, monkeypatch):
+    """The equal-FLOPs baseline reads the equal-steps runs (`run_group`). When undecided checks give
+    pre-ln more seeds at `steps` and the combination's other archs more at `flops`, the training call
+    judges the interaction on every seed trained, as `--no-train` on the store it leaves does: the two
+    reports are the same bytes. (The training call once judged the flops checks on the baseline's
+    first seeds only, while `--no-train` read them all.)"""
+    from blocklab import reproduce as reproduce_module
+    from blocklab.reproduce import orchestrate
+
+    scale = replace(tiny_scale(corpus, tmp_path / "cache"), steps=3, eval_every=3, timing_rounds=0,
+                    model={"d_model": 32, "n_layers": 2, "n_heads": 2}, seeds=2, max_seeds=3)
+    monkeypatch.setitem(reproduce_module.SCALES, "t2", scale)
+    calls = []
+
+    def one_round_more(results, seeds, scale):  # stands in for undecided checks, once
+        calls.append(dict(seeds))
+        if len(calls) > 1:
+            return {}
+        return {("steps", "pre-ln"): 3, **{("flops", a): 3 for a in ("sas-p", "resformer", "sas-p+resformer")}}
+
+    monkeypatch.setattr(orchestrate, "more_seeds", one_round_more)
+    out = tmp_path / "rep"
+    cli = ["reproduce", "--scale", "t2", "--claims", "resformer-beats-pre-ln,sas-p-with-resformer",
+           "--out", str(out)]
+    assert main([*cli, "--jobs", "1"]) == 0
+    root = out / "t2"
+    assert calls[1][("flops", "pre-ln")] == 3, "the flops baseline keeps the seeds its runs were given"
+    assert (root / "tiny-steps" / "runs" / "pre-ln-seed2" / "summary.json").is_file()
+
+    def loss(group, arch, seed):
+        return json.loads((root / group / "runs" / f"{arch}-seed{seed}" / "summary.json").read_text())["val_loss"]
+
+    saved = json.loads((out / "reproduction.json").read_text())  # one scale: its report in OUT
+    combo = next(c for c in saved["claims"] if c["claim"] == "sas-p-with-resformer")
+    by_hand = [(loss("tiny-flops", "sas-p+resformer", s) - loss("tiny-flops", "sas-p", s))
+               - (loss("tiny-flops", "resformer", s) - loss("tiny-steps", "pre-ln", s)) for s in range(3)]
+    assert combo["checks"][2]["values"] == pytest.approx(by_hand, rel=1e-9, abs=1e-12)
+    before = {p: p.read_bytes() for p in (out / "reproduction.md", out / "reproduction.json")}
+    assert main([*cli, "--no-train"]) == 0
+    for path, content in before.items():
+        assert path.read_bytes() == content, path
+
+
 def test_undecided_checks_get_more_seeds_up_to_the_most():
     from dataclasses import replace
 

@@ -22,6 +22,7 @@ from blocklab.reproduce.planning import (
     plan,
     read_sweep,
     refuse_varied,
+    shared_run_seeds,
     sweep_plan,
     unique_runs,
 )
@@ -66,11 +67,13 @@ def _keep_planned_seeds(root: Path, seeds: dict[tuple[str, str], int], scale: Sc
 
 def starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> dict[tuple[str, str], int]:
     """Seeds per (setting, arch): the scale's, as many as have finished in the store, or as many as an
-    earlier call planned (`SEEDS`), whichever is most."""
+    earlier call planned (`SEEDS`), whichever is most; pairs that read one run folder share the most
+    (`shared_run_seeds`)."""
     planned = planned_seeds(root)
-    return {(setting, arch): max(scale.seeds, planned.get((setting, arch), 0),
-                                 finished_seeds(root / scale.group(run_group(setting, arch)), arch))
-            for setting, archs in needed.items() for arch in archs}
+    return shared_run_seeds({(setting, arch): max(scale.seeds, planned.get((setting, arch), 0),
+                                                  finished_seeds(root / scale.group(run_group(setting, arch)),
+                                                                 arch))
+                             for setting, archs in needed.items() for arch in archs})
 
 
 def check_stored(configs: list[TrainConfig]) -> None:
@@ -183,8 +186,9 @@ def judge_adding_seeds(trainer: Trainer, claims: list[Claim], scale: Scale, swee
                        ready: set[str] | None, seeds: dict[tuple[str, str], int], partial: bool) -> Judged:
     """Train the claims' runs with each architecture's best rate from `sweeps`, and judge them; while
     training and a measured check is undecided with fewer than `scale.max_seeds` seeds (`more_seeds`),
-    its (setting, arch) pairs get more seeds (kept in `SEEDS`), and the claims are trained and judged
-    again."""
+    its (setting, arch) pairs get more seeds (kept in `SEEDS`; with them every pair that reads the same
+    runs, so the verdicts are those `--no-train` gives on the store this leaves), and the claims are
+    trained and judged again."""
     factors = {arch: s.best for arch, s in sweeps.items()} or None
     claims_to_plan = _plannable(claims, ready, trainer.train)
     while True:
@@ -196,7 +200,7 @@ def judge_adding_seeds(trainer: Trainer, claims: list[Claim], scale: Scale, swee
             return Judged(results, runs, measured)
         trainer.log(f"undecided checks: {len(more)} (setting, arch) pairs get more seeds, "
                     f"up to {max(more.values())}")
-        seeds.update(more)
+        seeds.update(shared_run_seeds({**seeds, **more}))
         _keep_planned_seeds(trainer.root, seeds, scale)
 
 

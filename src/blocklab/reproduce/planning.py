@@ -177,6 +177,17 @@ def plan(claims: list[Claim], scale: Scale, out: Path, factors: dict[str, float]
     return runs
 
 
+def shared_run_seeds(seeds: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """`seeds` with every (setting, arch) pair that reads one run folder (`run_group`: the equal-FLOPs
+    baseline reads the equal-steps runs) raised to the most seeds any of those pairs has: a seed trained
+    for one setting is judged in the other too, as `--no-train` judges whatever the store holds."""
+    most: dict[tuple[str, str], int] = {}
+    for (setting, arch), n in seeds.items():
+        key = (run_group(setting, arch), arch)
+        most[key] = max(most.get(key, 0), n)
+    return {(setting, arch): most[(run_group(setting, arch), arch)] for setting, arch in seeds}
+
+
 def unique_runs(runs: dict[str, list[tuple[Entry, TrainConfig]]]) -> list[tuple[Entry, TrainConfig]]:
     """Every planned run once (two settings may read one run: `run_group`)."""
     return list({cfg.out_dir: (e, cfg) for group in runs.values() for e, cfg in group}.values())
