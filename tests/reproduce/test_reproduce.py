@@ -413,7 +413,8 @@ def test_added_seeds_of_the_shared_baseline_are_judged_as_no_train_judges_them(c
         calls.append(dict(seeds))
         if len(calls) > 1:
             return {}
-        return {("steps", "pre-ln"): 3, **{("flops", a): 3 for a in ("sas-p", "resformer", "sas-p+resformer")}}
+        combination = ("sas-p", "resformer", "sas-p+resformer")
+        return {("steps", "pre-ln"): 3, **{("flops", a): 3 for a in combination}}
 
     monkeypatch.setattr(orchestrate, "more_seeds", one_round_more)
     out = tmp_path / "rep"
@@ -425,7 +426,8 @@ def test_added_seeds_of_the_shared_baseline_are_judged_as_no_train_judges_them(c
     assert (root / "tiny-steps" / "runs" / "pre-ln-seed2" / "summary.json").is_file()
 
     def loss(group, arch, seed):
-        return json.loads((root / group / "runs" / f"{arch}-seed{seed}" / "summary.json").read_text())["val_loss"]
+        run = root / group / "runs" / f"{arch}-seed{seed}"
+        return json.loads((run / "summary.json").read_text())["val_loss"]
 
     saved = json.loads((out / "reproduction.json").read_text())  # one scale: its report in OUT
     combo = next(c for c in saved["claims"] if c["claim"] == "sas-p-with-resformer")
