@@ -422,7 +422,7 @@ def test_added_seeds_of_the_shared_baseline_are_judged_as_no_train_judges_them(c
            "--out", str(out)]
     assert main([*cli, "--jobs", "1"]) == 0
     root = out / "t2"
-    assert calls[1][("flops", "pre-ln")] == 3, "the flops baseline keeps the seeds its runs were given"
+    assert calls[1][("flops", "pre-ln")] == 3, "pre-ln's seeds added at steps count at flops too"
     assert (root / "tiny-steps" / "runs" / "pre-ln-seed2" / "summary.json").is_file()
 
     def loss(group, arch, seed):
