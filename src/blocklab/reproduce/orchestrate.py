@@ -70,10 +70,10 @@ def starting_seeds(needed: dict[str, list[str]], scale: Scale, root: Path) -> di
     earlier call planned (`SEEDS`), whichever is most; pairs that read one run folder share the most
     (`shared_run_seeds`)."""
     planned = planned_seeds(root)
-    return shared_run_seeds({(setting, arch): max(scale.seeds, planned.get((setting, arch), 0),
-                                                  finished_seeds(root / scale.group(run_group(setting, arch)),
-                                                                 arch))
-                             for setting, archs in needed.items() for arch in archs})
+    seeds = {(setting, arch): max(scale.seeds, planned.get((setting, arch), 0),
+                                  finished_seeds(root / scale.group(run_group(setting, arch)), arch))
+             for setting, archs in needed.items() for arch in archs}
+    return shared_run_seeds(seeds)
 
 
 def check_stored(configs: list[TrainConfig]) -> None:
